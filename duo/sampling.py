@@ -1,0 +1,355 @@
+"""Sampling math: logits to truncated distributions, sampling, and lossless verification of drafted chains."""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+# Without top-k, top-p first looks for its nucleus among this many leading tokens,
+# then 16x as many, then the whole vocabulary. LLM next-token distributions are
+# peaked, so the first try almost always holds the nucleus and we skip a full sort.
+_FIRST_CANDIDATES = 1024
+_CANDIDATE_GROWTH = 16
+
+# A rejection whose residual max(0, p - q) has less mass than this is float
+# rounding of p == q (such a rejection itself has probability < this), so we
+# sample from p instead of renormalising noise.
+_MIN_RESIDUAL_MASS = 1e-12
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to turn logits into a distribution: the filters apply in field order.
+
+    vLLM's v1 sampler applies min-p before top-k/top-p instead; the two orders only
+    differ when top-p and min-p are both on (min-p first shrinks top-p's nucleus).
+    """
+
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+    min_p: float = 0.0  # 0 = off
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def validate(self) -> None:
+        """Raise ValueError naming the out-of-range field, its allowed range, and its value."""
+        t, k, p, m = self.temperature, self.top_k, self.top_p, self.min_p
+        # Comparisons are written so that NaN fails them.
+        if not (_is_real(t) and 0 <= t <= 2):
+            raise ValueError(f"temperature must be between 0 and 2 (0 = greedy), got {t!r}")
+        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {k!r}")
+        if not (_is_real(p) and 0 < p <= 1):
+            raise ValueError(f"top_p must be in (0, 1] (1 = off), got {p!r}")
+        if not (_is_real(m) and 0 <= m < 1):
+            raise ValueError(f"min_p must be in [0, 1) (0 = off), got {m!r}")
+
+
+def _is_real(x: object) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: comparing numpy arrays with == is elementwise
+class SparseDist:
+    """A probability distribution over token ids, zero outside `ids`."""
+
+    ids: np.ndarray  # [n] int64 token ids, most probable first
+    probs: np.ndarray  # [n] float64, positive, sums to 1
+
+    def __post_init__(self) -> None:
+        ids = np.asarray(self.ids, dtype=np.int64)
+        probs = np.asarray(self.probs, dtype=np.float64)
+        if ids.ndim != 1 or ids.shape != probs.shape or ids.size == 0:
+            raise ValueError(
+                "SparseDist needs equal-length, non-empty 1-D ids and probs, "
+                f"got {ids.shape} and {probs.shape}"
+            )
+        object.__setattr__(self, "ids", ids)
+        object.__setattr__(self, "probs", probs)
+
+
+def distribution(logits: np.ndarray, params: SamplingParams) -> SparseDist:
+    """What `params` samples from: greedy one-hot, or temperature -> top-k -> top-p -> min-p.
+
+    Every truncation keeps a prefix of the tokens ranked by logit (ties: lower id
+    first) and renormalises, so the result is that prefix and at least one token.
+    Measured on a 151936-token vocabulary (numpy 2.4, one AMD EPYC core, medians):
+    top_k=40 0.16 ms; top_p=0.95 on a peaked distribution 0.45 ms; min_p=0.1 0.4 ms;
+    no truncation 2.5-4 ms, mostly numpy's argsort of the whole vocabulary, which the
+    support then is. The slow case is top_p over a flat distribution whose nucleus is
+    most of the vocabulary (5-9 ms: two candidate rounds, then the full sort).
+    """
+    params.validate()
+    logits = np.asarray(logits)
+    if logits.ndim != 1 or logits.size == 0:
+        raise ValueError(f"logits must be a non-empty 1-D array, got shape {logits.shape}")
+    if params.greedy:
+        best = int(np.argmax(logits))  # ties: lowest id
+        _check_finite(logits[best])
+        return SparseDist(np.array([best]), np.array([1.0]))
+
+    top = logits.max()
+    _check_finite(top)
+    n_vocab = logits.size
+    if 0 < params.top_k < n_vocab:
+        ids = _leading_ids(logits, params.top_k)
+        weights = _weights(logits[ids], top, params.temperature)
+        mass = weights.sum()  # top-p below works on probabilities renormalised within the top k
+    else:
+        all_weights = _weights(logits, top, params.temperature)
+        mass = all_weights.sum()
+        ids = _untruncated_candidates(logits, all_weights, mass, params)
+        weights = all_weights[ids]
+    n = min(_nucleus_size(weights, mass, params.top_p), _min_p_size(weights, params.min_p))
+    probs = weights[:n]
+    probs /= probs.sum()  # in place: `weights` is already a fresh array
+    return SparseDist(ids[:n], probs)
+
+
+def _check_finite(top_logit: float) -> None:
+    # NaN wins np.max/np.argmax, so checking the top logit also catches NaNs anywhere.
+    if not np.isfinite(top_logit):
+        raise ValueError(f"logits must be finite or -inf, found a top logit of {top_logit}")
+
+
+def _weights(logits: np.ndarray, top: float, temperature: float) -> np.ndarray:
+    """Unnormalised softmax exp((l - max) / T) in float64; the top token weighs exactly 1."""
+    # In place: each fresh vocab-sized float64 temporary costs page faults (~0.3 ms).
+    weights = logits.astype(np.float64)
+    weights -= top
+    weights /= temperature
+    return np.exp(weights, out=weights)
+
+
+def _untruncated_candidates(
+    logits: np.ndarray, weights: np.ndarray, mass: float, params: SamplingParams
+) -> np.ndarray:
+    """Ranked leading ids that surely hold the final support when top-k is off.
+
+    Min-p bounds the support up front: it keeps exactly the tokens with weight >= min_p
+    (prob / max prob == weight). With min_p off, zero weights (exp underflow) are the bound.
+    Top-p's nucleus is only known once the ranked mass reaches top_p, so we rank a small
+    candidate set first and grow it only when its mass falls short.
+    """
+    bound = _min_p_size(weights, params.min_p)  # min-p leaves a ranked prefix of this length
+    if params.top_p == 1:
+        return _leading_ids(logits, bound)
+    n = min(_FIRST_CANDIDATES, bound)
+    while True:
+        ids = _leading_ids(logits, n)
+        if n == bound or weights[ids].sum() >= params.top_p * mass:
+            return ids
+        n = min(n * _CANDIDATE_GROWTH, bound)
+
+
+def _leading_ids(logits: np.ndarray, n: int) -> np.ndarray:
+    """The n highest-logit ids, ranked (ties: lower id first), in O(vocab + n log n)."""
+    if n >= logits.size:
+        return _argsort_desc(logits)
+    # np.partition finds the n-th largest logit without sorting; `>=` keeps
+    # every token tied with it, so the ranking below can pick the lowest ids.
+    nth = np.partition(logits, logits.size - n)[logits.size - n]
+    ids = np.flatnonzero(logits >= nth)
+    return ids[_argsort_desc(logits[ids])[:n]]
+
+
+def _argsort_desc(values: np.ndarray) -> np.ndarray:
+    """Indices sorting `values` descending, ties in ascending index order.
+
+    numpy's default (SIMD quick)sort is ~8x faster than its stable sort on a full
+    vocabulary (1.8 vs 15 ms), so we use it and re-sort only the runs of equal values.
+    """
+    order = np.argsort(-values)
+    ranked = values[order]
+    same = ranked[1:] == ranked[:-1]
+    if same.any():
+        tied = np.zeros(order.size, dtype=bool)
+        tied[1:] |= same
+        tied[:-1] |= same
+        at = np.flatnonzero(tied)
+        # Runs of equal values are contiguous, so sorting the tied positions by
+        # (value descending, index) only reorders indices within each run.
+        order[at] = order[at][np.lexsort((order[at], -ranked[at]))]
+    return order
+
+
+def _nucleus_size(weights: np.ndarray, mass: float, top_p: float) -> int:
+    """Length of the shortest ranked prefix whose probability (weights / mass) reaches top_p."""
+    if top_p == 1:
+        return weights.size
+    reached = np.searchsorted(np.cumsum(weights), top_p * mass, side="left")
+    return int(min(reached + 1, weights.size))  # the tail can fall short of top_p by rounding
+
+
+def _min_p_size(weights: np.ndarray, min_p: float) -> int:
+    """How many tokens have prob >= min_p * max prob, i.e. weight >= min_p; zeros never count.
+
+    Weights fall with rank, so these are a ranked prefix. The top weight is exactly 1
+    and min_p < 1, so the top token always stays.
+    """
+    return int(np.count_nonzero(weights >= min_p) if min_p > 0 else np.count_nonzero(weights))
+
+
+def sample(dist: SparseDist, rng: np.random.Generator) -> int:
+    """Draw one token id from `dist`."""
+    return _sample_weights(dist.ids, dist.probs, rng)
+
+
+def _sample_weights(ids: np.ndarray, weights: np.ndarray, rng: np.random.Generator) -> int:
+    """Draw ids[i] with probability weights[i] / sum(weights); weights must be positive."""
+    cdf = np.cumsum(weights)
+    # side="right" never lands on a zero-width bucket; min() guards u * total rounding up to total.
+    i = np.searchsorted(cdf, rng.random() * cdf[-1], side="right")
+    return int(ids[min(i, ids.size - 1)])
+
+
+def dense(dist: SparseDist, n_vocab: int) -> np.ndarray:
+    """[n_vocab] float64 probabilities; mass on ids >= n_vocab is dropped, not redistributed.
+
+    The draft vocabulary may be larger than the target's; dropping (rather than
+    renormalising) keeps dense(q)[i] == q(i), so e.g. sum(min(p, q)) stays the acceptance rate.
+    """
+    out = np.zeros(n_vocab)
+    inside = dist.ids < n_vocab
+    out[dist.ids[inside]] = dist.probs[inside]
+    return out
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome of verifying one drafted chain against the target.
+
+    Vocabulary:
+      *draft* tokens: proposed by the draft model, in chain order.
+      *accepted* tokens: the longest prefix of the draft tokens that the target keeps.
+      *recovered* token: on the first rejection, the target's replacement for the
+        rejected draft token (resampled so the output stays target-distributed).
+      *bonus* token: when every draft token is accepted and the target scored one
+        position past the chain, a free token sampled from that last row.
+    """
+
+    n_accepted: int  # how many draft tokens were accepted (a prefix of the chain)
+    tokens: list[int]  # the accepted draft tokens, then at most one recovered or bonus token
+
+
+def verify(
+    draft_tokens: Sequence[int],
+    draft_dists: Sequence[SparseDist] | None,
+    target_logits: np.ndarray,
+    params: SamplingParams,
+    rng: np.random.Generator,
+) -> Verdict:
+    """Verify a drafted chain: greedy when params.greedy (draft_dists unused), else stochastic."""
+    if params.greedy:
+        return verify_greedy(draft_tokens, target_logits)
+    if draft_dists is None:
+        raise ValueError("stochastic verification (temperature > 0) needs the draft distributions")
+    return verify_stochastic(draft_tokens, draft_dists, target_logits, params, rng)
+
+
+def _check_rows(draft_tokens: Sequence[int], target_logits: np.ndarray) -> np.ndarray:
+    """target_logits as [r, n_vocab] with r == len(drafts) (no bonus) or len(drafts) + 1."""
+    target_logits = np.asarray(target_logits)
+    n = len(draft_tokens)
+    if target_logits.ndim != 2 or target_logits.shape[0] not in (n, n + 1):
+        raise ValueError(
+            f"target_logits must have shape [{n} or {n + 1}, n_vocab] for {n} draft tokens, "
+            f"got {target_logits.shape}"
+        )
+    return target_logits
+
+
+def verify_greedy(draft_tokens: Sequence[int], target_logits: np.ndarray) -> Verdict:
+    """Accept draft tokens while each is the target's argmax; then the recovered or bonus argmax.
+
+    Row i holds the target's logits for the position of draft_tokens[i]. A draft id
+    outside the target vocabulary never equals an argmax, so it is rejected.
+    """
+    target_logits = _check_rows(draft_tokens, target_logits)
+    tokens: list[int] = []
+    for row, drafted in zip(target_logits, draft_tokens):
+        best = int(np.argmax(row))
+        if drafted != best:
+            return Verdict(len(tokens), tokens + [best])  # recovered
+        tokens.append(best)
+    if target_logits.shape[0] > len(draft_tokens):
+        tokens.append(int(np.argmax(target_logits[-1])))  # bonus
+    return Verdict(len(draft_tokens), tokens)
+
+
+def verify_stochastic(
+    draft_tokens: Sequence[int],
+    draft_dists: Sequence[SparseDist],
+    target_logits: np.ndarray,
+    params: SamplingParams,
+    rng: np.random.Generator,
+) -> Verdict:
+    """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023): output follows the target.
+
+    At each position, p = distribution(row, params) (truncation included) and q = the
+    draft distribution that draft token x was really sampled from. Accept x with
+    probability min(1, p(x) / q(x)); on the first rejection emit a recovered token from
+    the residual r = max(0, p - q) / sum(max(0, p - q)) and stop. Then
+      P(emit y) = q(y) min(1, p(y) / q(y)) + P(reject) r(y)
+                = min(p, q)(y) + (1 - sum min(p, q)) max(0, p - q)(y) / sum max(0, p - q)
+                = min(p, q)(y) + max(0, p - q)(y) = p(y),
+    because sum max(0, p - q) = 1 - sum min(p, q). An accepted token is exactly the
+    token the target row after it was conditioned on, so the argument chains.
+    The residual vanishes wherever p does, so it is computed on p's support only.
+    Draft ids outside the target vocabulary have p(x) = 0 and are always rejected;
+    the draft's mass on them just never offsets any p, which the identity above allows.
+    p is computed only for rows that are reached.
+    """
+    target_logits = _check_rows(draft_tokens, target_logits)
+    if len(draft_dists) != len(draft_tokens):
+        raise ValueError(
+            f"got {len(draft_dists)} draft distributions for {len(draft_tokens)} draft tokens"
+        )
+    tokens: list[int] = []
+    for row, drafted, q in zip(target_logits, draft_tokens, draft_dists):
+        p = distribution(row, params)
+        p_x, q_x = _prob_of(p, drafted), _prob_of(q, drafted)
+        if q_x > 0 and rng.random() * q_x < p_x:  # u < p(x)/q(x), with u in [0, 1)
+            tokens.append(int(drafted))
+            continue
+        # q(x) == 0 means the draft did not sample x from q, so the accept/residual
+        # pair (whose identity assumes x ~ q) does not apply: alone, the residual
+        # emits max(0, p - q) normalised, which is not p. A fresh sample from p,
+        # independent of x, is what keeps this position exactly target-distributed.
+        recovered = _sample_residual(p, q, rng) if q_x > 0 else sample(p, rng)
+        return Verdict(len(tokens), tokens + [recovered])
+    if target_logits.shape[0] > len(draft_tokens):
+        tokens.append(sample(distribution(target_logits[-1], params), rng))  # bonus
+    return Verdict(len(draft_tokens), tokens)
+
+
+def _prob_of(dist: SparseDist, token: int) -> float:
+    """dist's probability of one token (a linear scan: supports are small, or this is ~0.1 ms)."""
+    return float(dist.probs[dist.ids == token].sum())  # ids are unique: one term or none
+
+
+def _probs_at(dist: SparseDist, ids: np.ndarray) -> np.ndarray:
+    """dist's probabilities at many ids, through an id-indexed lookup table.
+
+    np.zeros pages are zeroed lazily, so with small supports only the touched pages
+    cost anything (~10 us for 40 ids); with two whole-vocabulary supports this takes
+    0.3 ms where binary search (argsort + searchsorted) took ~28 ms on cache misses.
+    """
+    table = np.zeros(max(dist.ids.max(), ids.max()) + 1)
+    table[dist.ids] = dist.probs
+    return table[ids]
+
+
+def _sample_residual(p: SparseDist, q: SparseDist, rng: np.random.Generator) -> int:
+    """Recovered token: sample from max(0, p - q), normalised (falls back to p if that is ~0)."""
+    residual = np.maximum(p.probs - _probs_at(q, p.ids), 0.0)
+    if residual.sum() < _MIN_RESIDUAL_MASS:
+        return sample(p, rng)
+    kept = residual > 0  # _sample_weights needs positive weights
+    return _sample_weights(p.ids[kept], residual[kept], rng)
