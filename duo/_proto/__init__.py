@@ -1,0 +1,1 @@
+"""Generated gRPC stubs for proto/duo.proto (scripts/gen_proto.py writes them; do not edit)."""

@@ -1,0 +1,189 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Hello(_message.Message):
+    __slots__ = ("protocol", "model", "vocab")
+    PROTOCOL_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_FIELD_NUMBER: _ClassVar[int]
+    protocol: str
+    model: str
+    vocab: Vocab
+    def __init__(self, protocol: _Optional[str] = ..., model: _Optional[str] = ..., vocab: _Optional[_Union[Vocab, _Mapping]] = ...) -> None: ...
+
+class Vocab(_message.Message):
+    __slots__ = ("vocab_type", "bos", "eos", "add_bos", "add_eos", "token_texts")
+    VOCAB_TYPE_FIELD_NUMBER: _ClassVar[int]
+    BOS_FIELD_NUMBER: _ClassVar[int]
+    EOS_FIELD_NUMBER: _ClassVar[int]
+    ADD_BOS_FIELD_NUMBER: _ClassVar[int]
+    ADD_EOS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_TEXTS_FIELD_NUMBER: _ClassVar[int]
+    vocab_type: int
+    bos: int
+    eos: int
+    add_bos: bool
+    add_eos: bool
+    token_texts: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, vocab_type: _Optional[int] = ..., bos: _Optional[int] = ..., eos: _Optional[int] = ..., add_bos: _Optional[bool] = ..., add_eos: _Optional[bool] = ..., token_texts: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class SamplingParams(_message.Message):
+    __slots__ = ("temperature", "top_k", "top_p", "min_p", "seed")
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    MIN_P_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    temperature: float
+    top_k: int
+    top_p: float
+    min_p: float
+    seed: int
+    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class TargetEvent(_message.Message):
+    __slots__ = ("open", "commit", "steer", "close")
+    OPEN_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_FIELD_NUMBER: _ClassVar[int]
+    STEER_FIELD_NUMBER: _ClassVar[int]
+    CLOSE_FIELD_NUMBER: _ClassVar[int]
+    open: OpenSession
+    commit: Commit
+    steer: Steer
+    close: CloseSession
+    def __init__(self, open: _Optional[_Union[OpenSession, _Mapping]] = ..., commit: _Optional[_Union[Commit, _Mapping]] = ..., steer: _Optional[_Union[Steer, _Mapping]] = ..., close: _Optional[_Union[CloseSession, _Mapping]] = ...) -> None: ...
+
+class OpenSession(_message.Message):
+    __slots__ = ("session_id", "committed", "sampling", "max_ahead", "p_min")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    MAX_AHEAD_FIELD_NUMBER: _ClassVar[int]
+    P_MIN_FIELD_NUMBER: _ClassVar[int]
+    session_id: int
+    committed: _containers.RepeatedScalarFieldContainer[int]
+    sampling: SamplingParams
+    max_ahead: int
+    p_min: float
+    def __init__(self, session_id: _Optional[int] = ..., committed: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_ahead: _Optional[int] = ..., p_min: _Optional[float] = ...) -> None: ...
+
+class Commit(_message.Message):
+    __slots__ = ("session_id", "start", "tokens")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    session_id: int
+    start: int
+    tokens: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, session_id: _Optional[int] = ..., start: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class Steer(_message.Message):
+    __slots__ = ("session_id", "max_ahead")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_AHEAD_FIELD_NUMBER: _ClassVar[int]
+    session_id: int
+    max_ahead: int
+    def __init__(self, session_id: _Optional[int] = ..., max_ahead: _Optional[int] = ...) -> None: ...
+
+class CloseSession(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: int
+    def __init__(self, session_id: _Optional[int] = ...) -> None: ...
+
+class DraftEvent(_message.Message):
+    __slots__ = ("chunk", "error")
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    chunk: DraftChunk
+    error: SessionError
+    def __init__(self, chunk: _Optional[_Union[DraftChunk, _Mapping]] = ..., error: _Optional[_Union[SessionError, _Mapping]] = ...) -> None: ...
+
+class DraftChunk(_message.Message):
+    __slots__ = ("session_id", "epoch", "start", "tokens", "dists")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DISTS_FIELD_NUMBER: _ClassVar[int]
+    session_id: int
+    epoch: int
+    start: int
+    tokens: _containers.RepeatedScalarFieldContainer[int]
+    dists: _containers.RepeatedCompositeFieldContainer[SparseDist]
+    def __init__(self, session_id: _Optional[int] = ..., epoch: _Optional[int] = ..., start: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., dists: _Optional[_Iterable[_Union[SparseDist, _Mapping]]] = ...) -> None: ...
+
+class SparseDist(_message.Message):
+    __slots__ = ("ids", "probs")
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    PROBS_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    probs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, ids: _Optional[_Iterable[int]] = ..., probs: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class SessionError(_message.Message):
+    __slots__ = ("session_id", "message")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    session_id: int
+    message: str
+    def __init__(self, session_id: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class ChatMessage(_message.Message):
+    __slots__ = ("role", "content")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    content: str
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
+
+class GenerateRequest(_message.Message):
+    __slots__ = ("prompt", "messages", "max_tokens", "sampling")
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    prompt: str
+    messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
+    max_tokens: int
+    sampling: SamplingParams
+    def __init__(self, prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., max_tokens: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ...) -> None: ...
+
+class GenerateResponse(_message.Message):
+    __slots__ = ("text", "token_ids", "finish_reason", "stats")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    STATS_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    finish_reason: str
+    stats: Stats
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., stats: _Optional[_Union[Stats, _Mapping]] = ...) -> None: ...
+
+class Stats(_message.Message):
+    __slots__ = ("prompt_tokens", "generated_tokens", "draft_tokens_received", "draft_tokens_verified", "draft_tokens_accepted", "verify_steps", "tokens_per_second", "time_to_first_token_s", "draft_connected")
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_TOKENS_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_TOKENS_VERIFIED_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_TOKENS_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_STEPS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    TIME_TO_FIRST_TOKEN_S_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    prompt_tokens: int
+    generated_tokens: int
+    draft_tokens_received: int
+    draft_tokens_verified: int
+    draft_tokens_accepted: int
+    verify_steps: int
+    tokens_per_second: float
+    time_to_first_token_s: float
+    draft_connected: bool
+    def __init__(self, prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., draft_tokens_received: _Optional[int] = ..., draft_tokens_verified: _Optional[int] = ..., draft_tokens_accepted: _Optional[int] = ..., verify_steps: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., time_to_first_token_s: _Optional[float] = ..., draft_connected: _Optional[bool] = ...) -> None: ...
