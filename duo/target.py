@@ -1,0 +1,274 @@
+"""duo-target: generates with the target model, verifying in batches whatever chain tokens the draft sent."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Sequence
+
+import numpy as np
+
+from duo import wire
+from duo._proto import duo_pb2 as pb
+from duo.chain import DraftChain
+from duo.link import DraftLink
+from duo.model import Context, Model, ModelError
+from duo.runtime import ModelWorker
+from duo.sampling import SamplingParams, SparseDist, Verdict, verify
+
+log = logging.getLogger("duo.target")
+
+
+@dataclass(frozen=True)
+class SpecSettings:
+    """How much speculation to use (the names llama.cpp users know)."""
+
+    draft_max: int = 8      # most chain tokens verified in one target batch
+    draft_min: int = 0      # fewer pending tokens than this: decode alone
+    draft_p_min: float = 0.0  # the draft pauses after a token it gives less probability than this
+    max_ahead: int = 16     # how far beyond the committed tokens the draft may run
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    draft_tokens_received: int = 0
+    draft_tokens_verified: int = 0
+    draft_tokens_accepted: int = 0
+    verify_steps: int = 0
+    started: float = field(default_factory=time.monotonic)
+    first_token_at: float | None = None
+    finished_at: float | None = None
+
+    @property
+    def tokens_per_second(self) -> float:
+        elapsed = (self.finished_at or time.monotonic()) - self.started
+        return self.generated_tokens / elapsed if elapsed > 0 else 0.0
+
+    @property
+    def time_to_first_token(self) -> float:
+        return (self.first_token_at - self.started) if self.first_token_at else 0.0
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt_tokens: list[int]
+    params: SamplingParams
+    seed: int | None = None
+    max_tokens: int = 0  # 0: until end of generation or a full context
+
+
+@dataclass(frozen=True)
+class Step:
+    """Tokens committed by one target step; `finish_reason` is set on the last step."""
+
+    tokens: list[int]
+    finish_reason: str | None = None
+
+
+def verify_step(context: Context, batch: list[int], n_rows: int, drafts: list[int],
+                dists: list[SparseDist | None], params: SamplingParams, rng: np.random.Generator) -> Verdict:
+    """Decode `batch` at the end of the KV cache and verify `drafts` against its last `n_rows` logits.
+
+    The batch is [the newest committed token, the first n_rows - 1 drafts]; row i predicts draft i,
+    so a draft beyond the batch is still verified by the last row instead of drawing a bonus token.
+    """
+    logits = context.decode(batch, context.n_past, logits_for=range(len(batch) - n_rows, len(batch)))
+    return verify(drafts, None if params.greedy else dists, logits, params, rng)
+
+
+class Generation:
+    """One request on the target: the committed sequence grows by whatever each verify step accepts."""
+
+    def __init__(self, session_id: int, request: Request, model: Model, settings: SpecSettings) -> None:
+        self.session_id = session_id
+        self.request = request
+        self.model = model
+        self.settings = settings
+        self.committed = list(request.prompt_tokens)
+        self.chain = DraftChain(self.committed)
+        self.stats = GenerationStats(prompt_tokens=len(request.prompt_tokens))
+        self.rng = np.random.default_rng(request.seed)
+
+    # The draft link calls these.
+    def open_message(self) -> pb.OpenSession:
+        self.chain.reset()  # a (re)connected draft starts its epochs afresh
+        return pb.OpenSession(session_id=self.session_id, committed=self.committed,
+                              sampling=wire.sampling_to_pb(self.request.params, self.request.seed),
+                              max_ahead=self.settings.max_ahead, p_min=self.settings.draft_p_min)
+
+    def on_chunk(self, chunk: pb.DraftChunk) -> None:
+        dists = [wire.dist_from_pb(d) for d in chunk.dists]
+        self.chain.receive(chunk.epoch, chunk.start, chunk.tokens, dists)
+        self.stats.draft_tokens_received = self.chain.received
+
+    def on_draft_lost(self) -> None:
+        self.chain.reset()
+
+    def plan(self, room: int) -> tuple[list[int], int, list[int], list[SparseDist | None]]:
+        """Choose this step's batch: (batch tokens, logits rows, tokens to verify, their distributions).
+
+        `room` is how many positions the context has left; the batch never runs past it.
+        """
+        pending, dists = self.chain.pending()
+        if not self.request.params.greedy and None in dists:
+            pending = pending[:dists.index(None)]  # rejection sampling needs the q each token came from
+        n_batch = min(len(pending), self.settings.draft_max, room - 1)
+        if n_batch < self.settings.draft_min:
+            n_batch = 0
+        n_verify = min(len(pending), n_batch + 1)
+        batch = self.committed[-1:] + pending[:n_batch]
+        return batch, n_batch + 1, pending[:n_verify], dists[:n_verify]
+
+    def commit(self, verdict: Verdict, n_verified: int) -> Step:
+        """Append the verdict's tokens, stopping at an end of generation or the token limit."""
+        tokens, finish = [], None
+        for token in verdict.tokens:
+            if self.model.is_end_of_generation(token):
+                finish = "stop"
+                break
+            tokens.append(token)
+            if self.request.max_tokens and self.stats.generated_tokens + len(tokens) >= self.request.max_tokens:
+                finish = "length"
+                break
+        self.committed.extend(tokens)
+        self.chain.on_commit()
+        self.stats.generated_tokens += len(tokens)
+        self.stats.verify_steps += 1
+        self.stats.draft_tokens_verified += n_verified
+        self.stats.draft_tokens_accepted += min(verdict.n_accepted, len(tokens))
+        return Step(tokens, finish)
+
+
+class Target:
+    """The target model and its draft link; runs generations, one model call at a time."""
+
+    def __init__(self, model: Model, worker: ModelWorker, link: DraftLink | None, *, n_ctx: int,
+                 settings: SpecSettings) -> None:
+        self.model = model
+        self.worker = worker
+        self.link = link
+        self.n_ctx = n_ctx
+        self.settings = settings
+        self._ids = itertools.count(1)
+
+    async def generate(self, request: Request) -> AsyncIterator[tuple[Step, GenerationStats]]:
+        """Yield the committed tokens step by step; the draft only ever changes the speed."""
+        if not request.prompt_tokens:
+            raise ModelError("the prompt is empty")
+        generation = Generation(next(self._ids), request, self.model, self.settings)
+        context = await self.worker.run(self.model.new_context, self.n_ctx)
+        try:
+            if len(request.prompt_tokens) >= context.n_ctx:
+                raise ModelError(f"the prompt has {len(request.prompt_tokens)} tokens; the context holds "
+                                 f"{context.n_ctx}: shorten it or start duo-target with a larger --ctx-size")
+            if self.link:
+                self.link.register(generation)
+            await self.worker.run(context.decode, request.prompt_tokens[:-1], 0, [])
+            while True:
+                step = await self._step(generation, context)
+                if step.finish_reason is None and len(generation.committed) >= context.n_ctx:
+                    step = Step(step.tokens, "length")
+                if step.tokens and generation.stats.first_token_at is None:
+                    generation.stats.first_token_at = time.monotonic()
+                if step.finish_reason:
+                    generation.stats.finished_at = time.monotonic()
+                yield step, generation.stats
+                if step.finish_reason:
+                    return
+        finally:
+            if self.link:
+                self.link.unregister(generation.session_id)
+            await self.worker.run(context.close)
+
+    async def _step(self, generation: Generation, context: Context) -> Step:
+        batch, n_rows, drafts, dists = generation.plan(room=context.n_ctx - context.n_past)
+        start = len(generation.committed)
+        verdict = await self.worker.run(verify_step, context, batch, n_rows, drafts, dists,
+                                        generation.request.params, generation.rng)
+        n_in_batch = n_rows - 1
+        # KV entries are right up to the last accepted draft that was in the batch.
+        await self.worker.run(context.rollback, start + min(verdict.n_accepted, n_in_batch))
+        step = generation.commit(verdict, len(drafts))
+        if self.link and step.tokens:
+            self.link.send(pb.TargetEvent(commit=pb.Commit(session_id=generation.session_id, start=start,
+                                                           tokens=step.tokens)))
+        return step
+
+
+def build_parser() -> argparse.ArgumentParser:
+    defaults = SpecSettings()
+    parser = argparse.ArgumentParser(prog="duo-target", description=__doc__)
+    parser.add_argument("--model", required=True, help="GGUF path or a name from `duo models list`")
+    parser.add_argument("--peer", default=None,
+                        help="HOST:PORT of duo-draft; without it the target decodes alone")
+    parser.add_argument("--listen", default="127.0.0.1:7071", help="HOST:PORT to serve clients on")
+    parser.add_argument("--device", default="auto", choices=["cpu", "cuda", "metal", "vulkan", "auto"],
+                        help="where to run the model (a GPU this build cannot use is an error)")
+    parser.add_argument("--gpu-layers", type=int, default=None, help="layers to offload (default: all)")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    parser.add_argument("--ctx-size", type=int, default=4096, help="context size per request")
+    parser.add_argument("--draft-max", type=int, default=defaults.draft_max,
+                        help="most draft tokens verified in one batch")
+    parser.add_argument("--draft-min", type=int, default=defaults.draft_min,
+                        help="verify no draft tokens while fewer than this are pending")
+    parser.add_argument("--draft-p-min", type=float, default=defaults.draft_p_min,
+                        help="the draft pauses after a token it gives less probability than this")
+    parser.add_argument("--max-ahead", type=int, default=None,
+                        help="how far ahead of the committed tokens the draft may run (default: 2 x --draft-max)")
+    parser.add_argument("--log-level", default="INFO")
+    return parser
+
+
+def settings_from(args: argparse.Namespace) -> SpecSettings:
+    if args.draft_max < 0 or args.draft_min < 0 or not 0 <= args.draft_p_min <= 1:
+        raise ValueError("--draft-max and --draft-min must be >= 0 and --draft-p-min between 0 and 1")
+    max_ahead = args.max_ahead if args.max_ahead is not None else 2 * args.draft_max
+    return SpecSettings(draft_max=args.draft_max, draft_min=args.draft_min, draft_p_min=args.draft_p_min,
+                        max_ahead=max(1, max_ahead))
+
+
+async def serve(args: argparse.Namespace, model: Model, settings: SpecSettings) -> None:
+    import grpc
+
+    from duo._proto import duo_pb2_grpc as pb_grpc
+    from duo.runtime import grpc_server_options, run_server
+    from duo.server import TargetServicer
+
+    link = DraftLink(args.peer, model.path.name, model.vocab()) if args.peer else None
+    target = Target(model, ModelWorker(), link, n_ctx=args.ctx_size, settings=settings)
+    server = grpc.aio.server(options=grpc_server_options())
+    pb_grpc.add_TargetServicer_to_server(TargetServicer(target), server)
+    mode = f"drafts from {args.peer}" if link else "alone (no --peer)"
+    await run_server(server, args.listen, f"duo-target serving {model.path.name} on {args.listen}, {mode}",
+                     background=link.run if link else None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from duo.hub import HubError, resolve_model
+    from duo.runtime import run_async, setup_logging
+
+    args = build_parser().parse_args(argv)
+    setup_logging(args.log_level)
+    try:
+        settings = settings_from(args)
+        model = Model(resolve_model(args.model), device=args.device, n_gpu_layers=args.gpu_layers,
+                      threads=args.threads)
+    except (HubError, ModelError, ValueError) as error:
+        print(f"duo-target: {error}", file=sys.stderr)
+        return 1
+    if args.peer and not model.can_rollback:
+        print(f"duo-target: {args.model} is a recurrent/hybrid model; speculation needs rollback", file=sys.stderr)
+        return 1
+    model.warm_up()
+    return run_async(serve(args, model, settings))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

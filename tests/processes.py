@@ -1,0 +1,83 @@
+"""Start real duo-draft / duo-target processes on localhost for tests, and talk to them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from duo._proto import duo_pb2 as pb
+from duo._proto import duo_pb2_grpc as pb_grpc
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Process:
+    popen: subprocess.Popen
+    address: str
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGKILL)
+            self.popen.wait(10)
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def start(module: str, args: list[str], log_dir: Path, *, port: int | None = None) -> Process:
+    """Run `python -m module args --listen 127.0.0.1:port` and wait until it accepts connections."""
+    port = port or free_port()
+    address = f"127.0.0.1:{port}"
+    log_path = log_dir / f"{module.split('.')[-1]}-{port}-{time.monotonic_ns()}.log"
+    with open(log_path, "wb") as log:
+        popen = subprocess.Popen([sys.executable, "-m", module, *args, "--listen", address, "--threads", "1"],
+                                 stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    process = Process(popen, address, log_path)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if popen.poll() is not None:
+            raise RuntimeError(f"{module} exited with {popen.returncode}:\n{process.log()}")
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return process
+        time.sleep(0.05)
+    process.kill()
+    raise RuntimeError(f"{module} did not start listening:\n{process.log()}")
+
+
+def generate(address: str, prompt: str, *, max_tokens: int = 32, temperature: float = 0.0,
+             seed: int | None = None, top_k: int = 0, timeout: float = 120) -> tuple[list[int], pb.GenerateResponse]:
+    """One generation; returns the completion's token ids and the final message (stats, finish reason)."""
+    sampling = pb.SamplingParams(temperature=temperature, top_k=top_k)
+    if seed is not None:
+        sampling.seed = seed
+    request = pb.GenerateRequest(prompt=prompt, max_tokens=max_tokens, sampling=sampling)
+    tokens: list[int] = []
+    last = pb.GenerateResponse()
+    with grpc.insecure_channel(address) as channel:
+        for response in pb_grpc.TargetStub(channel).Generate(request, timeout=timeout):
+            tokens.extend(response.token_ids)
+            last = response
+    return tokens, last

@@ -1,0 +1,261 @@
+"""duo-draft and duo-target as two real processes on localhost, with tiny generated models."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+
+import grpc
+import pytest
+from scipy.stats import chi2_contingency
+
+from processes import Process, free_port, generate, start
+
+PROMPTS = ["def fibonacci(n):", "Once upon a time", "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"]
+
+
+@pytest.fixture(scope="module")
+def log_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("logs")
+
+
+@pytest.fixture(scope="module")
+def alone(tiny_target, log_dir):
+    process = start("duo.target", ["--model", str(tiny_target)], log_dir)
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="module")
+def draft(tiny_draft, log_dir):
+    process = start("duo.draft", ["--model", str(tiny_draft)], log_dir)
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="module")
+def duo(tiny_target, draft, log_dir):
+    process = start("duo.target", ["--model", str(tiny_target), "--peer", draft.address], log_dir)
+    wait_for_draft(process.address)
+    yield process
+    process.stop()
+
+
+def wait_for_draft(address: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        _, last = generate(address, "warm up", max_tokens=2)
+        if last.stats.draft_connected:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"the target at {address} never connected to its draft")
+
+
+def test_greedy_output_through_duo_equals_the_target_alone(duo, alone):
+    received = accepted = 0
+    for prompt in PROMPTS:
+        expected, _ = generate(alone.address, prompt, max_tokens=64)
+        tokens, last = generate(duo.address, prompt, max_tokens=64)
+        assert tokens == expected, prompt
+        received += last.stats.draft_tokens_received
+        accepted += last.stats.draft_tokens_accepted
+    assert received > 0 and accepted > 0, "the draft took no part"
+
+
+def sample_positions(address: str, n: int, n_tokens: int) -> list[list[int]]:
+    """n generations at temperature 1 with seeds 0..n-1, run 4 at a time; their token ids."""
+    results: list[list[int]] = [[] for _ in range(n)]
+
+    def work(offset: int) -> None:
+        for seed in range(offset, n, 4):
+            results[seed], _ = generate(address, "Once upon a time", max_tokens=n_tokens, temperature=1.0, seed=seed)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+def homogeneity_p_value(a: list[int], b: list[int]) -> float:
+    """Chi-square test that two samples of tokens come from one distribution (rare tokens pooled)."""
+    counts_a, counts_b = Counter(a), Counter(b)
+    common = [t for t in counts_a.keys() | counts_b.keys() if counts_a[t] + counts_b[t] >= 10]
+    rows = [[counts_a[t] for t in common], [counts_b[t] for t in common]]
+    rows[0].append(len(a) - sum(rows[0]))
+    rows[1].append(len(b) - sum(rows[1]))
+    if rows[0][-1] + rows[1][-1] == 0:
+        rows = [r[:-1] for r in rows]
+    return chi2_contingency(rows).pvalue
+
+
+def test_sampled_tokens_through_duo_follow_the_target_distribution(duo, alone):
+    n, n_tokens = 400, 4
+    through_duo = sample_positions(duo.address, n, n_tokens)
+    reference = sample_positions(alone.address, n, n_tokens)
+    assert len({tuple(t) for t in reference}) > 20, "the reference samples barely vary: the test would be weak"
+    for position in range(n_tokens):
+        a = [t[position] for t in through_duo if len(t) > position]
+        b = [t[position] for t in reference if len(t) > position]
+        assert homogeneity_p_value(a, b) > 1e-3, f"position {position} differs"
+    _, last = generate(duo.address, "Once upon a time", max_tokens=32, temperature=1.0, seed=1)
+    assert last.stats.draft_tokens_verified > 0
+
+
+def test_killing_the_draft_mid_generation_completes_the_request_with_the_same_output(
+        tiny_target, tiny_draft, alone, log_dir):
+    draft = start("duo.draft", ["--model", str(tiny_draft)], log_dir)
+    target = start("duo.target", ["--model", str(tiny_target), "--peer", draft.address], log_dir)
+    try:
+        wait_for_draft(target.address)
+        expected, _ = generate(alone.address, PROMPTS[0], max_tokens=400)
+        tokens, received_at_kill = stream_and_interrupt(target.address, PROMPTS[0], 400, draft.kill)
+        assert tokens == expected
+        assert received_at_kill > 0
+        # The restarted draft is found again, and serves the next generation.
+        restarted = start("duo.draft", ["--model", str(tiny_draft)], log_dir, port=int(draft.address.split(":")[1]))
+        try:
+            wait_for_draft(target.address)
+            tokens, last = generate(target.address, PROMPTS[1], max_tokens=32)
+            assert last.stats.draft_tokens_received > 0
+        finally:
+            restarted.stop()
+    finally:
+        target.stop()
+        draft.stop()
+
+
+def stream_and_interrupt(address: str, prompt: str, max_tokens: int, interrupt) -> tuple[list[int], int]:
+    """Stream a greedy generation, calling `interrupt` once 10% of it has arrived with draft help."""
+    from duo._proto import duo_pb2 as pb
+    from duo._proto import duo_pb2_grpc as pb_grpc
+
+    request = pb.GenerateRequest(prompt=prompt, max_tokens=max_tokens)
+    tokens, received_at_interrupt = [], 0
+    with grpc.insecure_channel(address) as channel:
+        for response in pb_grpc.TargetStub(channel).Generate(request, timeout=120):
+            tokens.extend(response.token_ids)
+            if not received_at_interrupt and len(tokens) >= max_tokens // 10 and response.stats.draft_tokens_received:
+                received_at_interrupt = response.stats.draft_tokens_received
+                interrupt()
+    return tokens, received_at_interrupt
+
+
+def test_a_restarted_draft_rejoins_a_generation_that_is_still_running(tiny_target, tiny_draft, alone, log_dir):
+    draft = start("duo.draft", ["--model", str(tiny_draft)], log_dir)
+    port = int(draft.address.split(":")[1])
+    target = start("duo.target", ["--model", str(tiny_target), "--peer", draft.address], log_dir)
+    replacement: list[Process] = []
+    try:
+        wait_for_draft(target.address)
+        expected, _ = generate(alone.address, PROMPTS[2], max_tokens=1500)
+
+        def restart() -> None:
+            draft.kill()
+            replacement.append(start("duo.draft", ["--model", str(tiny_draft)], log_dir, port=port))
+
+        from duo._proto import duo_pb2 as pb
+        from duo._proto import duo_pb2_grpc as pb_grpc
+
+        request = pb.GenerateRequest(prompt=PROMPTS[2], max_tokens=1500)
+        tokens, received_after_restart, restarted_at = [], 0, None
+        with grpc.insecure_channel(target.address) as channel:
+            for response in pb_grpc.TargetStub(channel).Generate(request, timeout=120):
+                tokens.extend(response.token_ids)
+                if restarted_at is None and response.stats.draft_tokens_received > 0 and len(tokens) > 20:
+                    restart()
+                    restarted_at = response.stats.draft_tokens_received
+                elif restarted_at is not None:
+                    received_after_restart = response.stats.draft_tokens_received - restarted_at
+        assert tokens == expected
+        assert received_after_restart > 0, "the restarted draft sent nothing to the running generation"
+    finally:
+        target.stop()
+        draft.stop()
+        for process in replacement:
+            process.stop()
+
+
+def test_an_incompatible_draft_is_refused_with_the_reason(tiny_target, tiny_mismatched, log_dir):
+    draft = start("duo.draft", ["--model", str(tiny_mismatched)], log_dir)
+    target = start("duo.target", ["--model", str(tiny_target), "--peer", draft.address], log_dir)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with pytest.raises(grpc.RpcError) if "token 1000" in target.log() else _nothing():
+                generate(target.address, "hello", max_tokens=4)
+            if "token 1000" in target.log() or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        with pytest.raises(grpc.RpcError) as refused:
+            generate(target.address, "hello", max_tokens=4)
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "token 1000 differs" in refused.value.details()
+        assert "token 1000 differs" in draft.log()
+        assert "token 1000 differs" in target.log()
+    finally:
+        target.stop()
+        draft.stop()
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_concurrent_generations_each_get_their_own_output(duo, alone):
+    expected = {prompt: generate(alone.address, prompt, max_tokens=48)[0] for prompt in PROMPTS}
+    results: dict[str, list[int]] = {}
+
+    def work(prompt: str) -> None:
+        results[prompt] = generate(duo.address, prompt, max_tokens=48)[0]
+
+    threads = [threading.Thread(target=work, args=(p,)) for p in PROMPTS]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == expected
+
+
+def test_duo_generate_prints_json_with_text_ids_and_stats(duo, alone):
+    completed = subprocess.run(
+        [sys.executable, "-m", "duo.cli", "generate", "--endpoint", duo.address, "--prompt", PROMPTS[0],
+         "--max-tokens", "16", "--json"], capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr
+    result = json.loads(completed.stdout)
+    expected, _ = generate(alone.address, PROMPTS[0], max_tokens=16)
+    assert result["token_ids"] == expected
+    assert isinstance(result["text"], str) and result["text"]
+    for key in ("generated_tokens", "draft_tokens_received", "draft_tokens_accepted", "verify_steps",
+                "tokens_per_second"):
+        assert key in result["stats"]
+    assert result["stats"]["generated_tokens"] == len(expected)
+
+
+def test_a_bad_request_gets_invalid_argument_and_the_server_keeps_serving(alone):
+    with pytest.raises(grpc.RpcError) as error:
+        generate(alone.address, "hello", temperature=5.0)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "temperature" in error.value.details()
+    tokens, _ = generate(alone.address, "hello", max_tokens=4)
+    assert len(tokens) == 4
+
+
+def test_the_target_decodes_alone_while_no_draft_is_listening(tiny_target, alone, log_dir):
+    target = start("duo.target", ["--model", str(tiny_target), "--peer", f"127.0.0.1:{free_port()}"], log_dir)
+    try:
+        expected, _ = generate(alone.address, PROMPTS[1], max_tokens=32)
+        tokens, last = generate(target.address, PROMPTS[1], max_tokens=32)
+        assert tokens == expected
+        assert not last.stats.draft_connected
+    finally:
+        target.stop()
