@@ -9,7 +9,7 @@ import logging
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Sequence
+from typing import AsyncIterator, Protocol
 
 import numpy as np
 
@@ -74,13 +74,36 @@ class Step:
 
 def verify_step(context: Context, batch: list[int], n_rows: int, drafts: list[int],
                 dists: list[SparseDist | None], params: SamplingParams, rng: np.random.Generator) -> Verdict:
-    """Decode `batch` at the end of the KV cache and verify `drafts` against its last `n_rows` logits.
+    """Decode `batch` at the end of the KV cache, verify `drafts` against its last `n_rows` logits,
+    and drop the cache entries of rejected drafts.
 
     The batch is [the newest committed token, the first n_rows - 1 drafts]; row i predicts draft i,
     so a draft beyond the batch is still verified by the last row instead of drawing a bonus token.
     """
+    start = context.n_past + 1  # the position of the first draft
     logits = context.decode(batch, context.n_past, logits_for=range(len(batch) - n_rows, len(batch)))
-    return verify(drafts, None if params.greedy else dists, logits, params, rng)
+    verdict = verify(drafts, None if params.greedy else dists, logits, params, rng)
+    # Cache entries are right up to the last accepted draft that was in the batch.
+    context.rollback(start + min(verdict.n_accepted, n_rows - 1))
+    return verdict
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What one verify step did: for the adaptive policy, stats and metrics."""
+
+    batch_size: int   # tokens decoded in one batch (1: decoding alone)
+    n_verified: int   # draft tokens verified (can be batch_size, the last one checked by the bonus row)
+    n_accepted: int   # of which accepted: always a prefix of the chain
+    n_committed: int  # tokens committed (accepted + recovered or bonus; fewer at a stop)
+    seconds: float    # decode + verification time
+
+
+class StepObserver(Protocol):
+    """Something that watches the target work (metrics, the adaptive policy)."""
+
+    def on_step(self, record: StepRecord) -> None: ...
+    def on_finish(self, stats: "GenerationStats") -> None: ...
 
 
 class Generation:
@@ -156,6 +179,7 @@ class Target:
         self.link = link
         self.n_ctx = n_ctx
         self.settings = settings
+        self.observers: list[StepObserver] = []
         self._ids = itertools.count(1)
 
     async def generate(self, request: Request) -> AsyncIterator[tuple[Step, GenerationStats]]:
@@ -179,6 +203,8 @@ class Target:
                     generation.stats.first_token_at = time.monotonic()
                 if step.finish_reason:
                     generation.stats.finished_at = time.monotonic()
+                    for observer in self.observers:
+                        observer.on_finish(generation.stats)
                 yield step, generation.stats
                 if step.finish_reason:
                     return
@@ -190,15 +216,18 @@ class Target:
     async def _step(self, generation: Generation, context: Context) -> Step:
         batch, n_rows, drafts, dists = generation.plan(room=context.n_ctx - context.n_past)
         start = len(generation.committed)
+        began = time.perf_counter()
         verdict = await self.worker.run(verify_step, context, batch, n_rows, drafts, dists,
                                         generation.request.params, generation.rng)
-        n_in_batch = n_rows - 1
-        # KV entries are right up to the last accepted draft that was in the batch.
-        await self.worker.run(context.rollback, start + min(verdict.n_accepted, n_in_batch))
+        seconds = time.perf_counter() - began
         step = generation.commit(verdict, len(drafts))
         if self.link and step.tokens:
             self.link.send(pb.TargetEvent(commit=pb.Commit(session_id=generation.session_id, start=start,
                                                            tokens=step.tokens)))
+        record = StepRecord(batch_size=len(batch), n_verified=len(drafts), n_accepted=verdict.n_accepted,
+                            n_committed=len(step.tokens), seconds=seconds)
+        for observer in self.observers:
+            observer.on_step(record)
         return step
 
 

@@ -126,7 +126,7 @@ def test_tokenizer_data_is_complete() -> None:
 def test_models_load(request: pytest.FixtureRequest, fixture: str, n_vocab: int) -> None:
     m: Model = request.getfixturevalue(fixture)
     path = Path(m.llm.model_path)
-    assert path.stat().st_size < 32 * 2**20
+    assert path.stat().st_size < 48 * 2**20
     assert m.n_vocab == n_vocab
     assert m.llm.metadata["general.architecture"] == "qwen2"
     assert m.llm.token_eos() == IM_END
@@ -208,7 +208,7 @@ def test_draft_agrees_with_target_on_a_fair_share(draft: Model, target_runs) -> 
 
 
 def test_write_is_deterministic(tmp_path: Path, tiny_target: Path, tiny_draft: Path) -> None:
-    again = write_tiny_model(tmp_path / "target.gguf", seed=TARGET_SEED)
+    again = write_tiny_model(tmp_path / "target.gguf", seed=TARGET_SEED, embedding_type="f32")
     assert again.read_bytes() == tiny_target.read_bytes()
     recipe = tiny_models.read_recipe(tiny_draft)
     assert recipe["seed"] == TARGET_SEED

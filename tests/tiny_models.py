@@ -320,6 +320,7 @@ def write_tiny_model(
     noise: float = 0.0,
     tokenizer_edits: dict[int, str] | None = None,
     extra_tokens: int = 0,
+    embedding_type: str = "q8_0",
 ) -> Path:
     """Write a tiny ``qwen2`` GGUF model with the real Qwen2.5 tokenizer to ``path``.
 
@@ -339,8 +340,14 @@ def write_tiny_model(
     ``[PADn]`` tokens (with embedding rows) after the real vocabulary.  The
     weights of the existing tokens are unaffected by both.
 
-    The token embedding (tied with the output) is Q8_0, the rest F32.
+    The token embedding (tied with the output) is Q8_0 or, with ``embedding_type="f32"``,
+    F32; the rest is F32. The output matmul over the 151936-token vocabulary is most of a
+    tiny model's work, so an F32 embedding makes a model several times slower to decode,
+    memory-bound like a real large target: that is how the test target stays slower than its
+    draft, as in real use.
     """
+    if embedding_type not in ("q8_0", "f32"):
+        raise ValueError(f"embedding_type must be 'q8_0' or 'f32', got {embedding_type!r}")
     path = Path(path)
     if base is not None:
         recipe = read_recipe(base)
@@ -369,7 +376,7 @@ def write_tiny_model(
     writer.add_string(RECIPE_KEY, json.dumps(recipe, sort_keys=True))
     writer.add_type("model")
     writer.add_name(f"duo tiny test model (seed {recipe['seed']}, noise {recipe['noise']})")
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if embedding_type == "q8_0" else gguf.LlamaFileType.ALL_F32)
     writer.add_context_length(recipe["n_ctx"])
     writer.add_embedding_length(recipe["n_embd"])
     writer.add_block_count(recipe["n_layer"])
@@ -380,7 +387,7 @@ def write_tiny_model(
     writer.add_layer_norm_rms_eps(1e-6)
     _add_tokenizer(writer, {int(k): v for k, v in recipe["tokenizer_edits"].items()}, recipe["extra_tokens"])
     for name, x in weights.items():
-        if name == "token_embd.weight":
+        if name == "token_embd.weight" and embedding_type == "q8_0":
             # Q8_0 rather than F16: a smaller file and a faster output matmul.
             q8 = gguf.GGMLQuantizationType.Q8_0
             writer.add_tensor(name, gguf.quants.quantize(x, q8), raw_dtype=q8)
@@ -395,8 +402,9 @@ def write_tiny_model(
 
 
 def write_tiny_pair(dir: Path) -> tuple[Path, Path]:
-    """Write a (target, draft) pair into ``dir``: the draft is the target plus ``DRAFT_NOISE``."""
+    """Write a (target, draft) pair into ``dir``: the draft is the target plus ``DRAFT_NOISE``,
+    stored with a Q8_0 embedding so that it decodes about twice as fast as the F32 target."""
     dir = Path(dir)
-    target = write_tiny_model(dir / "tiny-target.gguf", seed=TARGET_SEED)
+    target = write_tiny_model(dir / "tiny-target.gguf", seed=TARGET_SEED, embedding_type="f32")
     draft = write_tiny_model(dir / "tiny-draft.gguf", seed=DRAFT_SEED, base=target, noise=DRAFT_NOISE)
     return target, draft
