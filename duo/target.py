@@ -18,6 +18,7 @@ from duo._proto import duo_pb2 as pb
 from duo.chain import DraftChain
 from duo.link import DraftLink
 from duo.model import Context, Model, ModelError
+from duo.policy import AdaptivePolicy
 from duo.runtime import ModelWorker
 from duo.sampling import SamplingParams, SparseDist, Verdict, verify
 
@@ -26,12 +27,18 @@ log = logging.getLogger("duo.target")
 
 @dataclass(frozen=True)
 class SpecSettings:
-    """How much speculation to use (the names llama.cpp users know)."""
+    """How much speculation to use (the names llama.cpp users know).
 
-    draft_max: int = 8      # most chain tokens verified in one target batch
+    Adaptive (the default): each step verifies the number of pending drafts, up to draft_max, that
+    the measured costs and acceptance say is fastest, and the draft is steered to run just far
+    enough ahead. Fixed: every step verifies min(pending, draft_max) drafts.
+    """
+
+    draft_max: int = 16     # most chain tokens verified in one target batch
     draft_min: int = 0      # fewer pending tokens than this: decode alone
     draft_p_min: float = 0.0  # the draft pauses after a token it gives less probability than this
-    max_ahead: int = 16     # how far beyond the committed tokens the draft may run
+    max_ahead: int = 32     # how far beyond the committed tokens the draft may run (fixed mode)
+    adaptive: bool = True
 
 
 @dataclass
@@ -118,13 +125,14 @@ class Generation:
         self.chain = DraftChain(self.committed)
         self.stats = GenerationStats(prompt_tokens=len(request.prompt_tokens))
         self.rng = np.random.default_rng(request.seed)
+        self.max_ahead = settings.max_ahead  # as last told to the draft
 
     # The draft link calls these.
     def open_message(self) -> pb.OpenSession:
         self.chain.reset()  # a (re)connected draft starts its epochs afresh
         return pb.OpenSession(session_id=self.session_id, committed=self.committed,
                               sampling=wire.sampling_to_pb(self.request.params, self.request.seed),
-                              max_ahead=self.settings.max_ahead, p_min=self.settings.draft_p_min)
+                              max_ahead=self.max_ahead, p_min=self.settings.draft_p_min)
 
     def on_chunk(self, chunk: pb.DraftChunk) -> None:
         dists = [wire.dist_from_pb(d) for d in chunk.dists]
@@ -134,7 +142,7 @@ class Generation:
     def on_draft_lost(self) -> None:
         self.chain.reset()
 
-    def plan(self, room: int) -> tuple[list[int], int, list[int], list[SparseDist | None]]:
+    def plan(self, room: int, policy: AdaptivePolicy | None) -> tuple[list[int], int, list[int], list[SparseDist | None]]:
         """Choose this step's batch: (batch tokens, logits rows, tokens to verify, their distributions).
 
         `room` is how many positions the context has left; the batch never runs past it.
@@ -143,6 +151,8 @@ class Generation:
         if not self.request.params.greedy and None in dists:
             pending = pending[:dists.index(None)]  # rejection sampling needs the q each token came from
         n_batch = min(len(pending), self.settings.draft_max, room - 1)
+        if policy is not None:
+            n_batch = policy.choose(n_batch)
         if n_batch < self.settings.draft_min:
             n_batch = 0
         n_verify = min(len(pending), n_batch + 1)
@@ -179,6 +189,7 @@ class Target:
         self.link = link
         self.n_ctx = n_ctx
         self.settings = settings
+        self.policy = AdaptivePolicy(max_draft=settings.draft_max) if settings.adaptive else None
         self.observers: list[StepObserver] = []
         self._ids = itertools.count(1)
 
@@ -214,7 +225,7 @@ class Target:
             await self.worker.run(context.close)
 
     async def _step(self, generation: Generation, context: Context) -> Step:
-        batch, n_rows, drafts, dists = generation.plan(room=context.n_ctx - context.n_past)
+        batch, n_rows, drafts, dists = generation.plan(context.n_ctx - context.n_past, self.policy)
         start = len(generation.committed)
         began = time.perf_counter()
         verdict = await self.worker.run(verify_step, context, batch, n_rows, drafts, dists,
@@ -228,7 +239,16 @@ class Target:
                             n_committed=len(step.tokens), seconds=seconds)
         for observer in self.observers:
             observer.on_step(record)
+        if self.policy is not None:
+            self.policy.observe(record.batch_size, record.n_verified, record.n_accepted, record.seconds)
+            self._steer(generation, self.policy.max_ahead())
         return step
+
+    def _steer(self, generation: Generation, max_ahead: int) -> None:
+        """Tell the draft how far ahead to run when the policy's view changed."""
+        if self.link and max_ahead != generation.max_ahead:
+            generation.max_ahead = max_ahead
+            self.link.send(pb.TargetEvent(steer=pb.Steer(session_id=generation.session_id, max_ahead=max_ahead)))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -243,24 +263,31 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--gpu-layers", type=int, default=None, help="layers to offload (default: all)")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     parser.add_argument("--ctx-size", type=int, default=4096, help="context size per request")
-    parser.add_argument("--draft-max", type=int, default=defaults.draft_max,
-                        help="most draft tokens verified in one batch")
+    parser.add_argument("--draft-max", type=int, default=None,
+                        help="verify up to this many draft tokens in every batch (fixed); by default "
+                             f"the number is chosen adaptively each step, up to {defaults.draft_max}")
     parser.add_argument("--draft-min", type=int, default=defaults.draft_min,
                         help="verify no draft tokens while fewer than this are pending")
     parser.add_argument("--draft-p-min", type=float, default=defaults.draft_p_min,
                         help="the draft pauses after a token it gives less probability than this")
     parser.add_argument("--max-ahead", type=int, default=None,
-                        help="how far ahead of the committed tokens the draft may run (default: 2 x --draft-max)")
+                        help="how far ahead of the committed tokens the draft may run (default: "
+                             "steered adaptively; 2 x --draft-max when that is fixed)")
     parser.add_argument("--log-level", default="INFO")
     return parser
 
 
 def settings_from(args: argparse.Namespace) -> SpecSettings:
-    if args.draft_max < 0 or args.draft_min < 0 or not 0 <= args.draft_p_min <= 1:
+    """Adaptive unless --draft-max or --max-ahead fixes the speculation."""
+    defaults = SpecSettings()
+    if (args.draft_max or 0) < 0 or args.draft_min < 0 or not 0 <= args.draft_p_min <= 1:
         raise ValueError("--draft-max and --draft-min must be >= 0 and --draft-p-min between 0 and 1")
-    max_ahead = args.max_ahead if args.max_ahead is not None else 2 * args.draft_max
-    return SpecSettings(draft_max=args.draft_max, draft_min=args.draft_min, draft_p_min=args.draft_p_min,
-                        max_ahead=max(1, max_ahead))
+    adaptive = args.draft_max is None and args.max_ahead is None
+    draft_max = defaults.draft_max if args.draft_max is None else args.draft_max
+    max_ahead = args.max_ahead if args.max_ahead is not None else (
+        2 if adaptive else 2 * draft_max)
+    return SpecSettings(draft_max=draft_max, draft_min=args.draft_min, draft_p_min=args.draft_p_min,
+                        max_ahead=max(1, max_ahead), adaptive=adaptive)
 
 
 async def serve(args: argparse.Namespace, model: Model, settings: SpecSettings) -> None:

@@ -1,0 +1,100 @@
+"""Adaptive speculation: how many draft tokens to verify per step, from live cost and acceptance measurements."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Exponential moving averages forget old measurements at this rate per observation, so the policy
+# follows a change of content (code vs prose) or of load within a few dozen steps.
+DECAY = 0.95
+# Before anything is measured, assume a verify batch of n costs 1 + 0.1 (n - 1) single steps and
+# drafts are accepted at 0.7: optimistic enough that speculation is tried, so that it is measured.
+# The acceptance prior weighs as much as PRIOR_WEIGHT observations, so one early rejection does
+# not switch speculation off.
+PRIOR_BATCH_SLOPE = 0.1
+PRIOR_ACCEPTANCE = 0.7
+PRIOR_WEIGHT = 2.0
+# Now and then verify one more draft token than the best choice, so estimates for longer drafts
+# stay fresh even when the policy has settled on short ones (or none).
+EXPLORE_EVERY = 16
+
+
+@dataclass
+class _Average:
+    value: float
+    weight: float = 0.0  # 0 until the first observation
+
+    def add(self, x: float) -> None:
+        self.weight = self.weight * DECAY + 1.0
+        self.value += (x - self.value) / self.weight
+
+
+@dataclass
+class AdaptivePolicy:
+    """Chooses the draft length k that maximises expected committed tokens per second.
+
+    A step that verifies k drafts decodes k + 1 tokens in T(k + 1) seconds and commits
+    E(k) = 1 + a1 + a1 a2 + ... + a1 a2 ... ak tokens on average, where ai is the chance that draft
+    i is accepted given that drafts 1..i-1 were. So k = argmax E(k) / T(k + 1) over the drafts
+    that are pending, k = 0 (decode alone) included. Example: a = 0.8 everywhere, T(n) = n * T(1)
+    (a compute-bound CPU target): E(1) / T(2) = 1.8 / 2 < 1 / T(1), so decode alone; with
+    T(n) = (1 + 0.1 (n - 1)) T(1) (memory-bound): E(4) / T(5) = 3.36 / 1.4 = 2.4 per T(1).
+    """
+
+    max_draft: int = 16
+    step_seconds: dict[int, _Average] = field(default_factory=dict)  # batch size -> T
+    acceptance: list[_Average] = field(default_factory=list)          # [max_draft + 1], position i -> ai
+    draft_len: int = 0  # the last choice, exposed in stats and metrics
+    _steps: int = 0
+
+    def __post_init__(self) -> None:
+        self.acceptance = [_Average(PRIOR_ACCEPTANCE, PRIOR_WEIGHT) for _ in range(self.max_draft + 1)]
+
+    def choose(self, n_pending: int) -> int:
+        """How many of the `n_pending` drafts to put in this step's batch."""
+        limit = min(n_pending, self.max_draft)
+        best = max(range(limit + 1), key=self.expected_rate)
+        self._steps += 1
+        if best < limit and self._steps % EXPLORE_EVERY == 0:
+            best += 1
+        self.draft_len = best
+        return best
+
+    def expected_rate(self, k: int) -> float:
+        """Expected committed tokens per second when verifying k drafts."""
+        expected, survive = 1.0, 1.0
+        for position in range(k):
+            survive *= self.acceptance[position].value
+            expected += survive
+        return expected / self.batch_seconds(k + 1)
+
+    def batch_seconds(self, n: int) -> float:
+        """T(n): measured, else interpolated between measured sizes, else extrapolated."""
+        measured = sorted((size, avg.value) for size, avg in self.step_seconds.items() if avg.weight)
+        if not measured:
+            return 1.0 + PRIOR_BATCH_SLOPE * (n - 1)
+        for size, seconds in measured:
+            if size == n:
+                return seconds
+        below = [(s, t) for s, t in measured if s < n]
+        above = [(s, t) for s, t in measured if s > n]
+        if below and above:
+            (s0, t0), (s1, t1) = below[-1], above[0]
+            return t0 + (t1 - t0) * (n - s0) / (s1 - s0)
+        if len(measured) >= 2 and below:
+            (s0, t0), (s1, t1) = measured[-2], measured[-1]
+            slope = max((t1 - t0) / (s1 - s0), 0.0)
+        else:
+            slope = PRIOR_BATCH_SLOPE * measured[0][1]
+        s_near, t_near = below[-1] if below else above[0]
+        return max(t_near + slope * (n - s_near), 1e-9)
+
+    def observe(self, batch_size: int, n_verified: int, n_accepted: int, seconds: float) -> None:
+        """Learn from one step: its cost, and which draft positions were accepted."""
+        self.step_seconds.setdefault(batch_size, _Average(seconds)).add(seconds)
+        for position in range(min(n_verified, n_accepted + 1, len(self.acceptance))):
+            self.acceptance[position].add(1.0 if position < n_accepted else 0.0)
+
+    def max_ahead(self) -> int:
+        """How far ahead the draft should run: enough for the next step's choice and a spare."""
+        return max(2, 2 * self.draft_len + 2)
