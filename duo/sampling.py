@@ -59,7 +59,7 @@ def _is_real(x: object) -> bool:
 class SparseDist:
     """A probability distribution over token ids, zero outside `ids`."""
 
-    ids: np.ndarray  # [n] int64 token ids, most probable first
+    ids: np.ndarray  # [n] int64 token ids: most probable first, or in id order when nothing was truncated
     probs: np.ndarray  # [n] float64, positive, sums to 1
 
     def __post_init__(self) -> None:
@@ -79,10 +79,11 @@ def distribution(logits: np.ndarray, params: SamplingParams) -> SparseDist:
 
     Every truncation keeps a prefix of the tokens ranked by logit (ties: lower id
     first) and renormalises, so the result is that prefix and at least one token.
+    With no truncation at all (the usual OpenAI-client request: a temperature and nothing
+    else) nothing needs ranking, so the support stays in id order and costs one softmax.
     Measured on a 151936-token vocabulary (numpy 2.4, one AMD EPYC core, medians):
     top_k=40 0.16 ms; top_p=0.95 on a peaked distribution 0.45 ms; min_p=0.1 0.4 ms;
-    no truncation 2.5-4 ms, mostly numpy's argsort of the whole vocabulary, which the
-    support then is. The slow case is top_p over a flat distribution whose nucleus is
+    no truncation ~1 ms. The slow case is top_p over a flat distribution whose nucleus is
     most of the vocabulary (5-9 ms: two candidate rounds, then the full sort).
     """
     params.validate()
@@ -104,6 +105,9 @@ def distribution(logits: np.ndarray, params: SamplingParams) -> SparseDist:
     else:
         all_weights = _weights(logits, top, params.temperature)
         mass = all_weights.sum()
+        if params.top_p == 1 and params.min_p == 0:
+            ids = np.flatnonzero(all_weights)  # exp underflow to 0 is the only cut
+            return SparseDist(ids, all_weights[ids] / mass)
         ids = _untruncated_candidates(logits, all_weights, mass, params)
         weights = all_weights[ids]
     n = min(_nucleus_size(weights, mass, params.top_p), _min_p_size(weights, params.min_p))

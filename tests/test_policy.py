@@ -1,0 +1,67 @@
+"""The adaptive policy picks the draft length that maximises expected tokens per second."""
+
+import numpy as np
+
+from duo.policy import EXPLORE_EVERY, AdaptivePolicy
+
+
+def teach(policy: AdaptivePolicy, cost, acceptance: float, steps: int = 200) -> None:
+    """Feed the policy steps of every batch size with cost(n) seconds and i.i.d. acceptance."""
+    rng = np.random.default_rng(0)
+    for _ in range(steps):
+        for k in range(policy.max_draft + 1):
+            accepted = 0
+            while accepted < k and rng.random() < acceptance:
+                accepted += 1
+            policy.observe(batch_size=k + 1, n_verified=k, n_accepted=accepted, seconds=cost(k + 1))
+
+
+def test_a_memory_bound_target_speculates_deeply():
+    policy = AdaptivePolicy(max_draft=8)
+    teach(policy, cost=lambda n: 0.1 * (1 + 0.1 * (n - 1)), acceptance=0.8)
+    assert policy.choose(8) >= 4
+
+
+def test_a_compute_bound_target_decodes_alone():
+    policy = AdaptivePolicy(max_draft=8)
+    teach(policy, cost=lambda n: 0.1 * n, acceptance=0.8)
+    assert policy.choose(8) == 0
+
+
+def test_poor_acceptance_switches_speculation_off_even_when_verifying_is_cheap():
+    policy = AdaptivePolicy(max_draft=8)
+    teach(policy, cost=lambda n: 0.1 * (1 + 0.3 * (n - 1)), acceptance=0.1)
+    assert policy.choose(8) == 0
+
+
+def test_the_choice_never_exceeds_the_pending_drafts():
+    policy = AdaptivePolicy(max_draft=8)
+    teach(policy, cost=lambda n: 0.1, acceptance=0.95)
+    assert policy.choose(3) == 3
+    assert policy.choose(0) == 0
+
+
+def test_with_no_measurements_speculation_is_tried():
+    assert AdaptivePolicy(max_draft=8).choose(4) > 0
+
+
+def test_the_policy_explores_one_longer_draft_now_and_then():
+    policy = AdaptivePolicy(max_draft=8)
+    teach(policy, cost=lambda n: 0.1 * n, acceptance=0.8)
+    choices = [policy.choose(8) for _ in range(2 * EXPLORE_EVERY)]
+    assert choices.count(1) == 2 and choices.count(0) == 2 * EXPLORE_EVERY - 2
+
+
+def test_unmeasured_batch_sizes_are_interpolated_and_extrapolated():
+    policy = AdaptivePolicy(max_draft=8)
+    policy.observe(batch_size=1, n_verified=0, n_accepted=0, seconds=1.0)
+    policy.observe(batch_size=3, n_verified=2, n_accepted=2, seconds=2.0)
+    assert policy.batch_seconds(2) == 1.5
+    assert policy.batch_seconds(5) == 3.0
+
+
+def test_the_draft_is_steered_to_stay_ahead_of_the_choice():
+    policy = AdaptivePolicy(max_draft=8)
+    teach(policy, cost=lambda n: 0.1 * (1 + 0.05 * (n - 1)), acceptance=0.9)
+    k = policy.choose(8)
+    assert policy.max_ahead() > k
