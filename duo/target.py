@@ -24,6 +24,10 @@ from duo.sampling import SamplingParams, SparseDist, Verdict, verify
 
 log = logging.getLogger("duo.target")
 
+# The synchronous mode gives up waiting for drafts after this long (a draft that paused on a
+# token it doubts, or stalled) and verifies what it has.
+SYNC_WAIT_S = 1.0
+
 
 @dataclass(frozen=True)
 class SpecSettings:
@@ -39,6 +43,9 @@ class SpecSettings:
     draft_p_min: float = 0.0  # the draft pauses after a token it gives less probability than this
     max_ahead: int = 32     # how far beyond the committed tokens the draft may run (fixed mode)
     adaptive: bool = True
+    # > 0: the classic synchronous loop, for comparison: each step waits for this many drafts, and
+    # the draft, allowed no further ahead, idles while the target verifies.
+    sync: int = 0
 
 
 @dataclass
@@ -126,6 +133,7 @@ class Generation:
         self.stats = GenerationStats(prompt_tokens=len(request.prompt_tokens))
         self.rng = np.random.default_rng(request.seed)
         self.max_ahead = settings.max_ahead  # as last told to the draft
+        self.arrived = asyncio.Event()  # set when chain tokens arrive (the synchronous mode waits on it)
 
     # The draft link calls these.
     def open_message(self) -> pb.OpenSession:
@@ -138,6 +146,7 @@ class Generation:
         dists = [wire.dist_from_pb(d) for d in chunk.dists]
         self.chain.receive(chunk.epoch, chunk.start, chunk.tokens, dists)
         self.stats.draft_tokens_received = self.chain.received
+        self.arrived.set()
 
     def on_draft_lost(self) -> None:
         self.chain.reset()
@@ -224,7 +233,23 @@ class Target:
                 self.link.unregister(generation.session_id)
             await self.worker.run(context.close)
 
+    async def _await_drafts(self, generation: Generation, want: int) -> None:
+        """Synchronous mode: wait until `want` drafts are pending, the draft stopped, or it is gone."""
+        deadline = asyncio.get_running_loop().time() + SYNC_WAIT_S
+        while self.link and self.link.connected:
+            pending, _ = generation.chain.pending()
+            if len(pending) >= want or (pending and self.model.is_end_of_generation(pending[-1])):
+                return
+            generation.arrived.clear()
+            remaining = deadline - asyncio.get_running_loop().time()
+            try:
+                await asyncio.wait_for(generation.arrived.wait(), timeout=max(remaining, 0))
+            except asyncio.TimeoutError:
+                return
+
     async def _step(self, generation: Generation, context: Context) -> Step:
+        if self.settings.sync:
+            await self._await_drafts(generation, self.settings.sync)
         batch, n_rows, drafts, dists = generation.plan(context.n_ctx - context.n_past, self.policy)
         start = len(generation.committed)
         began = time.perf_counter()
@@ -273,6 +298,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-ahead", type=int, default=None,
                         help="how far ahead of the committed tokens the draft may run (default: "
                              "steered adaptively; 2 x --draft-max when that is fixed)")
+    parser.add_argument("--sync", type=int, default=0, metavar="K",
+                        help="for comparison only: llama.cpp's classic synchronous loop (draft K tokens, "
+                             "then verify them, the two models taking turns) instead of duo's")
     parser.add_argument("--log-level", default="INFO")
     return parser
 
@@ -282,6 +310,11 @@ def settings_from(args: argparse.Namespace) -> SpecSettings:
     defaults = SpecSettings()
     if (args.draft_max or 0) < 0 or args.draft_min < 0 or not 0 <= args.draft_p_min <= 1:
         raise ValueError("--draft-max and --draft-min must be >= 0 and --draft-p-min between 0 and 1")
+    if args.sync < 0:
+        raise ValueError("--sync must be >= 0")
+    if args.sync:
+        return SpecSettings(draft_max=args.sync, draft_min=args.draft_min, draft_p_min=args.draft_p_min,
+                            max_ahead=args.sync, adaptive=False, sync=args.sync)
     adaptive = args.draft_max is None and args.max_ahead is None
     draft_max = defaults.draft_max if args.draft_max is None else args.draft_max
     max_ahead = args.max_ahead if args.max_ahead is not None else (
