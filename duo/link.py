@@ -118,7 +118,10 @@ class DraftLink:
                 if session is None:
                     continue
                 if kind == "chunk":
-                    session.on_chunk(event.chunk)
+                    try:
+                        session.on_chunk(event.chunk)
+                    except ValueError as error:  # the chain then has a gap and waits for a new epoch
+                        log.warning("dropped a malformed chunk for session %d: %s", session.session_id, error)
                 else:
                     log.warning("draft refused session %d: %s", event.error.session_id, event.error.message)
         finally:

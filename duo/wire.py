@@ -41,6 +41,9 @@ def dist_to_pb(dist: SparseDist) -> pb.SparseDist:
 
 
 def dist_from_pb(message: pb.SparseDist) -> SparseDist:
+    """The draft's q; ValueError when it is not a distribution (a draft must never make us guess)."""
     # float32 on the wire; renormalise in float64 so the rejection test uses a proper distribution.
     probs = np.asarray(message.probs, dtype=np.float64)
+    if len(message.ids) != probs.size or not np.all(np.isfinite(probs)) or np.any(probs < 0) or probs.sum() <= 0:
+        raise ValueError("a draft distribution needs as many ids as probabilities, finite, >= 0, summing above 0")
     return SparseDist(ids=np.asarray(message.ids, dtype=np.int64), probs=probs / probs.sum())
