@@ -161,6 +161,9 @@ class TargetStub:
     clients -> duo-target
     ---------------------------------------------------------------------------------------------
 
+    Calls need the metadata `authorization: Bearer <key>` when duo-target runs with --api-key. The
+    standard grpc.health.v1.Health service (NOT_SERVING until the model is loaded) and server
+    reflection are served beside this one and need no key.
     """
 
     def __init__(self, channel):
@@ -174,6 +177,16 @@ class TargetStub:
                 request_serializer=duo_dot___proto_dot_duo__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=duo_dot___proto_dot_duo__pb2.GenerateResponse.FromString,
                 _registered_method=True)
+        self.Tokenize = channel.unary_unary(
+                '/duo.v1.Target/Tokenize',
+                request_serializer=duo_dot___proto_dot_duo__pb2.TokenizeRequest.SerializeToString,
+                response_deserializer=duo_dot___proto_dot_duo__pb2.TokenizeResponse.FromString,
+                _registered_method=True)
+        self.ModelInfo = channel.unary_unary(
+                '/duo.v1.Target/ModelInfo',
+                request_serializer=duo_dot___proto_dot_duo__pb2.ModelInfoRequest.SerializeToString,
+                response_deserializer=duo_dot___proto_dot_duo__pb2.ModelInfoResponse.FromString,
+                _registered_method=True)
 
 
 class TargetServicer:
@@ -181,10 +194,29 @@ class TargetServicer:
     clients -> duo-target
     ---------------------------------------------------------------------------------------------
 
+    Calls need the metadata `authorization: Bearer <key>` when duo-target runs with --api-key. The
+    standard grpc.health.v1.Health service (NOT_SERVING until the model is loaded) and server
+    reflection are served beside this one and need no key.
     """
 
     def Generate(self, request, context):
         """Streams the completion as tokens are committed, then one final message with the stats.
+        Fails with RESOURCE_EXHAUSTED when --parallel requests run and --queue-size more wait already,
+        UNAVAILABLE while the model is loading, INVALID_ARGUMENT (saying what to fix) for a bad request.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Tokenize(self, request, context):
+        """The token ids of a prompt, tokenized exactly as Generate tokenizes it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ModelInfo(self, request, context):
+        """What is served: the model, its context, the draft's state.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -197,6 +229,16 @@ def add_TargetServicer_to_server(servicer, server):
                     servicer.Generate,
                     request_deserializer=duo_dot___proto_dot_duo__pb2.GenerateRequest.FromString,
                     response_serializer=duo_dot___proto_dot_duo__pb2.GenerateResponse.SerializeToString,
+            ),
+            'Tokenize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Tokenize,
+                    request_deserializer=duo_dot___proto_dot_duo__pb2.TokenizeRequest.FromString,
+                    response_serializer=duo_dot___proto_dot_duo__pb2.TokenizeResponse.SerializeToString,
+            ),
+            'ModelInfo': grpc.unary_unary_rpc_method_handler(
+                    servicer.ModelInfo,
+                    request_deserializer=duo_dot___proto_dot_duo__pb2.ModelInfoRequest.FromString,
+                    response_serializer=duo_dot___proto_dot_duo__pb2.ModelInfoResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -211,6 +253,9 @@ class Target:
     clients -> duo-target
     ---------------------------------------------------------------------------------------------
 
+    Calls need the metadata `authorization: Bearer <key>` when duo-target runs with --api-key. The
+    standard grpc.health.v1.Health service (NOT_SERVING until the model is loaded) and server
+    reflection are served beside this one and need no key.
     """
 
     @staticmethod
@@ -230,6 +275,60 @@ class Target:
             '/duo.v1.Target/Generate',
             duo_dot___proto_dot_duo__pb2.GenerateRequest.SerializeToString,
             duo_dot___proto_dot_duo__pb2.GenerateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Tokenize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/duo.v1.Target/Tokenize',
+            duo_dot___proto_dot_duo__pb2.TokenizeRequest.SerializeToString,
+            duo_dot___proto_dot_duo__pb2.TokenizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ModelInfo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/duo.v1.Target/ModelInfo',
+            duo_dot___proto_dot_duo__pb2.ModelInfoRequest.SerializeToString,
+            duo_dot___proto_dot_duo__pb2.ModelInfoResponse.FromString,
             options,
             channel_credentials,
             insecure,
