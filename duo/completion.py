@@ -1,0 +1,231 @@
+"""Client requests whatever their transport: check them, queue them for a turn, and turn committed tokens into text."""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass, field
+
+from jinja2 import TemplateError
+
+from duo.admission import Admission, Slot
+from duo.link import incompatible_error
+from duo.metrics import Metrics
+from duo.model import ModelError
+from duo.sampling import SamplingParams
+from duo.stop import StopMatcher
+from duo.target import GenerationStats, Request, Target
+
+# More stop strings than anyone needs would make every piece slow to check.
+MAX_STOP_STRINGS = 16
+
+
+class ClientError(Exception):
+    """A request that cannot be served now; the message says why and what to do."""
+
+
+class BadRequest(ClientError):
+    """The request itself is wrong; `param` names the field to fix where there is one."""
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+        self.code = code
+
+
+class UnknownModel(BadRequest):
+    """The request names a model this server does not serve."""
+
+
+class NotReady(ClientError):
+    """The model is still loading."""
+
+
+class DraftIncompatible(ClientError):
+    """The draft at --peer refused this target (or the reverse): a configuration error."""
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    """A request as a client sent it; exactly one of prompt, messages, prompt_tokens is used."""
+
+    prompt: str = ""
+    messages: Sequence[Mapping[str, str]] = ()  # rendered with the model's chat template
+    prompt_tokens: Sequence[int] = ()          # a prompt already tokenized
+    max_tokens: int = 0                        # 0: until end of generation or a full context
+    params: SamplingParams = SamplingParams()
+    seed: int | None = None
+    stop: Sequence[str] = ()
+    arrived: float = field(default_factory=time.monotonic)
+
+
+@dataclass(frozen=True)
+class Piece:
+    """New text (valid UTF-8, stop strings cut off) and the tokens committed since the last piece."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None  # set on the last piece: "stop" or "length"
+    stats: GenerationStats
+    draft_connected: bool
+
+
+def stats_fields(stats: GenerationStats, draft_connected: bool) -> dict[str, float | int | bool]:
+    """A request's stats under the names of proto/duo.proto's Stats message (also used in HTTP's duo_stats)."""
+    return {"prompt_tokens": stats.prompt_tokens, "generated_tokens": stats.generated_tokens,
+            "draft_tokens_received": stats.draft_tokens_received,
+            "draft_tokens_verified": stats.draft_tokens_verified,
+            "draft_tokens_accepted": stats.draft_tokens_accepted, "verify_steps": stats.verify_steps,
+            "tokens_per_second": stats.tokens_per_second, "time_to_first_token_s": stats.time_to_first_token,
+            "draft_connected": draft_connected}
+
+
+class Completion:
+    """One admitted request: iterate it for its pieces; aclose() (always called, also early) frees its
+    running place, and its sessions on the target and the draft."""
+
+    def __init__(self, pieces: AsyncGenerator[Piece, None], slot: Slot) -> None:
+        self._pieces = pieces
+        self._slot = slot
+
+    def __aiter__(self) -> AsyncIterator[Piece]:
+        return self._pieces
+
+    async def aclose(self) -> None:
+        try:
+            await self._pieces.aclose()
+        finally:
+            self._slot.release()
+
+
+class Completions:
+    """The target as clients see it, shared by the gRPC and HTTP endpoints."""
+
+    def __init__(self, admission: Admission, metrics: Metrics, names: Sequence[str]) -> None:
+        self.admission = admission
+        self.metrics = metrics
+        self.names = list(names)  # the first is the model's name; the others are accepted as aliases
+        self.target: Target | None = None  # set once the model is loaded
+        self.context_size = 0
+        self._max_prompt_bytes = 0
+
+    def ready(self, target: Target, context_size: int) -> None:
+        self.target = target
+        self.context_size = context_size
+        # No token is longer than the longest vocabulary text, so a prompt of more bytes than this
+        # has more tokens than the context holds: refused without spending seconds tokenizing it.
+        self._max_prompt_bytes = context_size * max(len(text) for text in target.model.vocab().token_texts)
+
+    @property
+    def draft_state(self) -> str:
+        """The draft link's state: connected, disconnected or incompatible; "none" without --peer or while loading."""
+        link = self.target.link if self.target else None
+        return link.state if link else "none"
+
+    @property
+    def draft_connected(self) -> bool:
+        return self.draft_state == "connected"
+
+    def check_model(self, name: str | None) -> None:
+        if name and name not in self.names:
+            served = ", ".join(map(repr, self.names))
+            raise UnknownModel(f"model {name!r} is not served here; this server serves {served}", param="model",
+                               code="model_not_found")
+
+    def tokenize(self, prompt: str = "", messages: Sequence[Mapping[str, str]] = ()) -> list[int]:
+        """The prompt's token ids: raw text (special tokens parsed) or chat messages rendered with the
+        model's chat template. Long prompts take a while: call this off the event loop."""
+        model = self._loaded().model
+        if prompt and messages:
+            raise BadRequest("send either prompt or messages, not both")
+        if messages:
+            try:
+                prompt = model.chat_prompt(messages)
+            except ModelError as error:
+                raise BadRequest(str(error), param="messages") from error
+            except TemplateError as error:  # the template's own raise_exception, e.g. roles out of order
+                raise BadRequest(f"the model's chat template rejected the messages: {error}",
+                                 param="messages") from error
+        if len(prompt.encode()) > self._max_prompt_bytes:
+            raise self._too_long(f"the prompt is far longer than the context of {self.context_size} tokens")
+        return model.tokenize(prompt)
+
+    def prepare(self, request: CompletionRequest) -> Request:
+        """The target's Request, or BadRequest saying what to fix."""
+        target = self._loaded()
+        if target.link is not None and target.link.state == "incompatible":
+            raise DraftIncompatible(incompatible_error(target.link))
+        try:
+            request.params.validate()
+        except ValueError as error:
+            raise BadRequest(str(error)) from error
+        if request.max_tokens < 0:
+            raise BadRequest(f"max_tokens must be >= 0, got {request.max_tokens}", param="max_tokens")
+        if request.seed is not None and not 0 <= request.seed < 2 ** 64:
+            raise BadRequest(f"seed must be between 0 and 2^64 - 1, got {request.seed}", param="seed")
+        check_stops(request.stop)
+        tokens = list(request.prompt_tokens) if request.prompt_tokens else self.tokenize(request.prompt,
+                                                                                         request.messages)
+        self._check_prompt(tokens)
+        return Request(prompt_tokens=tokens, params=request.params, seed=request.seed, max_tokens=request.max_tokens)
+
+    async def start(self, request: CompletionRequest) -> Completion:
+        """Check the request and wait for its turn (QueueFull when the waiting line is full)."""
+        prepared = await asyncio.to_thread(self.prepare, request)  # tokenizing a long prompt takes a while
+        slot = await self.admission.acquire()
+        target = self._loaded()
+        return Completion(self._pieces(target, prepared, StopMatcher(request.stop), request.arrived), slot)
+
+    async def _pieces(self, target: Target, request: Request, stops: StopMatcher,
+                      arrived: float) -> AsyncGenerator[Piece, None]:
+        # Characters may span tokens: the decoder holds back bytes until they complete a character.
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        stats = GenerationStats(prompt_tokens=len(request.prompt_tokens))
+        finish: str | None = None
+        first_token_at: float | None = None
+        try:
+            async with aclosing(target.generate(request)) as steps:
+                async for step, stats in steps:
+                    if step.tokens and first_token_at is None:
+                        first_token_at = time.monotonic()
+                    ended = step.finish_reason is not None
+                    text, stopped = stops.feed(decoder.decode(target.model.detokenize(step.tokens), final=ended))
+                    finish = "stop" if stopped else step.finish_reason
+                    if finish and not stopped:
+                        text += stops.flush()
+                    yield Piece(text, step.tokens, finish, stats, self.draft_connected)
+                    if finish:
+                        # Leaving `aclosing` closes target.generate now, which frees the sessions at once.
+                        return
+        finally:
+            self.metrics.request_finished(stats, finish, time.monotonic() - arrived,
+                                          None if first_token_at is None else first_token_at - arrived)
+
+    def _loaded(self) -> Target:
+        if self.target is None:
+            raise NotReady("the model is still loading; retry in a moment")
+        return self.target
+
+    def _check_prompt(self, tokens: list[int]) -> None:
+        if not tokens:
+            raise BadRequest("the prompt is empty", param="prompt")
+        n_vocab = self._loaded().model.n_vocab
+        if not all(0 <= token < n_vocab for token in tokens):
+            raise BadRequest(f"prompt token ids must be between 0 and {n_vocab - 1}", param="prompt")
+        if len(tokens) >= self.context_size:
+            raise self._too_long(f"the prompt has {len(tokens)} tokens; the context holds {self.context_size}, "
+                                 "which must leave room for at least one new token")
+
+    def _too_long(self, message: str) -> BadRequest:
+        return BadRequest(f"{message}: shorten the prompt or start duo-target with a larger --ctx-size",
+                          param="prompt", code="context_length_exceeded")
+
+
+def check_stops(stops: Sequence[str]) -> None:
+    if len(stops) > MAX_STOP_STRINGS:
+        raise BadRequest(f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(stops)}", param="stop")
+    if any(not stop for stop in stops):
+        raise BadRequest("stop strings must not be empty", param="stop")

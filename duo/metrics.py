@@ -1,0 +1,91 @@
+"""Prometheus metrics of duo-target, named like vLLM's so that existing dashboards and alerts carry over.
+
+Vocabulary (vLLM's): a *draft* is one verify step that checked at least one draft token; its
+*draft tokens* are the tokens it checked; *accepted tokens* the prefix of them the target kept.
+num_accepted_tokens_per_pos{position="i"} counts acceptances at chain position i (0 = the first
+draft token of a step), so per_pos[i] / num_drafts is the acceptance rate at depth i.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from duo.target import GenerationStats, StepRecord
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+# Seconds; spans a tiny model's milliseconds to a long generation on a CPU.
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0)
+
+
+class Metrics:
+    """duo-target's metrics in a registry of their own (not prometheus_client's global one)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.num_drafts = Counter("duo:spec_decode_num_drafts", "Verify steps that checked draft tokens.",
+                                  registry=r)
+        self.num_draft_tokens = Counter("duo:spec_decode_num_draft_tokens", "Draft tokens verified.", registry=r)
+        self.num_accepted_tokens = Counter("duo:spec_decode_num_accepted_tokens", "Draft tokens accepted.",
+                                           registry=r)
+        self.accepted_per_pos = Counter("duo:spec_decode_num_accepted_tokens_per_pos",
+                                        "Draft tokens accepted at each chain position of a step.", ["position"],
+                                        registry=r)
+        self.generation_tokens = Counter("duo:generation_tokens", "Tokens generated.", registry=r)
+        self.prompt_tokens = Counter("duo:prompt_tokens", "Prompt tokens processed.", registry=r)
+        self.request_success = Counter("duo:request_success", "Requests that finished, by finish reason.",
+                                       ["finish_reason"], registry=r)
+        self.e2e_latency = Histogram("duo:e2e_request_latency_seconds",
+                                     "From arrival (queueing included) to the last token.",
+                                     buckets=LATENCY_BUCKETS, registry=r)
+        self.time_to_first_token = Histogram("duo:time_to_first_token_seconds",
+                                             "From arrival (queueing included) to the first token.",
+                                             buckets=TTFT_BUCKETS, registry=r)
+        self.draft_connected = Gauge("duo:draft_connected", "1 while a draft is connected, else 0.", registry=r)
+        self.draft_len = Gauge("duo:spec_decode_draft_len",
+                               "Draft tokens per step: the adaptive policy's current choice, or --draft-max.",
+                               registry=r)
+        self.requests_running = Gauge("duo:num_requests_running", "Generations running.", registry=r)
+        self.requests_waiting = Gauge("duo:num_requests_waiting", "Requests waiting for a turn.", registry=r)
+
+    def watch(self, *, draft_connected: Callable[[], float], draft_len: Callable[[], float],
+              running: Callable[[], float], waiting: Callable[[], float]) -> None:
+        """Read the gauges from these functions at every scrape."""
+        self.draft_connected.set_function(draft_connected)
+        self.draft_len.set_function(draft_len)
+        self.requests_running.set_function(running)
+        self.requests_waiting.set_function(waiting)
+
+    # duo.target.StepObserver
+    def on_step(self, record: StepRecord) -> None:
+        if record.n_verified == 0:
+            return
+        self.num_drafts.inc()
+        self.num_draft_tokens.inc(record.n_verified)
+        self.num_accepted_tokens.inc(record.n_accepted)
+        for position in range(record.n_accepted):
+            self.accepted_per_pos.labels(position=str(position)).inc()
+
+    def on_finish(self, stats: GenerationStats) -> None:
+        """Nothing: request totals come from `request_finished`, which also sees the requests that a
+        stop string or a departing client ended (the target's own finish never comes for those)."""
+
+    def request_finished(self, stats: GenerationStats, finish_reason: str | None, seconds: float,
+                         first_token_seconds: float | None) -> None:
+        """Count one request that ran; `finish_reason` None: the client left before the end."""
+        self.prompt_tokens.inc(stats.prompt_tokens)
+        self.generation_tokens.inc(stats.generated_tokens)
+        if first_token_seconds is not None:
+            self.time_to_first_token.observe(first_token_seconds)
+        if finish_reason is not None:
+            self.request_success.labels(finish_reason=finish_reason).inc()
+            self.e2e_latency.observe(seconds)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition format."""
+        return generate_latest(self.registry)

@@ -1,0 +1,140 @@
+"""Completions, the transport-free client layer, on a scripted target (no model): text, stops, admission, loading."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import pytest
+
+from duo.admission import Admission, QueueFull
+from duo.completion import BadRequest, CompletionRequest, Completions, NotReady
+from duo.metrics import Metrics
+from duo.target import GenerationStats, Request, Step
+
+# Token id -> bytes; 1 and 2 split the UTF-8 bytes of "日" (e6 97 a5) between them.
+PIECES = {1: b"\xe6\x97", 2: b"\xa5", 3: b" the", 4: b" end", 5: b".", 6: b"\n"}
+
+
+class ScriptedModel:
+    n_vocab = 10
+
+    def tokenize(self, text: str) -> list[int]:
+        return [3] * len(text.split())
+
+    def vocab(self) -> SimpleNamespace:
+        return SimpleNamespace(token_texts=tuple(PIECES.values()))
+
+    def detokenize(self, tokens: list[int]) -> bytes:
+        return b"".join(PIECES[t] for t in tokens)
+
+
+@dataclass
+class ScriptedTarget:
+    """Commits the scripted steps; records whether its generation was closed (its session freed)."""
+
+    steps: list[list[int]]
+    model: ScriptedModel = field(default_factory=ScriptedModel)
+    link: None = None
+    closed: int = 0
+    generated: int = 0
+
+    async def generate(self, request: Request):
+        stats = GenerationStats(prompt_tokens=len(request.prompt_tokens))
+        try:
+            for i, tokens in enumerate(self.steps):
+                stats.generated_tokens += len(tokens)
+                self.generated += len(tokens)
+                yield Step(tokens, "length" if i == len(self.steps) - 1 else None), stats
+        finally:
+            self.closed += 1
+
+
+def completions(steps: list[list[int]], parallel: int = 1, queue_size: int = 0) -> tuple[Completions, ScriptedTarget]:
+    service = Completions(Admission(parallel, queue_size), Metrics(), ["scripted"])
+    target = ScriptedTarget(steps)
+    service.ready(target, context_size=100)  # type: ignore[arg-type]
+    return service, target
+
+
+def collect(service: Completions, request: CompletionRequest) -> list:
+    async def run():
+        completion = await service.start(request)
+        async with aclosing(completion):
+            return [piece async for piece in completion]
+
+    return asyncio.run(run())
+
+
+def test_a_character_split_across_tokens_arrives_whole():
+    service, _ = completions([[3], [1], [2], [4]])
+    pieces = collect(service, CompletionRequest(prompt="hi"))
+    assert [p.text for p in pieces] == [" the", "", "日", " end"]
+    assert [p.token_ids for p in pieces] == [[3], [1], [2], [4]]
+
+
+def test_a_stop_string_ends_the_text_and_closes_the_targets_generation_at_once():
+    service, target = completions([[3], [4], [5], [3], [3], [3]])
+
+    async def run():
+        completion = await service.start(CompletionRequest(prompt="hi", stop=["end."]))
+        async with aclosing(completion):
+            pieces = [piece async for piece in completion]
+            assert target.closed == 1, "the target's generation should be closed as soon as the stop is seen"
+        return pieces
+
+    pieces = asyncio.run(run())
+    assert "".join(p.text for p in pieces) == " the "
+    assert pieces[-1].finish_reason == "stop"
+    assert target.generated == 3
+    assert service.admission.running == 0
+
+
+def test_text_held_back_for_a_stop_string_is_released_at_the_end():
+    service, _ = completions([[3], [4]])
+    pieces = collect(service, CompletionRequest(prompt="hi", stop=[" end!"]))
+    assert [p.text for p in pieces] == [" the", " end"]
+    assert pieces[-1].finish_reason == "length"
+
+
+def test_closing_a_completion_early_frees_its_place_and_its_session():
+    service, target = completions([[3]] * 10)
+
+    async def run():
+        completion = await service.start(CompletionRequest(prompt="hi"))
+        async for _ in completion:
+            break
+        await completion.aclose()
+
+    asyncio.run(run())
+    assert target.closed == 1 and service.admission.running == 0
+
+
+def test_requests_beyond_running_and_waiting_places_are_refused():
+    service, _ = completions([[3]], parallel=1, queue_size=0)
+
+    async def run():
+        first = await service.start(CompletionRequest(prompt="hi"))
+        with pytest.raises(QueueFull):
+            await service.start(CompletionRequest(prompt="hi"))
+        await first.aclose()
+        await (await service.start(CompletionRequest(prompt="hi"))).aclose()
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("request_, words", [
+    (CompletionRequest(prompt="a " * 100), "the context holds 100"),
+    (CompletionRequest(prompt="x" * 401), "far longer than the context"),  # 100 tokens of at most 4 bytes
+    (CompletionRequest(prompt=""), "empty"),
+    (CompletionRequest(prompt_tokens=[99]), "token ids"),
+    (CompletionRequest(prompt="hi", max_tokens=-1), "max_tokens"),
+    (CompletionRequest(prompt="hi", seed=2 ** 64), "seed"),
+    (CompletionRequest(prompt="hi", stop=["x"] * 17), "at most 16"),
+])
+def test_bad_requests_say_what_to_fix(request_, words):
+    service, _ = completions([[3]])
+    with pytest.raises(BadRequest, match=words):
+        service.prepare(request_)
