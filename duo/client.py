@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Iterator
 
@@ -13,6 +14,7 @@ from google.protobuf.json_format import MessageToDict
 from duo._proto import duo_pb2 as pb
 from duo._proto import duo_pb2_grpc as pb_grpc
 from duo.runtime import grpc_channel_options
+from duo.tls import channel_credentials
 
 
 def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,8 +28,14 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--min-p", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                        help="end the completion where this text first appears (not printed); repeatable")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object (text, token_ids, finish_reason, stats) at the end")
+    parser.add_argument("--api-key", default=None,
+                        help="the key duo-target was started with (default: $DUO_API_KEY)")
+    parser.add_argument("--tls-ca", default=None,
+                        help="connect over TLS, trusting the CA in this PEM file (duo-target --tls-cert)")
 
 
 def request_from(args: argparse.Namespace) -> pb.GenerateRequest:
@@ -37,7 +45,7 @@ def request_from(args: argparse.Namespace) -> pb.GenerateRequest:
                                  min_p=args.min_p)
     if args.seed is not None:
         sampling.seed = args.seed
-    request = pb.GenerateRequest(max_tokens=args.max_tokens, sampling=sampling)
+    request = pb.GenerateRequest(max_tokens=args.max_tokens, sampling=sampling, stop=args.stop)
     if args.chat:
         request.messages.append(pb.ChatMessage(role="user", content=args.prompt))
     else:
@@ -45,16 +53,23 @@ def request_from(args: argparse.Namespace) -> pb.GenerateRequest:
     return request
 
 
-def stream(endpoint: str, request: pb.GenerateRequest) -> Iterator[pb.GenerateResponse]:
-    with grpc.insecure_channel(endpoint, options=grpc_channel_options()) as channel:
-        yield from pb_grpc.TargetStub(channel).Generate(request, wait_for_ready=True, timeout=3600)
+def stream(endpoint: str, request: pb.GenerateRequest, *, api_key: str | None = None,
+           tls_ca: str | None = None) -> Iterator[pb.GenerateResponse]:
+    options = grpc_channel_options()
+    channel = (grpc.secure_channel(endpoint, channel_credentials(tls_ca), options=options) if tls_ca
+               else grpc.insecure_channel(endpoint, options=options))
+    metadata = [("authorization", f"Bearer {api_key}")] if api_key else None
+    with channel:
+        yield from pb_grpc.TargetStub(channel).Generate(request, metadata=metadata, wait_for_ready=True,
+                                                        timeout=3600)
 
 
 def run_generate(args: argparse.Namespace) -> int:
     try:
         request = request_from(args)
         text, token_ids, last = [], [], pb.GenerateResponse()
-        for response in stream(args.endpoint, request):
+        api_key = args.api_key or os.environ.get("DUO_API_KEY") or None
+        for response in stream(args.endpoint, request, api_key=api_key, tls_ca=args.tls_ca):
             text.append(response.text)
             token_ids.extend(response.token_ids)
             last = response

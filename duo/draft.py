@@ -239,15 +239,31 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ctx-size", type=int, default=4096, help="context size per session")
     parser.add_argument("--top-k-cap", type=int, default=10,
                         help="when sampling, draft among at most this many tokens (output stays exact)")
+    parser.add_argument("--tls-cert", default=None, help="serve targets over TLS with this PEM certificate (chain)")
+    parser.add_argument("--tls-key", default=None, help="the PEM private key of --tls-cert")
+    parser.add_argument("--tls-ca", default=None,
+                        help="mutual TLS: accept only targets presenting a certificate signed by this PEM CA")
     parser.add_argument("--log-level", default="INFO")
     return parser
 
 
+def check_tls_flags(args: argparse.Namespace) -> None:
+    from duo.tls import check_pair
+
+    if not check_pair(args.tls_cert, args.tls_key, "--tls-cert/--tls-key") and args.tls_ca:
+        raise ValueError("--tls-ca needs --tls-cert and --tls-key (mutual TLS is TLS first)")
+
+
 async def serve(args: argparse.Namespace, model: Model) -> None:
+    from duo.tls import server_credentials
+
     worker = ModelWorker()
     server = grpc.aio.server(options=grpc_server_options())
     pb_grpc.add_DraftServicer_to_server(DraftServicer(Drafter(model, worker, args.ctx_size, max(1, args.top_k_cap))), server)
-    await run_server(server, args.listen, f"duo-draft serving {describe(model)} on {args.listen}")
+    credentials = server_credentials(args.tls_cert, args.tls_key, args.tls_ca) if args.tls_cert else None
+    security = " over mutual TLS" if args.tls_ca else " over TLS" if args.tls_cert else ""
+    await run_server(server, args.listen, f"duo-draft serving {describe(model)} on {args.listen}{security}",
+                     credentials=credentials)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -257,9 +273,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level)
     try:
+        check_tls_flags(args)
         model = Model(resolve_model(args.model), device=args.device, n_gpu_layers=args.gpu_layers,
                       threads=args.threads)
-    except (HubError, ModelError) as error:
+    except (HubError, ModelError, ValueError) as error:
         print(f"duo-draft: {error}", file=sys.stderr)
         return 1
     if not model.can_rollback:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
 import grpc
 
@@ -56,10 +57,23 @@ def grpc_channel_options() -> list[tuple[str, int]]:
     ]
 
 
-async def run_server(server: grpc.aio.Server, address: str, banner: str,
+class HttpServing(Protocol):
+    """What run_server needs of an HTTP server (uvicorn.Server)."""
+
+    should_exit: bool
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None: ...
+
+
+async def run_server(server: grpc.aio.Server, address: str, banner: str, *,
+                     credentials: grpc.ServerCredentials | None = None,
+                     http: tuple[HttpServing, socket.socket] | None = None,
                      background: Callable[[], Awaitable[None]] | None = None) -> None:
-    """Start `server` on `address`, run `background` beside it, stop cleanly on SIGINT/SIGTERM."""
-    if server.add_insecure_port(address) == 0:
+    """Start `server` on `address` (TLS with `credentials`) and the (server, listening socket) pair
+    `http` on this same event loop, run `background` beside them, and stop them all cleanly on
+    SIGINT/SIGTERM; if `background` fails, stop and raise its error."""
+    port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+    if port == 0:
         raise SystemExit(f"cannot listen on {address}: address in use or invalid")
     await server.start()
     logging.getLogger("duo").info(banner)
@@ -67,11 +81,41 @@ async def run_server(server: grpc.aio.Server, address: str, banner: str,
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    task = asyncio.create_task(background()) if background else None
-    await stop.wait()
-    if task:
-        task.cancel()
-    await server.stop(grace=2)
+    waiter = asyncio.create_task(stop.wait())
+    http_task = asyncio.create_task(http[0].serve(sockets=[http[1]])) if http else None
+    background_task = asyncio.create_task(background()) if background else None
+    try:
+        await _until_stopped(stop, [task for task in (waiter, http_task, background_task) if task])
+    finally:
+        waiter.cancel()
+        if background_task:
+            background_task.cancel()
+            await asyncio.gather(background_task, return_exceptions=True)
+        if http and http_task:
+            http[0].should_exit = True
+            await asyncio.gather(http_task, return_exceptions=True)
+        await server.stop(grace=2)
+
+
+async def _until_stopped(stop: asyncio.Event, tasks: list[asyncio.Task]) -> None:
+    """Wait for `stop`, or for one of `tasks` to fail (raising its error); a task that simply ends is fine."""
+    pending = set(tasks)
+    while not stop.is_set():
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            task.result()
+
+
+def listen_socket(address: str, default_host: str = "127.0.0.1") -> socket.socket:
+    """A listening TCP socket on "HOST:PORT" (or "PORT" on `default_host`; IPv6 hosts in brackets)."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]") or default_host
+    if not port.isdigit():
+        raise ValueError(f"{address!r} is not HOST:PORT")
+    try:
+        return socket.create_server((host, int(port)), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+    except OSError as error:
+        raise ValueError(f"cannot listen on {address}: {error.strerror or error}") from error
 
 
 def run_async(main: Awaitable[None]) -> int:
