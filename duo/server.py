@@ -1,70 +1,135 @@
-"""The target's gRPC endpoint for clients: validate a request, stream its completion as it is committed."""
+"""The target's gRPC endpoint for clients: Generate, Tokenize, ModelInfo, health, reflection, and the API key check."""
 
 from __future__ import annotations
 
-import codecs
+import asyncio
+import hmac
 import logging
-from typing import AsyncIterator
+from contextlib import aclosing
+from typing import AsyncIterator, Awaitable, Callable, NoReturn
 
 import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
 
 from duo import wire
 from duo._proto import duo_pb2 as pb
 from duo._proto import duo_pb2_grpc as pb_grpc
-from duo.link import incompatible_error
+from duo.admission import QueueFull
+from duo.completion import (BadRequest, ClientError, CompletionRequest, Completions, DraftIncompatible, NotReady,
+                            stats_fields)
 from duo.model import ModelError
-from duo.target import GenerationStats, Request, Target
+from duo.runtime import grpc_server_options
 
 log = logging.getLogger("duo.server")
 
+TARGET_SERVICE = pb.DESCRIPTOR.services_by_name["Target"].full_name  # "duo.v1.Target"
 
-def stats_to_pb(stats: GenerationStats, draft_connected: bool) -> pb.Stats:
-    return pb.Stats(prompt_tokens=stats.prompt_tokens, generated_tokens=stats.generated_tokens,
-                    draft_tokens_received=stats.draft_tokens_received,
-                    draft_tokens_verified=stats.draft_tokens_verified,
-                    draft_tokens_accepted=stats.draft_tokens_accepted, verify_steps=stats.verify_steps,
-                    tokens_per_second=stats.tokens_per_second,
-                    time_to_first_token_s=stats.time_to_first_token, draft_connected=draft_connected)
+_STATUS_OF = {BadRequest: grpc.StatusCode.INVALID_ARGUMENT, NotReady: grpc.StatusCode.UNAVAILABLE,
+              DraftIncompatible: grpc.StatusCode.FAILED_PRECONDITION, QueueFull: grpc.StatusCode.RESOURCE_EXHAUSTED}
+
+
+async def abort_for(context: grpc.aio.ServicerContext, error: ClientError | QueueFull) -> NoReturn:
+    status = next(code for kind, code in _STATUS_OF.items() if isinstance(error, kind))
+    await context.abort(status, str(error))
 
 
 class TargetServicer(pb_grpc.TargetServicer):
     """Client calls on duo-target."""
 
-    def __init__(self, target: Target) -> None:
-        self.target = target
-
-    def _request(self, message: pb.GenerateRequest) -> Request:
-        """Turn a GenerateRequest into a Request, or raise ValueError saying what to fix."""
-        params, seed = wire.sampling_from_pb(message.sampling)
-        params.validate()
-        model = self.target.model
-        if message.messages:
-            if message.prompt:
-                raise ValueError("send either prompt or messages, not both")
-            text = model.chat_prompt([{"role": m.role, "content": m.content} for m in message.messages])
-        else:
-            text = message.prompt
-        tokens = model.tokenize(text)
-        if not tokens:
-            raise ValueError("the prompt is empty")
-        return Request(prompt_tokens=tokens, params=params, seed=seed, max_tokens=message.max_tokens)
+    def __init__(self, completions: Completions) -> None:
+        self.completions = completions
 
     async def Generate(self, message: pb.GenerateRequest,
                        context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateResponse]:
+        params, seed = wire.sampling_from_pb(message.sampling)
+        request = CompletionRequest(prompt=message.prompt, messages=messages_from_pb(message.messages),
+                                    max_tokens=message.max_tokens, params=params, seed=seed, stop=list(message.stop))
         try:
-            request = self._request(message)
-        except (ValueError, ModelError) as error:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
-        link = self.target.link
-        if link is not None and link.state == "incompatible":
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, incompatible_error(link))
-        # Characters may span tokens: hold back bytes until they complete a character.
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+            completion = await self.completions.start(request)
+        except (ClientError, QueueFull) as error:
+            await abort_for(context, error)
+        async with aclosing(completion):
+            try:
+                async for piece in completion:
+                    yield pb.GenerateResponse(text=piece.text, token_ids=piece.token_ids,
+                                              finish_reason=piece.finish_reason or "",
+                                              stats=pb.Stats(**stats_fields(piece.stats, piece.draft_connected)))
+            except ModelError as error:
+                log.error("generation failed: %s", error)
+                await context.abort(grpc.StatusCode.INTERNAL, f"generation failed: {error}")
+
+    async def Tokenize(self, message: pb.TokenizeRequest, context: grpc.aio.ServicerContext) -> pb.TokenizeResponse:
         try:
-            async for step, stats in self.target.generate(request):
-                final = step.finish_reason is not None
-                text = decoder.decode(self.target.model.detokenize(step.tokens), final=final)
-                yield pb.GenerateResponse(text=text, token_ids=step.tokens, finish_reason=step.finish_reason or "",
-                                          stats=stats_to_pb(stats, link is not None and link.connected))
-        except ModelError as error:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+            tokens = await asyncio.to_thread(self.completions.tokenize, message.prompt,
+                                             messages_from_pb(message.messages))
+        except ClientError as error:
+            await abort_for(context, error)
+        model = self.completions.target.model
+        pieces = [model.token_piece(token, special=True) for token in tokens]
+        return pb.TokenizeResponse(token_ids=tokens, pieces=pieces)
+
+    async def ModelInfo(self, message: pb.ModelInfoRequest,
+                        context: grpc.aio.ServicerContext) -> pb.ModelInfoResponse:
+        completions = self.completions
+        if completions.target is None:
+            await abort_for(context, NotReady("the model is still loading; retry in a moment"))
+        target = completions.target
+        return pb.ModelInfoResponse(
+            name=completions.names[0], aliases=completions.names[1:], description=target.model.description,
+            context_size=completions.context_size, n_vocab=target.model.n_vocab,
+            draft="" if target.link is None else target.link.state,
+            draft_address="" if target.link is None else target.link.address,
+            parallel=completions.admission.parallel, queue_size=completions.admission.queue_size)
+
+
+def messages_from_pb(messages: list[pb.ChatMessage]) -> list[dict[str, str]]:
+    return [{"role": m.role, "content": m.content} for m in messages]
+
+
+class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
+    """Refuses calls to duo.v1.Target without the metadata `authorization: Bearer <key>` (UNAUTHENTICATED);
+    health checks and reflection stay open, so that probes and grpcurl need no key."""
+
+    def __init__(self, api_key: str) -> None:
+        self._expected = f"Bearer {api_key}".encode()
+
+    async def intercept_service(
+            self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+            details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if handler is None or not details.method.startswith(f"/{TARGET_SERVICE}/") or self._authorized(details):
+            return handler
+        make = (grpc.unary_stream_rpc_method_handler if handler.response_streaming
+                else grpc.unary_unary_rpc_method_handler)
+        return make(_unauthenticated, request_deserializer=handler.request_deserializer,
+                    response_serializer=handler.response_serializer)
+
+    def _authorized(self, details: grpc.HandlerCallDetails) -> bool:
+        sent = [value for key, value in details.invocation_metadata or () if key == "authorization"]
+        given = sent[0].encode() if sent and isinstance(sent[0], str) else b""
+        return hmac.compare_digest(given, self._expected)
+
+
+async def _unauthenticated(request: object, context: grpc.aio.ServicerContext) -> None:
+    await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                        "missing or wrong API key: send the metadata `authorization: Bearer <key>`")
+
+
+def client_server(completions: Completions, health_servicer: health.aio.HealthServicer,
+                  api_key: str | None) -> grpc.aio.Server:
+    """duo-target's gRPC server for clients: the Target service, health checks and reflection."""
+    interceptors = [ApiKeyInterceptor(api_key)] if api_key else []
+    server = grpc.aio.server(options=grpc_server_options(), interceptors=interceptors)
+    pb_grpc.add_TargetServicer_to_server(TargetServicer(completions), server)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        [TARGET_SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME], server)
+    return server
+
+
+async def set_serving(health_servicer: health.aio.HealthServicer, serving: bool) -> None:
+    """Report the whole server and duo.v1.Target as SERVING or NOT_SERVING."""
+    status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+    for service in ("", TARGET_SERVICE):
+        await health_servicer.set(service, status)

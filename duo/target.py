@@ -301,6 +301,27 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--sync", type=int, default=0, metavar="K",
                         help="for comparison only: llama.cpp's classic synchronous loop (draft K tokens, "
                              "then verify them, the two models taking turns) instead of duo's")
+    clients = parser.add_argument_group("clients")
+    clients.add_argument("--http", default=None, metavar="[HOST:]PORT",
+                         help="also serve the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, "
+                              "/v1/models, /health, /metrics) here; HOST defaults to 127.0.0.1")
+    clients.add_argument("--parallel", type=int, default=4, help="generations running at once")
+    clients.add_argument("--queue-size", type=int, default=64,
+                         help="requests waiting for a turn (first come, first served); more are refused with "
+                              "HTTP 503 / RESOURCE_EXHAUSTED")
+    clients.add_argument("--api-key", default=None,
+                         help="require `Authorization: Bearer KEY` (HTTP) or the metadata `authorization: Bearer "
+                              "KEY` (gRPC) on every client call; health checks, reflection and /metrics stay open "
+                              "(default: $DUO_API_KEY, else no key)")
+    clients.add_argument("--tls-cert", default=None, help="serve clients (gRPC and HTTP) over TLS with this PEM "
+                                                          "certificate (chain)")
+    clients.add_argument("--tls-key", default=None, help="the PEM private key of --tls-cert")
+    peer = parser.add_argument_group("the link to duo-draft")
+    peer.add_argument("--peer-tls-ca", default=None,
+                      help="connect to --peer over TLS, trusting the CA in this PEM file")
+    peer.add_argument("--peer-tls-cert", default=None,
+                      help="present this PEM certificate to the draft (for a draft started with --tls-ca)")
+    peer.add_argument("--peer-tls-key", default=None, help="the PEM private key of --peer-tls-cert")
     parser.add_argument("--log-level", default="INFO")
     return parser
 
@@ -323,40 +344,20 @@ def settings_from(args: argparse.Namespace) -> SpecSettings:
                         max_ahead=max(1, max_ahead), adaptive=adaptive)
 
 
-async def serve(args: argparse.Namespace, model: Model, settings: SpecSettings) -> None:
-    import grpc
-
-    from duo._proto import duo_pb2_grpc as pb_grpc
-    from duo.runtime import grpc_server_options, run_server
-    from duo.server import TargetServicer
-
-    link = DraftLink(args.peer, model.path.name, model.vocab()) if args.peer else None
-    target = Target(model, ModelWorker(), link, n_ctx=args.ctx_size, settings=settings)
-    server = grpc.aio.server(options=grpc_server_options())
-    pb_grpc.add_TargetServicer_to_server(TargetServicer(target), server)
-    mode = f"drafts from {args.peer}" if link else "alone (no --peer)"
-    await run_server(server, args.listen, f"duo-target serving {model.path.name} on {args.listen}, {mode}",
-                     background=link.run if link else None)
-
-
 def main(argv: list[str] | None = None) -> int:
     from duo.hub import HubError, resolve_model
     from duo.runtime import run_async, setup_logging
+    from duo.serving import check_client_flags, serve
 
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level)
     try:
         settings = settings_from(args)
-        model = Model(resolve_model(args.model), device=args.device, n_gpu_layers=args.gpu_layers,
-                      threads=args.threads)
+        check_client_flags(args)
+        return run_async(serve(args, resolve_model(args.model), settings))
     except (HubError, ModelError, ValueError) as error:
         print(f"duo-target: {error}", file=sys.stderr)
         return 1
-    if args.peer and not model.can_rollback:
-        print(f"duo-target: {args.model} is a recurrent/hybrid model; speculation needs rollback", file=sys.stderr)
-        return 1
-    model.warm_up()
-    return run_async(serve(args, model, settings))
 
 
 if __name__ == "__main__":

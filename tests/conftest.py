@@ -60,3 +60,49 @@ def tiny_oversized(tiny_models_dir: Path, tiny_draft: Path) -> Path:
         base=tiny_draft,
         extra_tokens=OVERSIZED_EXTRA_TOKENS,
     )
+
+
+# duo-target processes shared by the client-endpoint tests (tests/test_http_api.py, tests/test_grpc_api.py).
+# CONTEXT_SIZE is small so that a prompt longer than the context is cheap to send.
+CONTEXT_SIZE = 512
+
+
+@pytest.fixture(scope="session")
+def process_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("process-logs")
+
+
+@pytest.fixture(scope="session")
+def served_alone(tiny_target: Path, process_logs: Path):
+    """duo-target without a draft, serving gRPC and HTTP."""
+    from processes import start
+
+    process = start("duo.target", ["--model", str(tiny_target), "--ctx-size", str(CONTEXT_SIZE)], process_logs,
+                    http=True)
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="session")
+def served_draft(tiny_draft: Path, process_logs: Path):
+    from processes import start
+
+    process = start("duo.draft", ["--model", str(tiny_draft)], process_logs)
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="session")
+def served_duo(tiny_target: Path, served_draft, process_logs: Path):
+    """duo-target speculating with a draft, serving gRPC and HTTP; the draft is connected.
+
+    Speculation is fixed (--draft-max) so that every generation verifies draft tokens, whatever the
+    adaptive policy would conclude about the tiny model's costs on this CPU.
+    """
+    from processes import start, wait_for_draft
+
+    process = start("duo.target", ["--model", str(tiny_target), "--peer", served_draft.address, "--draft-max", "4"],
+                    process_logs, http=True)
+    wait_for_draft(process.address)
+    yield process
+    process.stop()

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from duo._proto import duo_pb2 as pb
 from duo._proto import duo_pb2_grpc as pb_grpc
@@ -28,6 +29,7 @@ class Process:
     popen: subprocess.Popen
     address: str
     log_path: Path
+    http_url: str = ""  # "http(s)://127.0.0.1:PORT" when started with http=True
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -46,25 +48,57 @@ class Process:
                 self.kill()
 
 
-def start(module: str, args: list[str], log_dir: Path, *, port: int | None = None) -> Process:
-    """Run `python -m module args --listen 127.0.0.1:port` and wait until it accepts connections."""
+def start(module: str, args: list[str], log_dir: Path, *, port: int | None = None, http: bool = False,
+          credentials: grpc.ChannelCredentials | None = None) -> Process:
+    """Run `python -m module args --listen 127.0.0.1:port` and wait until it serves: duo-target until its
+    health check says SERVING (over TLS with `credentials`), duo-draft until it accepts connections.
+    With `http`, duo-target also serves its HTTP API on a free port."""
     port = port or free_port()
     address = f"127.0.0.1:{port}"
+    http_url = ""
+    if http:
+        http_port = free_port()
+        args = [*args, "--http", f"127.0.0.1:{http_port}"]
+        http_url = f"{'https' if credentials else 'http'}://127.0.0.1:{http_port}"
     log_path = log_dir / f"{module.split('.')[-1]}-{port}-{time.monotonic_ns()}.log"
     with open(log_path, "wb") as log:
         popen = subprocess.Popen([sys.executable, "-m", module, *args, "--listen", address, "--threads", "1"],
                                  stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    process = Process(popen, address, log_path)
+    process = Process(popen, address, log_path, http_url)
+    ready = (lambda: is_serving(address, credentials)) if module == "duo.target" else (lambda: accepts(port))
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if popen.poll() is not None:
             raise RuntimeError(f"{module} exited with {popen.returncode}:\n{process.log()}")
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return process
+        if ready():
+            return process
         time.sleep(0.05)
     process.kill()
-    raise RuntimeError(f"{module} did not start listening:\n{process.log()}")
+    raise RuntimeError(f"{module} did not start serving:\n{process.log()}")
+
+
+def accepts(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def channel(address: str, credentials: grpc.ChannelCredentials | None = None) -> grpc.Channel:
+    return grpc.secure_channel(address, credentials) if credentials else grpc.insecure_channel(address)
+
+
+def health_status(address: str, credentials: grpc.ChannelCredentials | None = None) -> str:
+    """The standard gRPC health check's answer for the whole server ("SERVING", "NOT_SERVING"), or
+    "UNREACHABLE" when nothing answers."""
+    with channel(address, credentials) as ch:
+        try:
+            reply = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=2)
+        except grpc.RpcError:
+            return "UNREACHABLE"
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+
+def is_serving(address: str, credentials: grpc.ChannelCredentials | None = None) -> bool:
+    return health_status(address, credentials) == "SERVING"
 
 
 def generate(address: str, prompt: str, *, max_tokens: int = 32, temperature: float = 0.0,
@@ -81,3 +115,14 @@ def generate(address: str, prompt: str, *, max_tokens: int = 32, temperature: fl
             tokens.extend(response.token_ids)
             last = response
     return tokens, last
+
+
+def wait_for_draft(address: str, timeout: float = 30) -> None:
+    """Wait until the target at `address` reports its draft connected."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        _, last = generate(address, "warm up", max_tokens=2)
+        if last.stats.draft_connected:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"the target at {address} never connected to its draft")

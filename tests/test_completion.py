@@ -8,10 +8,12 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import pytest
+from fastapi.testclient import TestClient
 
 from duo.admission import Admission, QueueFull
 from duo.completion import BadRequest, CompletionRequest, Completions, NotReady
 from duo.metrics import Metrics
+from duo.openai_api import create_app
 from duo.target import GenerationStats, Request, Step
 
 # Token id -> bytes; 1 and 2 split the UTF-8 bytes of "日" (e6 97 a5) between them.
@@ -138,3 +140,22 @@ def test_bad_requests_say_what_to_fix(request_, words):
     service, _ = completions([[3]])
     with pytest.raises(BadRequest, match=words):
         service.prepare(request_)
+
+
+def test_while_loading_requests_are_not_ready_and_http_answers_503():
+    service = Completions(Admission(1, 1), Metrics(), ["loading-model"])
+    with pytest.raises(NotReady):
+        service.prepare(CompletionRequest(prompt="hi"))
+    http = TestClient(create_app(service, Metrics(), api_key=None))
+    response = http.post("/v1/completions", json={"prompt": "hi"})
+    assert response.status_code == 503 and response.json()["error"]["code"] == "model_loading"
+    assert response.headers["retry-after"] == "1"
+    assert http.get("/health").status_code == 503 and http.get("/health").json()["status"] == "loading"
+    assert http.get("/v1/models").json()["data"][0]["id"] == "loading-model"
+
+
+def test_an_oversized_body_is_refused_before_it_is_read():
+    http = TestClient(create_app(Completions(Admission(1, 1), Metrics(), ["m"]), Metrics(), api_key=None))
+    response = http.post("/v1/completions", content=b"x" * (17 * 1024 * 1024),
+                         headers={"Content-Type": "application/json"})
+    assert response.status_code == 413 and "larger than" in response.json()["error"]["message"]

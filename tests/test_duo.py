@@ -13,7 +13,7 @@ import grpc
 import pytest
 from scipy.stats import chi2_contingency
 
-from processes import Process, free_port, generate, start
+from processes import Process, free_port, generate, start, wait_for_draft
 
 PROMPTS = ["def fibonacci(n):", "Once upon a time", "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"]
 
@@ -43,16 +43,6 @@ def duo(tiny_target, draft, log_dir):
     wait_for_draft(process.address)
     yield process
     process.stop()
-
-
-def wait_for_draft(address: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        _, last = generate(address, "warm up", max_tokens=2)
-        if last.stats.draft_connected:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"the target at {address} never connected to its draft")
 
 
 def test_greedy_output_through_duo_equals_the_target_alone(duo, alone):

@@ -1,0 +1,370 @@
+"""The target's OpenAI-compatible HTTP endpoint (FastAPI): completions, chat, models, health and metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractContextManager, aclosing, nullcontext, suppress
+from typing import Any, TypeVar
+
+import uvicorn
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from duo.admission import QueueFull
+from duo.completion import (BadRequest, ClientError, Completion, CompletionRequest, Completions, DraftIncompatible,
+                            NotReady, Piece, UnknownModel, stats_fields)
+from duo.metrics import CONTENT_TYPE, Metrics
+from duo.model import ModelError
+from duo.openai_types import ChatBody, CompletionBody, GenerationBody
+
+log = logging.getLogger("duo.http")
+
+T = TypeVar("T")
+
+# A prompt filling a 128k-token context is well under 1 MB of text; refuse bodies far beyond that
+# before reading them into memory.
+MAX_BODY_BYTES = 16 * 1024 * 1024
+# nginx's "client closed request": logged for requests whose client left before the answer.
+CLIENT_CLOSED = 499
+
+
+class ApiError(Exception):
+    """An error answered in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.type, self.param, self.code, self.headers = status, type, param, code, headers
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": str(self), "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def api_error(error: ClientError | QueueFull) -> ApiError:
+    if isinstance(error, UnknownModel):
+        return ApiError(404, str(error), param=error.param, code=error.code)
+    if isinstance(error, BadRequest):
+        return ApiError(400, str(error), param=error.param, code=error.code)
+    if isinstance(error, QueueFull):
+        return ApiError(503, str(error), type="server_error", code="queue_full", headers={"Retry-After": "1"})
+    if isinstance(error, NotReady):
+        return ApiError(503, str(error), type="server_error", code="model_loading", headers={"Retry-After": "1"})
+    assert isinstance(error, DraftIncompatible), error  # the last kind of ClientError
+    return ApiError(503, str(error), type="server_error", code="draft_incompatible")
+
+
+def validation_message(error: RequestValidationError) -> ApiError:
+    """FastAPI's 422 as a 400 whose message names the field (or says the body is not JSON)."""
+    first = error.errors()[0]
+    if first.get("type") == "json_invalid":
+        detail = first.get("ctx", {}).get("error", "")
+        return ApiError(400, f"the request body is not valid JSON: {detail}".rstrip(": "))
+    where = [str(part) for part in first.get("loc", ()) if part != "body"]
+    field = ".".join(where)
+    if not field:
+        return ApiError(400, "the request body must be a JSON object, sent with the header "
+                             "`Content-Type: application/json`")
+    return ApiError(400, f"{field}: {first.get('msg', 'invalid value')}", param=field)
+
+
+class BodyLimit:
+    """Refuses request bodies over `max_bytes` (413) without reading them into memory."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope["headers"]).get(b"content-length", b"0")
+        if length.isdigit() and int(length) > self.max_bytes:
+            return await self._too_large().response()(scope, receive, send)
+        received = 0
+
+        async def limited() -> Message:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.max_bytes:
+                raise HTTPException(413, str(self._too_large()))
+            return message
+
+        await self.app(scope, limited, send)
+
+    def _too_large(self) -> ApiError:
+        return ApiError(413, f"the request body is larger than {self.max_bytes} bytes")
+
+
+class EventStream(StreamingResponse):
+    """Server-sent events that close their completion whatever happens to the connection, which frees
+    the request's running place and its sessions on the target and the draft."""
+
+    def __init__(self, events: AsyncIterator[str], completion: Completion) -> None:
+        super().__init__(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self.completion = completion
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.completion.aclose()
+
+
+async def until_disconnected(request: Request) -> None:
+    """Return once the client has closed the connection (its body was read: the next message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+class ClientGone(Exception):
+    """The client closed the connection before the answer was ready."""
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await `work`, cancelling it (and raising ClientGone) if the client leaves first."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(until_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        with suppress(asyncio.CancelledError):
+            await task
+        raise ClientGone()
+    return task.result()
+
+
+def usage(piece: Piece) -> dict[str, int]:
+    prompt, completion = piece.stats.prompt_tokens, piece.stats.generated_tokens
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+class OpenAIApi:
+    """The routes, bound to the target's Completions."""
+
+    def __init__(self, completions: Completions, metrics: Metrics) -> None:
+        self.completions = completions
+        self.metrics = metrics
+
+    def health(self) -> JSONResponse:
+        completions = self.completions
+        link = completions.target.link if completions.target else None
+        body = {"status": "ok" if completions.target else "loading", "model": completions.names[0],
+                "draft": completions.draft_state, "draft_sessions": len(link.sessions) if link else 0,
+                "requests_running": completions.admission.running,
+                "requests_waiting": completions.admission.waiting}
+        return JSONResponse(body, status_code=200 if completions.target else 503)
+
+    def metrics_text(self) -> Response:
+        return Response(self.metrics.render(), media_type=CONTENT_TYPE)
+
+    def models(self) -> dict[str, Any]:
+        return {"object": "list", "data": [self._model_card(name) for name in self.completions.names]}
+
+    def model(self, model_id: str) -> dict[str, Any]:
+        self.completions.check_model(model_id)
+        return self._model_card(model_id)
+
+    def _model_card(self, name: str) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": 0, "owned_by": "duo"}
+
+    async def completion(self, body: CompletionBody, request: Request) -> Response:
+        return await self._generate(body, body.to_request, request, CompletionFormat(self._name(body)))
+
+    async def chat(self, body: ChatBody, request: Request) -> Response:
+        return await self._generate(body, body.to_request, request, ChatFormat(self._name(body)))
+
+    def _name(self, body: GenerationBody) -> str:
+        self.completions.check_model(body.model)
+        return body.model or self.completions.names[0]
+
+    async def _generate(self, body: GenerationBody, to_request: Callable[[], CompletionRequest], request: Request,
+                        output: "ResponseFormat") -> Response:
+        try:
+            completion = await unless_disconnected(request, self.completions.start(to_request()))
+        except ClientGone:
+            return Response(status_code=CLIENT_CLOSED)
+        if body.stream:
+            return EventStream(output.events(completion, body.include_usage), completion)
+        async with aclosing(completion):
+            try:
+                pieces = await unless_disconnected(request, collect(completion))
+            except ClientGone:
+                return Response(status_code=CLIENT_CLOSED)
+        return JSONResponse(output.whole(pieces))
+
+
+async def collect(completion: Completion) -> list[Piece]:
+    return [piece async for piece in completion]
+
+
+class ResponseFormat(ABC):
+    """How one endpoint shapes its answer: whole (a JSON object) or as server-sent event chunks."""
+
+    object_name = ""
+    chunk_object_name = ""
+    id_prefix = ""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.id = f"{self.id_prefix}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+
+    def whole(self, pieces: list[Piece]) -> dict[str, Any]:
+        last = pieces[-1]
+        text = "".join(piece.text for piece in pieces)
+        return {**self._envelope(self.object_name), "choices": [self.whole_choice(text, last.finish_reason)],
+                "usage": usage(last), "duo_stats": stats_fields(last.stats, last.draft_connected)}
+
+    async def events(self, completion: Completion, include_usage: bool) -> AsyncIterator[str]:
+        try:
+            for chunk in self.opening_chunks():
+                yield sse(self._chunk(chunk, include_usage))
+            async for piece in completion:
+                if piece.text or piece.finish_reason:
+                    chunk = self._chunk(self.chunk_choice(piece.text, piece.finish_reason), include_usage)
+                    if piece.finish_reason:
+                        chunk["duo_stats"] = stats_fields(piece.stats, piece.draft_connected)
+                    yield sse(chunk)
+                if piece.finish_reason and include_usage:
+                    yield sse({**self._envelope(self.chunk_object_name), "choices": [], "usage": usage(piece)})
+        except ModelError as error:
+            log.error("generation failed: %s", error)
+            yield sse(ApiError(500, f"generation failed: {error}", type="server_error").body())
+        yield "data: [DONE]\n\n"
+
+    def _chunk(self, choice: dict[str, Any], include_usage: bool) -> dict[str, Any]:
+        chunk = {**self._envelope(self.chunk_object_name), "choices": [choice]}
+        if include_usage:
+            chunk["usage"] = None  # as OpenAI: only the extra last chunk carries usage
+        return chunk
+
+    def _envelope(self, object_name: str) -> dict[str, Any]:
+        return {"id": self.id, "object": object_name, "created": self.created, "model": self.model}
+
+    def opening_chunks(self) -> list[dict[str, Any]]:
+        return []
+
+    @abstractmethod
+    def whole_choice(self, text: str, finish_reason: str | None) -> dict[str, Any]: ...
+
+    @abstractmethod
+    def chunk_choice(self, text: str, finish_reason: str | None) -> dict[str, Any]: ...
+
+
+class CompletionFormat(ResponseFormat):
+    object_name = chunk_object_name = "text_completion"
+    id_prefix = "cmpl"
+
+    def whole_choice(self, text: str, finish_reason: str | None) -> dict[str, Any]:
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+
+    chunk_choice = whole_choice
+
+
+class ChatFormat(ResponseFormat):
+    object_name = "chat.completion"
+    chunk_object_name = "chat.completion.chunk"
+    id_prefix = "chatcmpl"
+
+    def opening_chunks(self) -> list[dict[str, Any]]:
+        return [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]
+
+    def whole_choice(self, text: str, finish_reason: str | None) -> dict[str, Any]:
+        return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                "finish_reason": finish_reason}
+
+    def chunk_choice(self, text: str, finish_reason: str | None) -> dict[str, Any]:
+        return {"index": 0, "delta": {"content": text} if text else {}, "logprobs": None,
+                "finish_reason": finish_reason}
+
+
+def sse(data: dict[str, Any]) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+def create_app(completions: Completions, metrics: Metrics, api_key: str | None) -> ASGIApp:
+    """The FastAPI app; /v1/* needs `Authorization: Bearer <api_key>` when a key is set, /health and /metrics never."""
+    api = OpenAIApi(completions, metrics)
+    # No /docs or /redoc: they load their scripts from a CDN. /openapi.json describes the API.
+    app = FastAPI(title="duo-target", docs_url=None, redoc_url=None, strict_content_type=False)
+    app.add_api_route("/health", api.health, methods=["GET"])
+    app.add_api_route("/metrics", api.metrics_text, methods=["GET"])
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(bearer_check(api_key))] if api_key else [])
+    v1.add_api_route("/models", api.models, methods=["GET"])
+    v1.add_api_route("/models/{model_id}", api.model, methods=["GET"])
+    v1.add_api_route("/completions", api.completion, methods=["POST"])
+    v1.add_api_route("/chat/completions", api.chat, methods=["POST"])
+    app.include_router(v1)
+    add_error_handlers(app)
+    return BodyLimit(app, MAX_BODY_BYTES)
+
+
+def bearer_check(api_key: str) -> Callable[[Request], None]:
+    expected = f"Bearer {api_key}".encode()
+
+    def check(request: Request) -> None:
+        given = request.headers.get("authorization", "").encode()
+        if not hmac.compare_digest(given, expected):
+            raise ApiError(401, "missing or wrong API key: send the header `Authorization: Bearer <key>`",
+                           code="invalid_api_key")
+
+    return check
+
+
+def add_error_handlers(app: FastAPI) -> None:
+    async def on_api_error(request: Request, error: ApiError) -> JSONResponse:
+        return error.response()
+
+    async def on_client_error(request: Request, error: Exception) -> JSONResponse:
+        return api_error(error).response()  # type: ignore[arg-type]
+
+    async def on_model_error(request: Request, error: ModelError) -> JSONResponse:
+        log.error("generation failed: %s", error)
+        return ApiError(500, f"generation failed: {error}", type="server_error").response()
+
+    async def on_validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
+        return validation_message(error).response()
+
+    async def on_http_error(request: Request, error: HTTPException) -> JSONResponse:
+        if error.status_code in (404, 405):
+            return ApiError(error.status_code, f"{request.method} {request.url.path} is not part of this API "
+                                               "(see /openapi.json)").response()
+        return ApiError(error.status_code, str(error.detail)).response()
+
+    app.add_exception_handler(ApiError, on_api_error)
+    app.add_exception_handler(ClientError, on_client_error)
+    app.add_exception_handler(QueueFull, on_client_error)
+    app.add_exception_handler(ModelError, on_model_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(HTTPException, on_http_error)
+
+
+class HttpServer(uvicorn.Server):
+    """uvicorn on the caller's event loop, without uvicorn's own signal handling: duo.runtime.run_server
+    stops it together with the gRPC server."""
+
+    def capture_signals(self) -> AbstractContextManager[None]:
+        return nullcontext()
+
+
+def http_server(app: ASGIApp, *, tls_cert: str | None, tls_key: str | None, debug: bool) -> HttpServer:
+    config = uvicorn.Config(app, lifespan="off", log_config=None, access_log=debug, ssl_certfile=tls_cert,
+                            ssl_keyfile=tls_key, timeout_graceful_shutdown=2)
+    return HttpServer(config)

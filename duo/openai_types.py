@@ -1,0 +1,141 @@
+"""The request bodies of the OpenAI-compatible HTTP API, and their translation into duo's CompletionRequest."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from duo.completion import BadRequest, CompletionRequest
+from duo.sampling import SamplingParams
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class GenerationBody(BaseModel):
+    """Fields shared by /v1/completions and /v1/chat/completions; unknown fields are ignored."""
+
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = None  # OpenAI's default: 1
+    top_p: float | None = None
+    top_k: int | None = None          # not OpenAI's, but vLLM's and llama.cpp's
+    min_p: float | None = None        # likewise
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+
+    def check_supported(self) -> None:
+        """Refuse, naming the field, what duo cannot do rather than silently ignoring it."""
+        if self.n not in (None, 1):
+            raise BadRequest(f"n must be 1 (one completion per request), got {self.n}", param="n")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name):
+                raise BadRequest(f"{name} is not supported; leave it out or set it to 0", param=name)
+        if self.logit_bias:
+            raise BadRequest("logit_bias is not supported", param="logit_bias")
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def completion_request(self, *, max_tokens: int | None, **prompt: Any) -> CompletionRequest:
+        params = SamplingParams(temperature=1.0 if self.temperature is None else self.temperature,
+                                top_k=self.top_k or 0, top_p=1.0 if self.top_p is None else self.top_p,
+                                min_p=self.min_p or 0.0)
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        return CompletionRequest(max_tokens=max_tokens or 0, params=params, seed=self.seed, stop=stop, **prompt)
+
+
+class CompletionBody(GenerationBody):
+    """POST /v1/completions."""
+
+    prompt: str | list[str] | list[int]
+    max_tokens: int | None = Field(default=16, ge=1)  # OpenAI's default for completions
+    echo: bool | None = False
+    suffix: str | None = None
+    best_of: int | None = None
+    logprobs: int | None = None
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.logprobs is not None:
+            raise BadRequest("logprobs are not supported", param="logprobs")
+        if self.echo:
+            raise BadRequest("echo is not supported", param="echo")
+        if self.suffix:
+            raise BadRequest("suffix is not supported", param="suffix")
+        if self.best_of not in (None, 1):
+            raise BadRequest(f"best_of must be 1, got {self.best_of}", param="best_of")
+
+    def to_request(self) -> CompletionRequest:
+        self.check_supported()
+        prompt = self.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+            if len(prompt) != 1:
+                raise BadRequest(f"send one prompt per request, got {len(prompt)}", param="prompt")
+            prompt = prompt[0]
+        if isinstance(prompt, list):
+            return self.completion_request(max_tokens=self.max_tokens, prompt_tokens=prompt)
+        return self.completion_request(max_tokens=self.max_tokens, prompt=prompt)
+
+
+class ContentPart(BaseModel):
+    type: str
+    text: str | None = None
+
+
+class ChatMessageBody(BaseModel):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+
+    def text(self, index: int) -> str:
+        """The message's text; only text parts can be rendered by a chat template."""
+        if not isinstance(self.content, list):
+            return self.content or ""
+        for part in self.content:
+            if part.type != "text" or part.text is None:
+                raise BadRequest(f"messages[{index}].content: only text parts are supported, got a {part.type!r} "
+                                 "part", param=f"messages[{index}].content")
+        return "".join(part.text or "" for part in self.content)
+
+
+class ResponseFormat(BaseModel):
+    type: str = "text"
+
+
+class ChatBody(GenerationBody):
+    """POST /v1/chat/completions."""
+
+    messages: list[ChatMessageBody]
+    max_completion_tokens: int | None = Field(default=None, ge=1)  # the newer name of max_tokens
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    response_format: ResponseFormat | None = None
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.logprobs or self.top_logprobs is not None:
+            raise BadRequest("logprobs are not supported", param="logprobs")
+        if self.tools:
+            raise BadRequest("tools are not supported", param="tools")
+        if self.response_format and self.response_format.type != "text":
+            raise BadRequest(f"response_format {self.response_format.type!r} is not supported; only 'text'",
+                             param="response_format")
+
+    def to_request(self) -> CompletionRequest:
+        self.check_supported()
+        if not self.messages:
+            raise BadRequest("messages must not be empty: send at least one message", param="messages")
+        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text(i)}
+                    for i, m in enumerate(self.messages)]
+        return self.completion_request(max_tokens=self.max_completion_tokens or self.max_tokens, messages=messages)

@@ -1,0 +1,149 @@
+"""TLS on the client endpoint and on the target-draft link (mutual), and the API key, with real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import ssl
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import httpx
+import openai
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from duo._proto import duo_pb2 as pb
+from duo._proto import duo_pb2_grpc as pb_grpc
+from pki import Pki, write_pki
+from processes import start
+
+API_KEY = "test-key-1234"
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory) -> Pki:
+    return write_pki(tmp_path_factory.mktemp("pki"))
+
+
+def trusting(ca: Path) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=str(ca))
+
+
+def credentials(pki: Pki) -> grpc.ChannelCredentials:
+    return grpc.ssl_channel_credentials(root_certificates=pki.ca.read_bytes())
+
+
+@pytest.fixture(scope="module")
+def mtls_draft(tiny_draft, pki, process_logs):
+    """duo-draft accepting only targets with a certificate from the test CA."""
+    process = start("duo.draft", ["--model", str(tiny_draft), "--tls-cert", str(pki.server_cert),
+                                  "--tls-key", str(pki.server_key), "--tls-ca", str(pki.ca)], process_logs)
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="module")
+def secured(tiny_target, mtls_draft, pki, process_logs):
+    """duo-target with TLS and an API key for clients, and mutual TLS to its draft."""
+    process = start("duo.target", ["--model", str(tiny_target), "--peer", mtls_draft.address,
+                                   "--peer-tls-ca", str(pki.ca), "--peer-tls-cert", str(pki.client_cert),
+                                   "--peer-tls-key", str(pki.client_key), "--tls-cert", str(pki.server_cert),
+                                   "--tls-key", str(pki.server_key), "--api-key", API_KEY],
+                    process_logs, http=True, credentials=credentials(pki))
+    yield process
+    process.stop()
+
+
+def generate(process, pki: Pki, *, api_key: str | None = API_KEY, max_tokens: int = 8) -> pb.GenerateResponse:
+    metadata = [("authorization", f"Bearer {api_key}")] if api_key else None
+    with grpc.secure_channel(process.address, credentials(pki)) as channel:
+        responses = list(pb_grpc.TargetStub(channel).Generate(
+            pb.GenerateRequest(prompt="Once upon a time", max_tokens=max_tokens), metadata=metadata, timeout=30))
+    return responses[-1]
+
+
+def test_the_draft_link_works_over_mutual_tls(secured, pki):
+    for _ in range(100):  # the link connects in the background, and its first session warms the draft up
+        last = generate(secured, pki, max_tokens=32)
+        if last.stats.draft_connected and last.stats.draft_tokens_received:
+            break
+    assert last.stats.draft_connected and last.stats.draft_tokens_received > 0
+
+
+def test_a_target_without_a_client_certificate_is_refused_by_a_mutual_tls_draft(mtls_draft, pki):
+    with grpc.secure_channel(mtls_draft.address, credentials(pki)) as channel:
+        with pytest.raises(grpc.RpcError) as refused:
+            pb_grpc.DraftStub(channel).Handshake(pb.Hello(protocol="duo/1"), timeout=5)
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_clients_without_the_ca_cannot_connect(secured, pki):
+    with grpc.insecure_channel(secured.address) as channel, pytest.raises(grpc.RpcError):
+        list(pb_grpc.TargetStub(channel).Generate(pb.GenerateRequest(prompt="hi", max_tokens=2), timeout=5))
+    untrusting = grpc.ssl_channel_credentials(root_certificates=pki.other_ca.read_bytes())
+    with grpc.secure_channel(secured.address, untrusting) as channel, pytest.raises(grpc.RpcError) as refused:
+        list(pb_grpc.TargetStub(channel).Generate(pb.GenerateRequest(prompt="hi", max_tokens=2), timeout=5))
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{secured.http_url}/health", verify=trusting(pki.other_ca))
+    assert httpx.get(f"{secured.http_url}/health", verify=trusting(pki.ca)).status_code == 200
+
+
+def test_calls_without_the_right_api_key_are_refused_on_both_endpoints(secured, pki):
+    for key in (None, "wrong"):
+        with pytest.raises(grpc.RpcError) as refused:
+            generate(secured, pki, api_key=key)
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert "authorization: Bearer" in refused.value.details()
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        for method, path in (("POST", "/v1/completions"), ("GET", "/v1/models")):
+            response = httpx.request(method, f"{secured.http_url}{path}", headers=headers, verify=trusting(pki.ca),
+                                     json={"prompt": "hi"})
+            assert response.status_code == 401
+            assert response.json()["error"]["code"] == "invalid_api_key"
+    with grpc.secure_channel(secured.address, credentials(pki)) as channel, pytest.raises(grpc.RpcError) as refused:
+        pb_grpc.TargetStub(channel).Tokenize(pb.TokenizeRequest(prompt="hi"), timeout=5)
+    assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert generate(secured, pki).finish_reason == "length"
+    api = openai.OpenAI(base_url=f"{secured.http_url}/v1", api_key=API_KEY, max_retries=0,
+                        http_client=httpx.Client(verify=trusting(pki.ca)))
+    answer = api.chat.completions.create(model="tiny-target", messages=[{"role": "user", "content": "hi"}],
+                                         max_tokens=4)
+    assert answer.choices[0].finish_reason == "length"
+
+
+def test_health_reflection_and_metrics_need_no_api_key(secured, pki):
+    with grpc.secure_channel(secured.address, credentials(pki)) as channel:
+        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+    assert httpx.get(f"{secured.http_url}/health", verify=trusting(pki.ca)).status_code == 200
+    metrics = httpx.get(f"{secured.http_url}/metrics", verify=trusting(pki.ca))
+    assert metrics.status_code == 200 and "duo:generation_tokens_total" in metrics.text
+
+
+def test_duo_generate_takes_the_key_from_the_environment_and_the_ca_from_a_flag(secured, pki):
+    command = [sys.executable, "-m", "duo.cli", "generate", "--endpoint", secured.address, "--prompt", "hi",
+               "--max-tokens", "4", "--json", "--tls-ca", str(pki.ca)]
+    environment = {k: v for k, v in os.environ.items() if k != "DUO_API_KEY"}
+    refused = subprocess.run(command, capture_output=True, text=True, timeout=60, env=environment)
+    assert refused.returncode == 1 and "UNAUTHENTICATED" in refused.stderr
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60,
+                          env={**environment, "DUO_API_KEY": API_KEY})
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["finish_reason"] == "length"
+    with_flag = subprocess.run([*command, "--api-key", API_KEY], capture_output=True, text=True, timeout=60,
+                               env=environment)
+    assert with_flag.returncode == 0, with_flag.stderr
+
+
+def test_a_certificate_without_its_key_is_refused_at_start_with_the_flag_named(tiny_target, pki):
+    completed = subprocess.run([sys.executable, "-m", "duo.target", "--model", str(tiny_target),
+                                "--tls-cert", str(pki.server_cert)], capture_output=True, text=True, timeout=60)
+    assert completed.returncode == 1 and "--tls-cert/--tls-key" in completed.stderr
+    completed = subprocess.run([sys.executable, "-m", "duo.target", "--model", str(tiny_target),
+                                "--tls-cert", str(pki.server_cert), "--tls-key", str(pki.client_key)],
+                               capture_output=True, text=True, timeout=60)
+    assert completed.returncode == 1 and "not a usable certificate and key" in completed.stderr

@@ -1,0 +1,373 @@
+"""duo-target's OpenAI-compatible HTTP API, driven by the official `openai` client and by raw HTTP."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from contextlib import suppress
+
+import grpc
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import CONTEXT_SIZE
+from duo._proto import duo_pb2 as pb
+from duo._proto import duo_pb2_grpc as pb_grpc
+from processes import Process, generate, start
+
+PROMPTS = ["def fibonacci(n):", "Once upon a time", "The quick brown fox", "import numpy as np\n",
+           "Dear Sir or Madam,", "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n", "1, 2, 3,",
+           "In the beginning"]
+
+
+def client(process: Process, api_key: str = "unused") -> openai.OpenAI:
+    # No retries: a test must see the first answer, 503s included.
+    return openai.OpenAI(base_url=f"{process.http_url}/v1", api_key=api_key, max_retries=0, timeout=60)
+
+
+def model_name(process: Process) -> str:
+    return httpx.get(f"{process.http_url}/v1/models").json()["data"][0]["id"]
+
+
+def greedy_text(process: Process, prompt: str, max_tokens: int) -> str:
+    """The target's greedy completion as text, through gRPC (the reference for the HTTP answers)."""
+    request = pb.GenerateRequest(prompt=prompt, max_tokens=max_tokens)
+    with grpc.insecure_channel(process.address) as channel:
+        return "".join(r.text for r in pb_grpc.TargetStub(channel).Generate(request, timeout=60))
+
+
+def health(process: Process) -> dict:
+    return httpx.get(f"{process.http_url}/health").json()
+
+
+def wait_until_idle(process: Process, timeout: float = 10) -> dict:
+    """/health once no request runs or waits and no draft session is open (fails after `timeout`)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        state = health(process)
+        if state["requests_running"] == 0 and state["requests_waiting"] == 0 and state["draft_sessions"] == 0:
+            return state
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still busy after {timeout}s: {state}")
+        time.sleep(0.05)
+
+
+def post(process: Process, path: str, body: dict | str, **kwargs) -> httpx.Response:
+    content = body if isinstance(body, str) else json.dumps(body)
+    return httpx.post(f"{process.http_url}{path}", content=content, headers={"Content-Type": "application/json"},
+                      timeout=60, **kwargs)
+
+
+# --- completions and chat ------------------------------------------------------------------------
+
+
+def test_completions_answer_the_greedy_text_with_usage_and_duo_stats(served_alone):
+    expected = greedy_text(served_alone, PROMPTS[1], 16)
+    response = client(served_alone).completions.create(model=model_name(served_alone), prompt=PROMPTS[1],
+                                                       max_tokens=16, temperature=0)
+    choice = response.choices[0]
+    assert choice.text == expected and choice.finish_reason == "length"
+    assert response.object == "text_completion"
+    with grpc.insecure_channel(served_alone.address) as channel:
+        n_prompt = len(pb_grpc.TargetStub(channel).Tokenize(pb.TokenizeRequest(prompt=PROMPTS[1])).token_ids)
+    assert (response.usage.prompt_tokens, response.usage.completion_tokens) == (n_prompt, 16)
+    assert response.usage.total_tokens == n_prompt + 16
+    stats = response.model_extra["duo_stats"]
+    assert stats["generated_tokens"] == 16 and stats["verify_steps"] > 0
+
+
+def test_chat_completions_render_the_messages_with_the_models_chat_template(served_alone):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello"}]
+    request = pb.GenerateRequest(messages=[pb.ChatMessage(**m) for m in messages], max_tokens=12)
+    with grpc.insecure_channel(served_alone.address) as channel:
+        expected = "".join(r.text for r in pb_grpc.TargetStub(channel).Generate(request, timeout=60))
+        n_prompt = len(pb_grpc.TargetStub(channel).Tokenize(pb.TokenizeRequest(messages=request.messages)).token_ids)
+    response = client(served_alone).chat.completions.create(model=model_name(served_alone), messages=messages,
+                                                            max_completion_tokens=12, temperature=0)
+    assert response.object == "chat.completion"
+    assert response.choices[0].message.role == "assistant"
+    assert response.choices[0].message.content == expected
+    assert response.usage.prompt_tokens == n_prompt > 10  # the template adds role markers to the 4 text tokens
+
+
+def test_a_streamed_chat_adds_up_to_the_whole_answer_and_ends_with_usage(served_alone):
+    messages = [{"role": "user", "content": "tell me a story"}]
+    whole = client(served_alone).chat.completions.create(model=model_name(served_alone), messages=messages,
+                                                         max_tokens=20, temperature=0)
+    chunks = list(client(served_alone).chat.completions.create(
+        model=model_name(served_alone), messages=messages, max_tokens=20, temperature=0, stream=True,
+        stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    finishing = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert [c.choices[0].finish_reason for c in finishing] == ["length"]
+    assert finishing[0].model_extra["duo_stats"]["generated_tokens"] == 20
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 20
+    assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+
+
+def test_a_streamed_completion_is_server_sent_events_ending_in_done(served_alone):
+    with httpx.stream("POST", f"{served_alone.http_url}/v1/completions", timeout=60,
+                      json={"prompt": PROMPTS[0], "max_tokens": 8, "temperature": 0, "stream": True}) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in response.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == greedy_text(served_alone, PROMPTS[0], 8)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def stop_inside(text: str) -> str:
+    """A stop string from the middle of `text` that spans a word boundary (so, a token boundary)."""
+    middle = len(text) // 2
+    start = text.index(" ", middle) - 2
+    return text[start:start + 5]
+
+
+def test_a_stop_string_ends_the_completion_before_it_and_is_not_returned(served_alone):
+    full = greedy_text(served_alone, PROMPTS[2], 40)
+    stop = stop_inside(full)
+    expected = full[:full.index(stop)]
+    api = client(served_alone)
+    response = api.completions.create(model=model_name(served_alone), prompt=PROMPTS[2], max_tokens=40,
+                                      temperature=0, stop=[stop, "never appears"])
+    assert response.choices[0].text == expected
+    assert response.choices[0].finish_reason == "stop"
+    assert response.usage.completion_tokens < 40, "the target went on generating past the stop string"
+    # Streamed, nothing of the stop string leaks out before it is recognised: it was held back.
+    chunks = list(api.completions.create(model=model_name(served_alone), prompt=PROMPTS[2], max_tokens=40,
+                                         temperature=0, stop=stop, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == expected
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    wait_until_idle(served_alone)
+
+
+def test_the_same_seed_gives_the_same_sample_on_a_target_without_a_draft(served_alone):
+    api = client(served_alone)
+
+    def sample(seed: int) -> str:
+        return api.completions.create(model=model_name(served_alone), prompt=PROMPTS[1], max_tokens=24,
+                                      temperature=1.0, seed=seed).choices[0].text
+
+    assert sample(7) == sample(7)
+    assert len({sample(seed) for seed in (7, 8, 9)}) > 1, "different seeds should give different samples"
+
+
+def test_with_a_draft_a_sampled_completion_is_still_complete_and_speculated(served_duo):
+    # With a draft the sample also depends on when draft tokens arrive, so the same seed need not
+    # give the same text; the text still follows the target's distribution (tests/test_duo.py).
+    response = client(served_duo).completions.create(model=model_name(served_duo), prompt=PROMPTS[1],
+                                                     max_tokens=48, temperature=1.0, seed=3)
+    assert response.choices[0].finish_reason == "length"
+    assert response.usage.completion_tokens == 48 and response.choices[0].text
+    stats = response.model_extra["duo_stats"]
+    assert stats["draft_connected"] and stats["draft_tokens_verified"] > 0
+
+
+def test_models_lists_the_served_model_and_an_unknown_one_is_not_found(served_alone, tiny_target):
+    api = client(served_alone)
+    assert [m.id for m in api.models.list()] == [tiny_target.stem]
+    assert api.models.retrieve(tiny_target.stem).id == tiny_target.stem
+    with pytest.raises(openai.NotFoundError):
+        api.models.retrieve("gpt-4")
+
+
+# --- bad input -------------------------------------------------------------------------------------
+
+CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+
+
+@pytest.mark.parametrize("path, body, status, words, param", [
+    ("/v1/chat/completions", {**CHAT, "model": "gpt-4"}, 404, ["gpt-4", "tiny-target"], "model"),
+    ("/v1/completions", {"prompt": " the" * (CONTEXT_SIZE + 10)}, 400, ["context", "--ctx-size"], "prompt"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": -5}, 400, ["max_tokens"], "max_tokens"),
+    ("/v1/chat/completions", {**CHAT, "temperature": 5}, 400, ["temperature", "between 0 and 2"], None),
+    ("/v1/chat/completions", {**CHAT, "top_p": 0}, 400, ["top_p"], None),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}', 400, ["not valid JSON"], None),
+    ("/v1/chat/completions", "[1, 2]", 400, ["JSON object"], None),
+    ("/v1/chat/completions", {**CHAT, "temperature": "hot"}, 400, ["temperature", "number"], "temperature"),
+    ("/v1/chat/completions", {"messages": "hi"}, 400, ["messages"], "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}, 400, ["role"], "messages.0.role"),
+    ("/v1/chat/completions", {"messages": []}, 400, ["messages", "empty"], "messages"),
+    ("/v1/chat/completions", {"max_tokens": 2}, 400, ["messages", "required"], "messages"),
+    ("/v1/chat/completions", {**CHAT, "n": 2}, 400, ["n must be 1"], "n"),
+    ("/v1/chat/completions", {**CHAT, "logprobs": True}, 400, ["logprobs"], "logprobs"),
+    ("/v1/completions", {"prompt": "hi", "logprobs": 3}, 400, ["logprobs"], "logprobs"),
+    ("/v1/completions", {"prompt": "hi", "stop": [""]}, 400, ["stop"], "stop"),
+    ("/v1/completions", {"prompt": ["a", "b"]}, 400, ["one prompt"], "prompt"),
+    ("/v1/completions", {"prompt": ""}, 400, ["empty"], "prompt"),
+    ("/v1/completions", {"prompt": [10 ** 9]}, 400, ["token ids"], "prompt"),
+    ("/v1/completions", {"prompt": "hi", "seed": -1}, 400, ["seed"], "seed"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
+     ["text parts"], "messages[0].content"),
+    ("/v1/nothing", {}, 404, ["not part of this API"], None),
+], ids=["unknown model", "prompt longer than the context", "negative max_tokens", "temperature out of range",
+        "top_p zero", "malformed JSON", "not an object", "temperature not a number", "messages not a list",
+        "unknown role", "empty messages", "no messages", "n above 1", "chat logprobs", "completion logprobs",
+        "empty stop string", "several prompts", "empty prompt", "token id out of range", "negative seed",
+        "image part", "unknown route"])
+def test_bad_input_gets_a_4xx_saying_what_to_fix_and_the_server_keeps_serving(
+        served_alone, path, body, status, words, param):
+    response = post(served_alone, path, body)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    for word in words:
+        assert word in error["message"], error
+    assert error["param"] == param
+    assert set(error) == {"message", "type", "param", "code"}
+    ok = post(served_alone, "/v1/chat/completions", CHAT)
+    assert ok.status_code == 200 and ok.json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_the_openai_client_raises_its_bad_request_error_with_the_message(served_alone):
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        client(served_alone).chat.completions.create(model=model_name(served_alone), temperature=3,
+                                                     messages=[{"role": "user", "content": "hi"}])
+
+
+# --- health and metrics ------------------------------------------------------------------------------
+
+
+def test_health_reports_the_model_the_draft_and_the_requests(served_alone, served_duo):
+    alone = httpx.get(f"{served_alone.http_url}/health")
+    assert alone.status_code == 200
+    assert alone.json() == {"status": "ok", "model": "tiny-target", "draft": "none", "draft_sessions": 0,
+                            "requests_running": 0, "requests_waiting": 0}
+    assert health(served_duo)["draft"] == "connected"
+
+
+def scrape(process: Process) -> dict[tuple[str, tuple], float]:
+    """/metrics as {(sample name, sorted labels): value}."""
+    text = httpx.get(f"{process.http_url}/metrics").text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_metrics_count_drafts_acceptance_tokens_and_requests_after_a_speculative_generation(served_duo):
+    before = scrape(served_duo)
+    response = client(served_duo).completions.create(model=model_name(served_duo), prompt=PROMPTS[0],
+                                                     max_tokens=64, temperature=0)
+    stats = response.model_extra["duo_stats"]
+    after = scrape(served_duo)
+
+    def moved(name: str, **labels: str) -> float:
+        key = (name, tuple(sorted(labels.items())))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    assert stats["draft_tokens_verified"] > 0 and stats["draft_tokens_accepted"] > 0
+    assert moved("duo:spec_decode_num_drafts_total") > 0
+    assert moved("duo:spec_decode_num_draft_tokens_total") == stats["draft_tokens_verified"]
+    assert moved("duo:spec_decode_num_accepted_tokens_total") >= stats["draft_tokens_accepted"]
+    assert moved("duo:spec_decode_num_accepted_tokens_per_pos_total", position="0") > 0
+    per_pos = sum(moved("duo:spec_decode_num_accepted_tokens_per_pos_total", position=str(i)) for i in range(64))
+    assert per_pos == moved("duo:spec_decode_num_accepted_tokens_total")
+    assert moved("duo:generation_tokens_total") == 64
+    assert moved("duo:prompt_tokens_total") == response.usage.prompt_tokens
+    assert moved("duo:request_success_total", finish_reason="length") == 1
+    assert moved("duo:e2e_request_latency_seconds_count") == 1
+    assert moved("duo:time_to_first_token_seconds_count") == 1
+    assert after[("duo:draft_connected", ())] == 1
+    assert after[("duo:spec_decode_draft_len", ())] >= 0
+    assert after[("duo:num_requests_running", ())] == 0 and after[("duo:num_requests_waiting", ())] == 0
+
+
+# --- concurrency, queueing, disconnects ---------------------------------------------------------------
+
+
+def test_eight_concurrent_streaming_clients_each_get_their_own_greedy_output(served_duo, served_alone):
+    expected = {prompt: greedy_text(served_alone, prompt, 40) for prompt in PROMPTS}
+    results: dict[str, str] = {}
+    errors: list[BaseException] = []
+
+    def work(prompt: str) -> None:
+        try:
+            stream = client(served_duo).completions.create(model=model_name(served_duo), prompt=prompt,
+                                                           max_tokens=40, temperature=0, stream=True)
+            results[prompt] = "".join(chunk.choices[0].text for chunk in stream)
+        except BaseException as error:  # reported below, in the test's thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(p,)) for p in PROMPTS]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not errors, errors
+    assert results == expected
+    wait_until_idle(served_duo)
+
+
+@pytest.fixture(scope="module")
+def one_at_a_time(tiny_target, process_logs):
+    process = start("duo.target", ["--model", str(tiny_target), "--parallel", "1", "--queue-size", "1"],
+                    process_logs, http=True)
+    yield process
+    process.stop()
+
+
+def wait_for(condition, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def post_until_closed(http: httpx.Client, url: str, body: dict) -> None:
+    """POST on a client that the test closes meanwhile (the request's client leaves)."""
+    with suppress(httpx.TransportError):
+        http.post(url, json=body)
+
+
+def test_past_the_queue_bound_requests_get_503_and_resource_exhausted_and_leaving_frees_the_places(one_at_a_time):
+    long = {"prompt": PROMPTS[1], "max_tokens": 3000, "temperature": 0, "stream": True}
+    url = f"{one_at_a_time.http_url}/v1/completions"
+    with httpx.Client(timeout=60) as running, httpx.Client(timeout=60) as waiting:
+        with running.stream("POST", url, json=long) as first:
+            lines = first.iter_lines()  # kept: dropping the iterator would close the response
+            next(lines)  # it runs
+            second = threading.Thread(target=post_until_closed, args=(waiting, url, long), daemon=True)
+            second.start()
+            wait_for(lambda: health(one_at_a_time)["requests_waiting"] == 1)
+
+            refused = post(one_at_a_time, "/v1/completions", {"prompt": "hi", "max_tokens": 2})
+            assert refused.status_code == 503
+            assert refused.json()["error"]["code"] == "queue_full"
+            assert "busy" in refused.json()["error"]["message"]
+            with pytest.raises(grpc.RpcError) as exhausted:
+                generate(one_at_a_time.address, "hi", max_tokens=2)
+            assert exhausted.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        waiting.close()  # the queued client leaves too
+        second.join(30)
+    wait_until_idle(one_at_a_time)
+    assert post(one_at_a_time, "/v1/completions", {"prompt": "hi", "max_tokens": 2}).status_code == 200
+
+
+def test_a_client_that_leaves_mid_stream_frees_its_session_and_the_drafts(served_duo):
+    body = {"prompt": PROMPTS[0], "max_tokens": 3000, "temperature": 0, "stream": True}
+    with httpx.stream("POST", f"{served_duo.http_url}/v1/completions", json=body, timeout=60) as response:
+        lines = response.iter_lines()
+        for _ in range(3):
+            next(lines)
+        assert health(served_duo)["draft_sessions"] == 1
+    wait_until_idle(served_duo)
+
+
+def test_a_client_that_leaves_before_a_whole_answer_frees_its_session(served_duo):
+    body = {"prompt": PROMPTS[0], "max_tokens": 3000, "temperature": 0}
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(f"{served_duo.http_url}/v1/completions", json=body, timeout=0.5)
+    wait_until_idle(served_duo)
+
+
+def test_a_grpc_client_that_cancels_frees_its_session(served_duo):
+    request = pb.GenerateRequest(prompt=PROMPTS[0], max_tokens=3000)
+    with grpc.insecure_channel(served_duo.address) as channel:
+        call = pb_grpc.TargetStub(channel).Generate(request, timeout=60)
+        next(call)
+        next(call)
+        call.cancel()
+    wait_until_idle(served_duo)
