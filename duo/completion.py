@@ -149,7 +149,12 @@ class Completions:
             except TemplateError as error:  # the template's own raise_exception, e.g. roles out of order
                 raise BadRequest(f"the model's chat template rejected the messages: {error}",
                                  param="messages") from error
-        if len(prompt.encode()) > self._max_prompt_bytes:
+        try:
+            size = len(prompt.encode())
+        except UnicodeEncodeError as error:  # JSON can carry lone surrogates, which UTF-8 cannot
+            raise BadRequest(f"the prompt is not valid Unicode text ({error.reason} at character {error.start})",
+                             param="messages" if messages else "prompt") from error
+        if size > self._max_prompt_bytes:
             raise self._too_long(f"the prompt is far longer than the context of {self.context_size} tokens")
         return model.tokenize(prompt)
 

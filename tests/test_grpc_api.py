@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -142,3 +143,14 @@ def test_a_model_that_cannot_be_loaded_stops_duo_target_with_the_reason(tmp_path
                                 "--listen", f"127.0.0.1:{free_port()}"], capture_output=True, text=True, timeout=60)
     assert completed.returncode == 1
     assert "broken.gguf" in completed.stderr and "GGUF" in completed.stderr
+
+
+def test_duo_generate_passes_stop_strings(served_alone):
+    full, _ = stream_text(served_alone.address, pb.GenerateRequest(prompt="Once upon a time", max_tokens=16))
+    stop = full.split()[3]
+    completed = subprocess.run([sys.executable, "-m", "duo.cli", "generate", "--endpoint", served_alone.address,
+                                "--prompt", "Once upon a time", "--max-tokens", "16", "--stop", stop, "--json"],
+                               capture_output=True, text=True, timeout=60)
+    assert completed.returncode == 0, completed.stderr
+    result = json.loads(completed.stdout)
+    assert result["text"] == full[:full.index(stop)] and result["finish_reason"] == "stop"

@@ -204,12 +204,15 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     ("/v1/completions", {"prompt": "hi", "seed": -1}, 400, ["seed"], "seed"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
      ["text parts"], "messages[0].content"),
+    ("/v1/completions", '{"prompt": "\\ud800"}', 400, ["not valid Unicode"], "prompt"),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "\\ud800"}]}', 400, ["not valid Unicode"],
+     "messages"),
     ("/v1/nothing", {}, 404, ["not part of this API"], None),
 ], ids=["unknown model", "prompt longer than the context", "negative max_tokens", "temperature out of range",
         "top_p zero", "malformed JSON", "not an object", "temperature not a number", "messages not a list",
         "unknown role", "empty messages", "no messages", "n above 1", "chat logprobs", "completion logprobs",
         "empty stop string", "several prompts", "empty prompt", "token id out of range", "negative seed",
-        "image part", "unknown route"])
+        "image part", "lone surrogate in the prompt", "lone surrogate in a message", "unknown route"])
 def test_bad_input_gets_a_4xx_saying_what_to_fix_and_the_server_keeps_serving(
         served_alone, path, body, status, words, param):
     response = post(served_alone, path, body)
