@@ -32,9 +32,9 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
                         help="end the completion where this text first appears (not printed); repeatable")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object (text, token_ids, finish_reason, stats) at the end")
-    parser.add_argument("--api-key", default=None,
+    parser.add_argument("--api-key", default=None, metavar="KEY",
                         help="the key duo-target was started with (default: $DUO_API_KEY)")
-    parser.add_argument("--tls-ca", default=None,
+    parser.add_argument("--tls-ca", default=None, metavar="PEM",
                         help="connect over TLS, trusting the CA in this PEM file (duo-target --tls-cert)")
 
 

@@ -239,9 +239,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ctx-size", type=int, default=4096, help="context size per session")
     parser.add_argument("--top-k-cap", type=int, default=10,
                         help="when sampling, draft among at most this many tokens (output stays exact)")
-    parser.add_argument("--tls-cert", default=None, help="serve targets over TLS with this PEM certificate (chain)")
-    parser.add_argument("--tls-key", default=None, help="the PEM private key of --tls-cert")
-    parser.add_argument("--tls-ca", default=None,
+    parser.add_argument("--tls-cert", default=None, metavar="PEM",
+                        help="serve targets over TLS with this PEM certificate (chain)")
+    parser.add_argument("--tls-key", default=None, metavar="PEM", help="the PEM private key of --tls-cert")
+    parser.add_argument("--tls-ca", default=None, metavar="PEM",
                         help="mutual TLS: accept only targets presenting a certificate signed by this PEM CA")
     parser.add_argument("--log-level", default="INFO")
     return parser

@@ -305,23 +305,23 @@ def build_parser() -> argparse.ArgumentParser:
     clients.add_argument("--http", default=None, metavar="[HOST:]PORT",
                          help="also serve the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, "
                               "/v1/models, /health, /metrics) here; HOST defaults to 127.0.0.1")
-    clients.add_argument("--parallel", type=int, default=4, help="generations running at once")
-    clients.add_argument("--queue-size", type=int, default=64,
+    clients.add_argument("--parallel", type=int, default=4, metavar="N", help="generations running at once")
+    clients.add_argument("--queue-size", type=int, default=64, metavar="M",
                          help="requests waiting for a turn (first come, first served); more are refused with "
                               "HTTP 503 / RESOURCE_EXHAUSTED")
-    clients.add_argument("--api-key", default=None,
+    clients.add_argument("--api-key", default=None, metavar="KEY",
                          help="require `Authorization: Bearer KEY` (HTTP) or the metadata `authorization: Bearer "
                               "KEY` (gRPC) on every client call; health checks, reflection and /metrics stay open "
                               "(default: $DUO_API_KEY, else no key)")
-    clients.add_argument("--tls-cert", default=None, help="serve clients (gRPC and HTTP) over TLS with this PEM "
-                                                          "certificate (chain)")
-    clients.add_argument("--tls-key", default=None, help="the PEM private key of --tls-cert")
+    clients.add_argument("--tls-cert", default=None, metavar="PEM",
+                         help="serve clients (gRPC and HTTP) over TLS with this PEM certificate (chain)")
+    clients.add_argument("--tls-key", default=None, metavar="PEM", help="the PEM private key of --tls-cert")
     peer = parser.add_argument_group("the link to duo-draft")
-    peer.add_argument("--peer-tls-ca", default=None,
+    peer.add_argument("--peer-tls-ca", default=None, metavar="PEM",
                       help="connect to --peer over TLS, trusting the CA in this PEM file")
-    peer.add_argument("--peer-tls-cert", default=None,
+    peer.add_argument("--peer-tls-cert", default=None, metavar="PEM",
                       help="present this PEM certificate to the draft (for a draft started with --tls-ca)")
-    peer.add_argument("--peer-tls-key", default=None, help="the PEM private key of --peer-tls-cert")
+    peer.add_argument("--peer-tls-key", default=None, metavar="PEM", help="the PEM private key of --peer-tls-cert")
     parser.add_argument("--log-level", default="INFO")
     return parser
 
