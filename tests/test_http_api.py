@@ -349,7 +349,17 @@ def test_past_the_queue_bound_requests_get_503_and_resource_exhausted_and_leavin
     assert post(one_at_a_time, "/v1/completions", {"prompt": "hi", "max_tokens": 2}).status_code == 200
 
 
+def generated_tokens(process: Process) -> float:
+    return scrape(process)[("duo:generation_tokens_total", ())]
+
+
+# The tiny model's context holds 2048 tokens: a whole answer to these requests is 2000-odd tokens,
+# seconds of work; a client that leaves after a few must stop the generation long before that.
+LEAVE_EARLY_TOKENS = 1000
+
+
 def test_a_client_that_leaves_mid_stream_frees_its_session_and_the_drafts(served_duo):
+    before = generated_tokens(served_duo)
     body = {"prompt": PROMPTS[0], "max_tokens": 3000, "temperature": 0, "stream": True}
     with httpx.stream("POST", f"{served_duo.http_url}/v1/completions", json=body, timeout=60) as response:
         lines = response.iter_lines()
@@ -357,16 +367,20 @@ def test_a_client_that_leaves_mid_stream_frees_its_session_and_the_drafts(served
             next(lines)
         assert health(served_duo)["draft_sessions"] == 1
     wait_until_idle(served_duo)
+    assert generated_tokens(served_duo) - before < LEAVE_EARLY_TOKENS
 
 
 def test_a_client_that_leaves_before_a_whole_answer_frees_its_session(served_duo):
+    before = generated_tokens(served_duo)
     body = {"prompt": PROMPTS[0], "max_tokens": 3000, "temperature": 0}
     with pytest.raises(httpx.TimeoutException):
         httpx.post(f"{served_duo.http_url}/v1/completions", json=body, timeout=0.5)
     wait_until_idle(served_duo)
+    assert generated_tokens(served_duo) - before < LEAVE_EARLY_TOKENS
 
 
 def test_a_grpc_client_that_cancels_frees_its_session(served_duo):
+    before = generated_tokens(served_duo)
     request = pb.GenerateRequest(prompt=PROMPTS[0], max_tokens=3000)
     with grpc.insecure_channel(served_duo.address) as channel:
         call = pb_grpc.TargetStub(channel).Generate(request, timeout=60)
@@ -374,3 +388,4 @@ def test_a_grpc_client_that_cancels_frees_its_session(served_duo):
         next(call)
         call.cancel()
     wait_until_idle(served_duo)
+    assert generated_tokens(served_duo) - before < LEAVE_EARLY_TOKENS
