@@ -61,13 +61,14 @@ class TargetServicer(pb_grpc.TargetServicer):
 
     async def Tokenize(self, message: pb.TokenizeRequest, context: grpc.aio.ServicerContext) -> pb.TokenizeResponse:
         try:
-            tokens = await asyncio.to_thread(self.completions.tokenize, message.prompt,
-                                             messages_from_pb(message.messages))
+            return await asyncio.to_thread(self._tokenize, message)  # a long prompt takes a while
         except ClientError as error:
             await abort_for(context, error)
+
+    def _tokenize(self, message: pb.TokenizeRequest) -> pb.TokenizeResponse:
+        tokens = self.completions.tokenize(message.prompt, messages_from_pb(message.messages))
         model = self.completions.target.model
-        pieces = [model.token_piece(token, special=True) for token in tokens]
-        return pb.TokenizeResponse(token_ids=tokens, pieces=pieces)
+        return pb.TokenizeResponse(token_ids=tokens, pieces=[model.token_piece(token, special=True) for token in tokens])
 
     async def ModelInfo(self, message: pb.ModelInfoRequest,
                         context: grpc.aio.ServicerContext) -> pb.ModelInfoResponse:
