@@ -9,7 +9,6 @@ from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
-from jinja2 import TemplateError
 
 from duo.admission import Admission, Slot
 from duo.link import incompatible_error
@@ -73,14 +72,14 @@ class Piece:
     draft_connected: bool
 
 
-def stats_fields(stats: GenerationStats, draft_connected: bool) -> dict[str, float | int | bool]:
+def stats_fields(stats: GenerationStats, draft_connected: bool) -> dict[str, float | int | bool | list[int]]:
     """A request's stats under the names of proto/duo.proto's Stats message (also used in HTTP's duo_stats)."""
     return {"prompt_tokens": stats.prompt_tokens, "generated_tokens": stats.generated_tokens,
             "draft_tokens_received": stats.draft_tokens_received,
             "draft_tokens_verified": stats.draft_tokens_verified,
             "draft_tokens_accepted": stats.draft_tokens_accepted, "verify_steps": stats.verify_steps,
             "tokens_per_second": stats.tokens_per_second, "time_to_first_token_s": stats.time_to_first_token,
-            "draft_connected": draft_connected}
+            "draft_connected": draft_connected, "batch_sizes": list(stats.batch_sizes)}
 
 
 class Completion:
@@ -146,9 +145,6 @@ class Completions:
                 prompt = model.chat_prompt(messages)
             except ModelError as error:
                 raise BadRequest(str(error), param="messages") from error
-            except TemplateError as error:  # the template's own raise_exception, e.g. roles out of order
-                raise BadRequest(f"the model's chat template rejected the messages: {error}",
-                                 param="messages") from error
         try:
             size = len(prompt.encode())
         except UnicodeEncodeError as error:  # JSON can carry lone surrogates, which UTF-8 cannot

@@ -71,10 +71,6 @@ class Metrics:
         for position in range(record.n_accepted):
             self.accepted_per_pos.labels(position=str(position)).inc()
 
-    def on_finish(self, stats: GenerationStats) -> None:
-        """Nothing: request totals come from `request_finished`, which also sees the requests that a
-        stop string or a departing client ended (the target's own finish never comes for those)."""
-
     def request_finished(self, stats: GenerationStats, finish_reason: str | None, seconds: float,
                          first_token_seconds: float | None) -> None:
         """Count one request that ran; `finish_reason` None: the client left before the end."""

@@ -8,9 +8,10 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
+from jinja2 import TemplateError
 
 import llama_cpp
 from llama_cpp import _internals
@@ -161,6 +162,7 @@ class Model:
         except ValueError as error:
             raise ModelError(f"cannot load {path}: {error} (is it a GGUF model file?)") from error
         self._vocab: Vocab | None = None
+        self._chat_formatter: Jinja2ChatFormatter | None = None
 
     @property
     def n_vocab(self) -> int:
@@ -201,18 +203,21 @@ class Model:
                 return buffer.raw[:n]
             size = -n
 
-    def chat_prompt(self, messages: Sequence[dict[str, str]]) -> str:
+    def chat_prompt(self, messages: Sequence[Mapping[str, str]]) -> str:
         """Render chat messages with the GGUF's own chat template, ready for the assistant's turn."""
-        metadata = self._model.metadata()
-        template = metadata.get("tokenizer.chat_template")
-        if not template:
-            raise ModelError(f"{self.path.name} has no chat template; send a raw prompt instead")
-        formatter = Jinja2ChatFormatter(
-            template=template,
-            eos_token=self.token_piece(self._model.token_eos(), special=True).decode(errors="replace"),
-            bos_token=self.token_piece(self._model.token_bos(), special=True).decode(errors="replace"),
-        )
-        return formatter(messages=list(messages)).prompt
+        if self._chat_formatter is None:
+            template = self._model.metadata().get("tokenizer.chat_template")
+            if not template:
+                raise ModelError(f"{self.path.name} has no chat template; send a raw prompt instead")
+            self._chat_formatter = Jinja2ChatFormatter(
+                template=template,
+                eos_token=self.token_piece(self._model.token_eos(), special=True).decode(errors="replace"),
+                bos_token=self.token_piece(self._model.token_bos(), special=True).decode(errors="replace"),
+            )
+        try:
+            return self._chat_formatter(messages=[dict(m) for m in messages]).prompt
+        except TemplateError as error:  # the template's own raise_exception, e.g. roles out of order
+            raise ModelError(f"the model's chat template rejected the messages: {error}") from error
 
     def vocab(self) -> Vocab:
         if self._vocab is None:

@@ -56,6 +56,7 @@ class GenerationStats:
     draft_tokens_verified: int = 0
     draft_tokens_accepted: int = 0
     verify_steps: int = 0
+    batch_sizes: list[int] = field(default_factory=list)  # [n]: steps that decoded n tokens at once
     started: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
     finished_at: float | None = None
@@ -114,10 +115,9 @@ class StepRecord:
 
 
 class StepObserver(Protocol):
-    """Something that watches the target work (metrics, the adaptive policy)."""
+    """Something that watches the target's steps (metrics)."""
 
     def on_step(self, record: StepRecord) -> None: ...
-    def on_finish(self, stats: "GenerationStats") -> None: ...
 
 
 class Generation:
@@ -168,7 +168,7 @@ class Generation:
         batch = self.committed[-1:] + pending[:n_batch]
         return batch, n_batch + 1, pending[:n_verify], dists[:n_verify]
 
-    def commit(self, verdict: Verdict, n_verified: int) -> Step:
+    def commit(self, verdict: Verdict, n_verified: int, batch_size: int) -> Step:
         """Append the verdict's tokens, stopping at an end of generation or the token limit."""
         tokens, finish = [], None
         for token in verdict.tokens:
@@ -183,6 +183,9 @@ class Generation:
         self.chain.on_commit()
         self.stats.generated_tokens += len(tokens)
         self.stats.verify_steps += 1
+        sizes = self.stats.batch_sizes
+        sizes.extend([0] * (batch_size + 1 - len(sizes)))
+        sizes[batch_size] += 1
         self.stats.draft_tokens_verified += n_verified
         self.stats.draft_tokens_accepted += min(verdict.n_accepted, len(tokens))
         return Step(tokens, finish)
@@ -223,8 +226,6 @@ class Target:
                     generation.stats.first_token_at = time.monotonic()
                 if step.finish_reason:
                     generation.stats.finished_at = time.monotonic()
-                    for observer in self.observers:
-                        observer.on_finish(generation.stats)
                 yield step, generation.stats
                 if step.finish_reason:
                     return
@@ -256,7 +257,7 @@ class Target:
         verdict = await self.worker.run(verify_step, context, batch, n_rows, drafts, dists,
                                         generation.request.params, generation.rng)
         seconds = time.perf_counter() - began
-        step = generation.commit(verdict, len(drafts))
+        step = generation.commit(verdict, len(drafts), len(batch))
         if self.link and step.tokens:
             self.link.send(pb.TargetEvent(commit=pb.Commit(session_id=generation.session_id, start=start,
                                                            tokens=step.tokens)))

@@ -61,6 +61,7 @@ class Run:
     draft_received: int
     draft_verified: int
     draft_accepted: int
+    batch_sizes: list[int]  # [n]: verify steps that decoded n tokens
 
     @property
     def tokens_per_second(self) -> float:
@@ -185,6 +186,16 @@ def ideal_rate(acceptance: float, costs: dict[int, float]) -> tuple[float, int]:
     return best, best_k
 
 
+def batch_histogram(runs: list[Run]) -> dict[int, int]:
+    """How many verify steps decoded n tokens at once, over `runs`."""
+    total: dict[int, int] = {}
+    for run in runs:
+        for n, count in enumerate(run.batch_sizes):
+            if count:
+                total[n] = total.get(n, 0) + count
+    return dict(sorted(total.items()))
+
+
 def summarise(runs: list[Run], costs: dict[int, float]) -> dict:
     """Per mode and temperature: totals, rates, acceptance; duo's ratios and fraction of the ideal."""
     summary: dict = {}
@@ -204,6 +215,7 @@ def summarise(runs: list[Run], costs: dict[int, float]) -> dict:
                 "mean_accepted_length": tokens / steps if steps else None,
                 "mean_draft_tokens_per_verify": verified / steps if steps else None,
                 "ttft_s": statistics.mean(r.ttft for r in rs),
+                "verify_batch_sizes": batch_histogram(rs),
                 "per_prompt": {p: statistics.mean(r.tokens_per_second for r in rs if r.prompt == p)
                                for p in dict.fromkeys(r.prompt for r in rs)},
             }
@@ -241,6 +253,9 @@ def print_table(summary: dict, costs: dict[int, float]) -> None:
             prompts = "  ".join(f"{t:.2f}" for t in v["per_prompt"].values())
             print(f"{mode:<14}{v['tokens_per_second']:>8.2f}{v['decode_tokens_per_second']:>8.2f}{acc:>8}"
                   f"{length:>6}{v['ttft_s']:>7.2f}   {prompts}")
+            if v["mean_draft_tokens_per_verify"]:
+                sizes = " ".join(f"{n}:{c}" for n, c in v["verify_batch_sizes"].items())
+                print(f"{'':<14}verify batch sizes (tokens:steps) {sizes}")
         for name, ratio in entry.get("ratios", {}).items():
             print(f"  {name:<20} {ratio:.2f}x")
         if "ideal" in entry:
@@ -323,7 +338,7 @@ def main() -> int:
                         s = last.stats
                         run = Run(cluster.mode, prompt, temperature, rep, s.generated_tokens, seconds, ttft,
                                   s.verify_steps, s.draft_tokens_received, s.draft_tokens_verified,
-                                  s.draft_tokens_accepted)
+                                  s.draft_tokens_accepted, list(s.batch_sizes))
                         runs.append(run)
                         print(f"rep {rep} T={temperature} {cluster.mode:<13} {run.tokens_per_second:6.2f} tok/s "
                               f"({run.tokens} tokens, accepted {run.draft_accepted}/{run.draft_verified}) "
