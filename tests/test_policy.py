@@ -2,7 +2,9 @@
 
 import numpy as np
 
-from duo.policy import EXPLORE_EVERY, AdaptivePolicy
+import pytest
+
+from duo.policy import EXPLORE_EVERY, PRIOR_BATCH_SLOPE, AdaptivePolicy
 
 
 def teach(policy: AdaptivePolicy, cost, acceptance: float, steps: int = 200) -> None:
@@ -52,12 +54,26 @@ def test_the_policy_explores_one_longer_draft_now_and_then():
     assert choices.count(1) == 2 and choices.count(0) == 2 * EXPLORE_EVERY - 2
 
 
-def test_unmeasured_batch_sizes_are_interpolated_and_extrapolated():
+def test_unmeasured_batch_sizes_are_interpolated_and_larger_ones_assumed_cheap_until_tried():
     policy = AdaptivePolicy(max_draft=8)
     policy.observe(batch_size=1, n_verified=0, n_accepted=0, seconds=1.0)
     policy.observe(batch_size=3, n_verified=2, n_accepted=2, seconds=2.0)
     assert policy.batch_seconds(2) == 1.5
-    assert policy.batch_seconds(5) == 3.0
+    assert policy.batch_seconds(5) == pytest.approx(2.0 * (1 + 2 * PRIOR_BATCH_SLOPE))
+
+
+def test_a_costly_first_extra_token_does_not_stop_the_policy_from_trying_longer_drafts():
+    """On a CPU, T(2) can be far above T(1) while T(5) is barely above T(2) (a kernel switch)."""
+    costs = {1: 0.100, 2: 0.175, 3: 0.185, 4: 0.200, 5: 0.215, 6: 0.230, 7: 0.245, 8: 0.26, 9: 0.275}
+    policy = AdaptivePolicy(max_draft=8)
+    rng = np.random.default_rng(0)
+    for _ in range(100):
+        k = policy.choose(8)
+        accepted = 0
+        while accepted < k and rng.random() < 0.85:
+            accepted += 1
+        policy.observe(batch_size=k + 1, n_verified=k, n_accepted=accepted, seconds=costs[k + 1])
+    assert policy.choose(8) >= 4
 
 
 def test_the_draft_is_steered_to_stay_ahead_of_the_choice():
