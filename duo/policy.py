@@ -44,7 +44,7 @@ class AdaptivePolicy:
     max_draft: int = 16
     step_seconds: dict[int, _Average] = field(default_factory=dict)  # batch size -> T
     acceptance: list[_Average] = field(default_factory=list)          # [max_draft + 1], position i -> ai
-    draft_len: int = 0  # the last choice, exposed in stats and metrics
+    draft_len: int = 0  # the best draft length given enough pending drafts: exposed in metrics
     _steps: int = 0
 
     def __post_init__(self) -> None:
@@ -52,13 +52,16 @@ class AdaptivePolicy:
 
     def choose(self, n_pending: int) -> int:
         """How many of the `n_pending` drafts to put in this step's batch."""
+        self.draft_len = self._best(self.max_draft)
         limit = min(n_pending, self.max_draft)
-        best = max(range(limit + 1), key=self.expected_rate)
+        best = self._best(limit)
         self._steps += 1
         if best < limit and self._steps % EXPLORE_EVERY == 0:
             best += 1
-        self.draft_len = best
         return best
+
+    def _best(self, limit: int) -> int:
+        return max(range(limit + 1), key=self.expected_rate)
 
     def expected_rate(self, k: int) -> float:
         """Expected committed tokens per second when verifying k drafts."""
@@ -100,5 +103,11 @@ class AdaptivePolicy:
             self.acceptance[position].add(1.0 if position < n_accepted else 0.0)
 
     def max_ahead(self) -> int:
-        """How far ahead the draft should run: enough for the next step's choice and a spare."""
-        return max(2, 2 * self.draft_len + 2)
+        """How far ahead of the committed tokens the draft should run.
+
+        After a step that accepts all k drafts and adds one token, the next step again wants k
+        drafts beyond the new end: the draft must already have run 2k + 1 ahead of the old one. It
+        follows the preferred length, not this step's choice: when a step found few drafts pending,
+        shortening the lead would only make the next step find fewer.
+        """
+        return 2 * self.draft_len + 2

@@ -216,6 +216,8 @@ class Target:
                 raise ModelError(f"the prompt has {len(request.prompt_tokens)} tokens; the context holds "
                                  f"{context.n_ctx}: shorten it or start duo-target with a larger --ctx-size")
             if self.link:
+                if self.policy is not None:
+                    generation.max_ahead = self.policy.max_ahead()
                 self.link.register(generation)
             await self.worker.run(context.decode, request.prompt_tokens[:-1], 0, [])
             while True:
