@@ -55,6 +55,7 @@ class GenerationStats:
     draft_tokens_received: int = 0
     draft_tokens_verified: int = 0
     draft_tokens_accepted: int = 0
+    draft_rejections: int = 0  # steps that rejected a draft token
     verify_steps: int = 0
     batch_sizes: list[int] = field(default_factory=list)  # [n]: steps that decoded n tokens at once
     started: float = field(default_factory=time.monotonic)
@@ -188,6 +189,7 @@ class Generation:
         sizes[batch_size] += 1
         self.stats.draft_tokens_verified += n_verified
         self.stats.draft_tokens_accepted += min(verdict.n_accepted, len(tokens))
+        self.stats.draft_rejections += verdict.n_accepted < n_verified
         return Step(tokens, finish)
 
 

@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -38,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 from duo import hub  # noqa: E402
 from duo._proto import duo_pb2 as pb  # noqa: E402
 from duo._proto import duo_pb2_grpc as pb_grpc  # noqa: E402
+from duo.demo import free_port, spawn  # noqa: E402
 
 PROMPTS = {
     # As in the community tests of llama-server's speculative decoding.
@@ -61,6 +61,7 @@ class Run:
     draft_received: int
     draft_verified: int
     draft_accepted: int
+    draft_rejections: int
     batch_sizes: list[int]  # [n]: verify steps that decoded n tokens
 
     @property
@@ -81,21 +82,6 @@ class Cluster:
     address: str
     processes: list[subprocess.Popen] = field(default_factory=list)
     speculative: bool = False
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def spawn(module: str, args: list[str], cores: set[int], log: Path) -> subprocess.Popen:
-    def pin() -> None:
-        os.sched_setaffinity(0, cores)
-
-    with open(log, "wb") as out:
-        return subprocess.Popen([sys.executable, "-m", module, *args, "--threads", str(len(cores))],
-                                stdout=out, stderr=subprocess.STDOUT, preexec_fn=pin, cwd=ROOT)
 
 
 def start_mode(mode: str, args: argparse.Namespace, target: Path, draft: Path, logs: Path) -> Cluster:
@@ -176,7 +162,10 @@ def measure_verify_costs(target: Path, cores: set[int], max_batch: int, reps: in
 
 
 def ideal_rate(acceptance: float, costs: dict[int, float]) -> tuple[float, int]:
-    """max over k of E[tokens per verify](k) / T(k + 1), with i.i.d. acceptance: E(k) = sum_{i<=k} a^i."""
+    """max over k of E[tokens per verify](k) / T(k + 1), with i.i.d. acceptance: E(k) = sum_{i<=k} a^i.
+
+    This assumes the draft always has k tokens ready the moment the target needs them: the bound
+    for any speculative scheme with this draft, this target and this device."""
     best, best_k = 0.0, 0
     for n, seconds in costs.items():
         k = n - 1
@@ -207,11 +196,14 @@ def summarise(runs: list[Run], costs: dict[int, float]) -> dict:
                 continue
             tokens, seconds = sum(r.tokens for r in rs), sum(r.seconds for r in rs)
             verified, accepted = sum(r.draft_verified for r in rs), sum(r.draft_accepted for r in rs)
+            rejections = sum(r.draft_rejections for r in rs)
             steps = sum(r.verify_steps for r in rs)
             by_mode[mode] = {
                 "tokens_per_second": tokens / seconds,
                 "decode_tokens_per_second": sum(r.tokens - 1 for r in rs) / sum(r.seconds - r.ttft for r in rs),
                 "acceptance_rate": accepted / verified if verified else None,
+                # Verification stops at the first rejection: this is the per-token chance.
+                "token_acceptance": accepted / (accepted + rejections) if accepted + rejections else None,
                 "mean_accepted_length": tokens / steps if steps else None,
                 "mean_draft_tokens_per_verify": verified / steps if steps else None,
                 "ttft_s": statistics.mean(r.ttft for r in rs),
@@ -224,8 +216,8 @@ def summarise(runs: list[Run], costs: dict[int, float]) -> dict:
         if duo:
             entry["ratios"] = {f"duo/{m}": duo["tokens_per_second"] / v["tokens_per_second"]
                                for m, v in by_mode.items() if m != "duo"}
-            if duo["acceptance_rate"] is not None and costs:
-                rate, k = ideal_rate(duo["acceptance_rate"], costs)
+            if duo["token_acceptance"] is not None and costs:
+                rate, k = ideal_rate(duo["token_acceptance"], costs)
                 entry["ideal"] = {"tokens_per_second": rate, "best_k": k,
                                   "duo_fraction": duo["decode_tokens_per_second"] / rate}
         summary[str(temperature)] = entry
@@ -246,13 +238,14 @@ def machine_info() -> dict:
 def print_table(summary: dict, costs: dict[int, float]) -> None:
     for temperature, entry in summary.items():
         print(f"\n== temperature {temperature} ==")
-        print(f"{'mode':<14}{'tok/s':>8}{'decode':>8}{'accept':>8}{'len':>6}{'ttft':>7}   per prompt tok/s")
+        print(f"{'mode':<14}{'tok/s':>8}{'decode':>8}{'accept':>8}{'alpha':>7}{'len':>6}{'ttft':>7}   per prompt tok/s")
         for mode, v in entry["modes"].items():
             acc = f"{v['acceptance_rate']:.2f}" if v["acceptance_rate"] is not None else "-"
+            alpha = f"{v['token_acceptance']:.2f}" if v["token_acceptance"] is not None else "-"
             length = f"{v['mean_accepted_length']:.2f}" if v["mean_accepted_length"] else "-"
             prompts = "  ".join(f"{t:.2f}" for t in v["per_prompt"].values())
             print(f"{mode:<14}{v['tokens_per_second']:>8.2f}{v['decode_tokens_per_second']:>8.2f}{acc:>8}"
-                  f"{length:>6}{v['ttft_s']:>7.2f}   {prompts}")
+                  f"{alpha:>7}{length:>6}{v['ttft_s']:>7.2f}   {prompts}")
             if v["mean_draft_tokens_per_verify"]:
                 sizes = " ".join(f"{n}:{c}" for n, c in v["verify_batch_sizes"].items())
                 print(f"{'':<14}verify batch sizes (tokens:steps) {sizes}")
@@ -338,7 +331,7 @@ def main() -> int:
                         s = last.stats
                         run = Run(cluster.mode, prompt, temperature, rep, s.generated_tokens, seconds, ttft,
                                   s.verify_steps, s.draft_tokens_received, s.draft_tokens_verified,
-                                  s.draft_tokens_accepted, list(s.batch_sizes))
+                                  s.draft_tokens_accepted, s.draft_rejections, list(s.batch_sizes))
                         runs.append(run)
                         print(f"rep {rep} T={temperature} {cluster.mode:<13} {run.tokens_per_second:6.2f} tok/s "
                               f"({run.tokens} tokens, accepted {run.draft_accepted}/{run.draft_verified}) "

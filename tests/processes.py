@@ -16,12 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from duo._proto import duo_pb2 as pb
 from duo._proto import duo_pb2_grpc as pb_grpc
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from duo.demo import free_port
 
 
 @dataclass

@@ -169,7 +169,7 @@ class GenerateResponse(_message.Message):
     def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., stats: _Optional[_Union[Stats, _Mapping]] = ...) -> None: ...
 
 class Stats(_message.Message):
-    __slots__ = ("prompt_tokens", "generated_tokens", "draft_tokens_received", "draft_tokens_verified", "draft_tokens_accepted", "verify_steps", "tokens_per_second", "time_to_first_token_s", "draft_connected", "batch_sizes")
+    __slots__ = ("prompt_tokens", "generated_tokens", "draft_tokens_received", "draft_tokens_verified", "draft_tokens_accepted", "verify_steps", "tokens_per_second", "time_to_first_token_s", "draft_connected", "batch_sizes", "draft_rejections")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKENS_RECEIVED_FIELD_NUMBER: _ClassVar[int]
@@ -180,6 +180,7 @@ class Stats(_message.Message):
     TIME_TO_FIRST_TOKEN_S_FIELD_NUMBER: _ClassVar[int]
     DRAFT_CONNECTED_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZES_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_REJECTIONS_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     generated_tokens: int
     draft_tokens_received: int
@@ -190,7 +191,8 @@ class Stats(_message.Message):
     time_to_first_token_s: float
     draft_connected: bool
     batch_sizes: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., draft_tokens_received: _Optional[int] = ..., draft_tokens_verified: _Optional[int] = ..., draft_tokens_accepted: _Optional[int] = ..., verify_steps: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., time_to_first_token_s: _Optional[float] = ..., draft_connected: _Optional[bool] = ..., batch_sizes: _Optional[_Iterable[int]] = ...) -> None: ...
+    draft_rejections: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., draft_tokens_received: _Optional[int] = ..., draft_tokens_verified: _Optional[int] = ..., draft_tokens_accepted: _Optional[int] = ..., verify_steps: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., time_to_first_token_s: _Optional[float] = ..., draft_connected: _Optional[bool] = ..., batch_sizes: _Optional[_Iterable[int]] = ..., draft_rejections: _Optional[int] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
     __slots__ = ("prompt", "messages")
