@@ -116,7 +116,7 @@ class Drafter:
         return DraftSession(
             session_id=message.session_id, chain=committed, committed=len(committed), params=self.draft_params(params),
             rng=np.random.default_rng(None if seed is None else [seed, 1]),  # independent of the target's
-            max_ahead=max(1, message.max_ahead), p_min=message.p_min, context=context)
+            max_ahead=message.max_ahead, p_min=message.p_min, context=context)
 
     async def close(self, session: DraftSession) -> None:
         session.closed = True
@@ -189,7 +189,7 @@ class DraftServicer(pb_grpc.DraftServicer):
             elif kind == "commit" and event.commit.session_id in sessions:
                 sessions[event.commit.session_id].apply_commit(event.commit.start, event.commit.tokens)
             elif kind == "steer" and event.steer.session_id in sessions:
-                sessions[event.steer.session_id].max_ahead = max(1, event.steer.max_ahead)
+                sessions[event.steer.session_id].max_ahead = event.steer.max_ahead
             elif kind == "close" and event.close.session_id in sessions:
                 await self.drafter.close(sessions.pop(event.close.session_id))
             wake.set()

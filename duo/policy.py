@@ -17,6 +17,9 @@ PRIOR_WEIGHT = 2.0
 # Now and then verify one more draft token than the best choice, so estimates for longer drafts
 # stay fresh even when the policy has settled on short ones (or none).
 EXPLORE_EVERY = 16
+# When speculation does not pay, the draft rests (on a shared memory bus its work slows the target)
+# except for this many steps before each exploration, so that there are drafts to explore with.
+PROBE_LEAD = 3
 
 
 @dataclass
@@ -108,6 +111,9 @@ class AdaptivePolicy:
         After a step that accepts all k drafts and adds one token, the next step again wants k
         drafts beyond the new end: the draft must already have run 2k + 1 ahead of the old one. It
         follows the preferred length, not this step's choice: when a step found few drafts pending,
-        shortening the lead would only make the next step find fewer.
+        shortening the lead would only make the next step find fewer. When the preferred length is
+        0, the draft rests but for a short probe before each exploration step.
         """
+        if self.draft_len == 0:
+            return 2 if self._steps % EXPLORE_EVERY >= EXPLORE_EVERY - PROBE_LEAD else 0
         return 2 * self.draft_len + 2

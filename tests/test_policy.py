@@ -4,7 +4,7 @@ import numpy as np
 
 import pytest
 
-from duo.policy import EXPLORE_EVERY, PRIOR_BATCH_SLOPE, AdaptivePolicy
+from duo.policy import EXPLORE_EVERY, PRIOR_BATCH_SLOPE, PROBE_LEAD, AdaptivePolicy
 
 
 def teach(policy: AdaptivePolicy, cost, acceptance: float, steps: int = 200) -> None:
@@ -81,3 +81,17 @@ def test_the_draft_is_steered_to_stay_ahead_of_the_choice():
     teach(policy, cost=lambda n: 0.1 * (1 + 0.05 * (n - 1)), acceptance=0.9)
     k = policy.choose(8)
     assert policy.max_ahead() > k
+
+
+def test_the_draft_rests_when_speculation_does_not_pay_but_for_probes_before_explorations():
+    policy = AdaptivePolicy(max_draft=8)
+    teach(policy, cost=lambda n: 0.1 * n, acceptance=0.8)
+    leads, choices = [], []
+    for _ in range(4 * EXPLORE_EVERY):
+        choices.append(policy.choose(2))
+        leads.append(policy.max_ahead())
+    assert leads.count(0) == 4 * (EXPLORE_EVERY - PROBE_LEAD)
+    # Every exploration (a choice of 1) comes right after a probe let the draft run.
+    for i, k in enumerate(choices):
+        if k == 1:
+            assert leads[i - 1] > 0
