@@ -15,6 +15,9 @@ from scipy.stats import chi2_contingency
 
 from processes import Process, free_port, generate, start, wait_for_draft
 
+# Tests that need the draft to take part fix its length: on tiny models verifying is barely cheaper
+# than decoding, and the adaptive policy (tested on its own in test_policy.py) may rest the draft.
+FIXED = ["--draft-max", "4"]
 PROMPTS = ["def fibonacci(n):", "Once upon a time", "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"]
 
 
@@ -39,7 +42,7 @@ def draft(tiny_draft, log_dir):
 
 @pytest.fixture(scope="module")
 def duo(tiny_target, draft, log_dir):
-    process = start("duo.target", ["--model", str(tiny_target), "--peer", draft.address], log_dir)
+    process = start("duo.target", ["--model", str(tiny_target), "--peer", draft.address, *FIXED], log_dir)
     wait_for_draft(process.address)
     yield process
     process.stop()
@@ -100,7 +103,7 @@ def test_sampled_tokens_through_duo_follow_the_target_distribution(duo, alone):
 def test_killing_the_draft_mid_generation_completes_the_request_with_the_same_output(
         tiny_target, tiny_draft, alone, log_dir):
     draft = start("duo.draft", ["--model", str(tiny_draft)], log_dir)
-    target = start("duo.target", ["--model", str(tiny_target), "--peer", draft.address], log_dir)
+    target = start("duo.target", ["--model", str(tiny_target), "--peer", draft.address, *FIXED], log_dir)
     try:
         wait_for_draft(target.address)
         expected, _ = generate(alone.address, PROMPTS[0], max_tokens=400)
@@ -139,7 +142,7 @@ def stream_and_interrupt(address: str, prompt: str, max_tokens: int, interrupt) 
 def test_a_restarted_draft_rejoins_a_generation_that_is_still_running(tiny_target, tiny_draft, alone, log_dir):
     draft = start("duo.draft", ["--model", str(tiny_draft)], log_dir)
     port = int(draft.address.split(":")[1])
-    target = start("duo.target", ["--model", str(tiny_target), "--peer", draft.address], log_dir)
+    target = start("duo.target", ["--model", str(tiny_target), "--peer", draft.address, *FIXED], log_dir)
     replacement: list[Process] = []
     try:
         wait_for_draft(target.address)
@@ -247,5 +250,15 @@ def test_the_target_decodes_alone_while_no_draft_is_listening(tiny_target, alone
         tokens, last = generate(target.address, PROMPTS[1], max_tokens=32)
         assert tokens == expected
         assert not last.stats.draft_connected
+    finally:
+        target.stop()
+
+
+def test_greedy_output_with_the_adaptive_policy_equals_the_target_alone(tiny_target, draft, alone, log_dir):
+    target = start("duo.target", ["--model", str(tiny_target), "--peer", draft.address], log_dir)
+    try:
+        wait_for_draft(target.address)
+        for prompt in PROMPTS:
+            assert generate(target.address, prompt, max_tokens=96)[0] == generate(alone.address, prompt, max_tokens=96)[0]
     finally:
         target.stop()
