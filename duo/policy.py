@@ -18,8 +18,9 @@ PRIOR_WEIGHT = 2.0
 # stay fresh even when the policy has settled on short ones (or none).
 EXPLORE_EVERY = 16
 # When speculation does not pay, the draft rests (on a shared memory bus its work slows the target)
-# except for this many steps before each exploration, so that there are drafts to explore with.
-PROBE_LEAD = 3
+# except from this many steps before each exploration until the exploration has happened: a rested
+# draft first catches up on the committed tokens, then drafts.
+PROBE_LEAD = 5
 
 
 @dataclass
@@ -49,6 +50,7 @@ class AdaptivePolicy:
     acceptance: list[_Average] = field(default_factory=list)          # [max_draft + 1], position i -> ai
     draft_len: int = 0  # the best draft length given enough pending drafts: exposed in metrics
     _steps: int = 0
+    _explore_due: bool = False  # an exploration waits for a step with drafts to explore with
 
     def __post_init__(self) -> None:
         self.acceptance = [_Average(PRIOR_ACCEPTANCE, PRIOR_WEIGHT) for _ in range(self.max_draft + 1)]
@@ -59,7 +61,9 @@ class AdaptivePolicy:
         limit = min(n_pending, self.max_draft)
         best = self._best(limit)
         self._steps += 1
-        if best < limit and self._steps % EXPLORE_EVERY == 0:
+        self._explore_due |= self._steps % EXPLORE_EVERY == 0
+        if self._explore_due and best < limit:
+            self._explore_due = False
             best += 1
         return best
 
@@ -115,5 +119,6 @@ class AdaptivePolicy:
         0, the draft rests but for a short probe before each exploration step.
         """
         if self.draft_len == 0:
-            return 2 if self._steps % EXPLORE_EVERY >= EXPLORE_EVERY - PROBE_LEAD else 0
+            probing = self._explore_due or self._steps % EXPLORE_EVERY >= EXPLORE_EVERY - PROBE_LEAD
+            return 2 if probing else 0
         return 2 * self.draft_len + 2

@@ -95,3 +95,13 @@ def test_the_draft_rests_when_speculation_does_not_pay_but_for_probes_before_exp
     for i, k in enumerate(choices):
         if k == 1:
             assert leads[i - 1] > 0
+
+
+def test_an_exploration_that_found_no_drafts_waits_for_the_next_step_that_has_some():
+    policy = AdaptivePolicy(max_draft=8)
+    teach(policy, cost=lambda n: 0.1 * n, acceptance=0.8)
+    for _ in range(EXPLORE_EVERY):
+        policy.choose(0)  # the draft was resting: nothing pending when the exploration came due
+    assert policy.max_ahead() > 0, "the draft must keep running until the exploration happened"
+    assert policy.choose(2) == 1
+    assert policy.max_ahead() == 0
