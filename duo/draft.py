@@ -68,7 +68,8 @@ def draft_one(session: DraftSession, chain: list[int], model: Model) -> tuple[in
     """Decode what the KV cache lacks of `chain` and draw the next token (runs on the model thread).
 
     Returns the token, the distribution it was drawn from, and the draft's confidence in it: its
-    probability at temperature 1, which is what --draft-p-min is compared with.
+    probability at temperature 1, which is what --draft-p-min is compared with (1.0 without a
+    p_min: a softmax over the vocabulary is worth skipping on every drafted token).
     """
     keep = common_prefix_length(session.kv_tokens, chain)
     keep = min(keep, len(chain) - 1)  # at least one token must be decoded to get fresh logits
@@ -78,9 +79,10 @@ def draft_one(session: DraftSession, chain: list[int], model: Model) -> tuple[in
     session.kv_tokens.extend(chain[keep:])
     dist = distribution(logits, session.params)
     token = sample(dist, session.rng)
+    if session.p_min <= 0:
+        return token, dist, 1.0
     shifted = logits.astype(np.float64) - logits.max()
-    confidence = float(np.exp(shifted[token]) / np.exp(shifted).sum())
-    return token, dist, confidence
+    return token, dist, float(np.exp(shifted[token]) / np.exp(shifted).sum())
 
 
 class Drafter:
