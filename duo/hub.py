@@ -38,7 +38,7 @@ import urllib.parse
 import urllib.request
 import zipfile
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator, Mapping, Sequence
@@ -819,12 +819,10 @@ def pull(
     specs = [_spec(n, catalog) for n in names]  # all names checked before any download
     if log is None:
         log = (lambda msg: print(msg, file=sys.stderr)) if progress else (lambda msg: None)
-    show_bars = progress and _isatty(sys.stderr)
-    index = _index_url(index_url)
-    done: dict[str, Path] = {}
+    run = _PullRun(catalog, _index_url(index_url), progress and _isatty(sys.stderr), log)
     for spec in specs:
-        _pull_one(spec, catalog, index, show_bars, log, done, ())
-    return [done[s.name] for s in specs]
+        run.pull(spec)
+    return [run.done[s.name] for s in specs]
 
 
 def _isatty(stream) -> bool:
@@ -834,34 +832,56 @@ def _isatty(stream) -> bool:
         return False
 
 
-def _pull_one(
-    spec: ModelSpec,
-    catalog: Mapping[str, ModelSpec],
-    index: str,
-    bars: bool,
-    log: Callable[[str], None],
-    done: dict[str, Path],
-    chain: tuple[str, ...],
-) -> Path:
-    if spec.name in done:
-        return done[spec.name]
-    if spec.name in chain:
-        raise HubError(f"catalog loop: {' -> '.join(chain + (spec.name,))}")
-    path = model_path(spec.name)
-    path.parent.mkdir(parents=True, exist_ok=True)
+@dataclass
+class _PullRun:
+    """One `pull` call: where to look, how to report, and what it has made sure of so far."""
 
-    stamp = _stamp_ok(spec, path)
-    if stamp is None:
-        with _lock(spec.name, log):
-            # another process may have pulled it while we waited
-            stamp = _stamp_ok(spec, path)
-            if stamp is None:
-                _fetch_or_make(spec, catalog, index, bars, log, done, chain, path)
-                done[spec.name] = path
-                return path
-    log(f"{spec.name}: present ({_human(stamp['size'])}, verified) at {path}")
-    done[spec.name] = path
-    return path
+    catalog: Mapping[str, ModelSpec]
+    index: str
+    bars: bool
+    log: Callable[[str], None]
+    done: dict[str, Path] = field(default_factory=dict)
+
+    def pull(self, spec: ModelSpec, chain: tuple[str, ...] = ()) -> Path:
+        """Make sure `spec` is present and verified; `chain` is the derivations that led here."""
+        if spec.name in self.done:
+            return self.done[spec.name]
+        if spec.name in chain:
+            raise HubError(f"catalog loop: {' -> '.join(chain + (spec.name,))}")
+        path = model_path(spec.name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+        stamp = _stamp_ok(spec, path)
+        if stamp is None:
+            with _lock(spec.name, self.log):
+                # another process may have pulled it while we waited
+                stamp = _stamp_ok(spec, path)
+                if stamp is None:
+                    self._fetch_or_make(spec, chain, path)
+                    self.done[spec.name] = path
+                    return path
+        self.log(f"{spec.name}: present ({_human(stamp['size'])}, verified) at {path}")
+        self.done[spec.name] = path
+        return path
+
+    def _fetch_or_make(self, spec: ModelSpec, chain: tuple[str, ...], path: Path) -> None:
+        if path.exists() and spec.sha256 is not None:
+            # A file with no (or a stale) stamp: check it before downloading again.
+            self.log(f"{spec.name}: checking the existing file {path}")
+            if _sha256_file(path) == spec.sha256:
+                _write_stamp(path, spec.sha256)
+                self.log(f"{spec.name}: verified the existing file ({_human(path.stat().st_size)}) at {path}")
+                return
+            self.log(f"{spec.name}: the existing file does not match the catalog checksum; pulling it again")
+
+        if spec.derived_from is not None:
+            src_spec = _spec(spec.derived_from, self.catalog)
+            src = self.pull(src_spec, chain + (spec.name,))
+            _derive(spec, src_spec, src, path, self.log)
+        elif spec.parts:
+            _download_and_assemble(spec, self.index, self.bars, self.log, path)
+        else:
+            raise HubError(f"catalog entry {spec.name!r} has neither parts nor a source to derive it from")
 
 
 @contextlib.contextmanager
@@ -887,34 +907,6 @@ def _lock(name: str, log: Callable[[str], None]) -> Iterator[None]:
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
 
-
-def _fetch_or_make(
-    spec: ModelSpec,
-    catalog: Mapping[str, ModelSpec],
-    index: str,
-    bars: bool,
-    log: Callable[[str], None],
-    done: dict[str, Path],
-    chain: tuple[str, ...],
-    path: Path,
-) -> None:
-    if path.exists() and spec.sha256 is not None:
-        # A file with no (or a stale) stamp: check it before downloading again.
-        log(f"{spec.name}: checking the existing file {path}")
-        if _sha256_file(path) == spec.sha256:
-            _write_stamp(path, spec.sha256)
-            log(f"{spec.name}: verified the existing file ({_human(path.stat().st_size)}) at {path}")
-            return
-        log(f"{spec.name}: the existing file does not match the catalog checksum; pulling it again")
-
-    if spec.derived_from is not None:
-        src_spec = _spec(spec.derived_from, catalog)
-        src = _pull_one(src_spec, catalog, index, bars, log, done, chain + (spec.name,))
-        _derive(spec, src_spec, src, path, log)
-    elif spec.parts:
-        _download_and_assemble(spec, index, bars, log, path)
-    else:
-        raise HubError(f"catalog entry {spec.name!r} has neither parts nor a source to derive it from")
 
 
 def _download_and_assemble(spec: ModelSpec, index: str, bars: bool, log: Callable[[str], None], path: Path) -> None:
