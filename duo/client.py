@@ -36,6 +36,8 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the key duo-target was started with (default: $DUO_API_KEY)")
     parser.add_argument("--tls-ca", default=None, metavar="PEM",
                         help="connect over TLS, trusting the CA in this PEM file (duo-target --tls-cert)")
+    parser.add_argument("--connect-timeout", type=float, default=10.0, metavar="SECONDS",
+                        help="give up when duo-target does not answer within this long")
 
 
 def request_from(args: argparse.Namespace) -> pb.GenerateRequest:
@@ -54,14 +56,19 @@ def request_from(args: argparse.Namespace) -> pb.GenerateRequest:
 
 
 def stream(endpoint: str, request: pb.GenerateRequest, *, api_key: str | None = None,
-           tls_ca: str | None = None) -> Iterator[pb.GenerateResponse]:
+           tls_ca: str | None = None, connect_timeout: float = 10.0) -> Iterator[pb.GenerateResponse]:
+    """Stream a Generate call; ConnectionError when nothing answers at `endpoint` in time."""
     options = grpc_channel_options()
     channel = (grpc.secure_channel(endpoint, channel_credentials(tls_ca), options=options) if tls_ca
                else grpc.insecure_channel(endpoint, options=options))
     metadata = [("authorization", f"Bearer {api_key}")] if api_key else None
     with channel:
-        yield from pb_grpc.TargetStub(channel).Generate(request, metadata=metadata, wait_for_ready=True,
-                                                        timeout=3600)
+        try:
+            grpc.channel_ready_future(channel).result(timeout=connect_timeout)
+        except grpc.FutureTimeoutError:
+            raise ConnectionError(f"cannot reach duo-target at {endpoint} within {connect_timeout:g} s: "
+                                  "is it running, and is that its --listen address?") from None
+        yield from pb_grpc.TargetStub(channel).Generate(request, metadata=metadata, timeout=3600)
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -69,7 +76,8 @@ def run_generate(args: argparse.Namespace) -> int:
         request = request_from(args)
         text, token_ids, last = [], [], pb.GenerateResponse()
         api_key = args.api_key or os.environ.get("DUO_API_KEY") or None
-        for response in stream(args.endpoint, request, api_key=api_key, tls_ca=args.tls_ca):
+        for response in stream(args.endpoint, request, api_key=api_key, tls_ca=args.tls_ca,
+                               connect_timeout=args.connect_timeout):
             text.append(response.text)
             token_ids.extend(response.token_ids)
             last = response
@@ -77,6 +85,9 @@ def run_generate(args: argparse.Namespace) -> int:
                 print(response.text, end="", flush=True)
     except grpc.RpcError as error:
         print(f"\nduo generate: {error.code().name}: {error.details()}", file=sys.stderr)
+        return 1
+    except ConnectionError as error:
+        print(f"duo generate: {error}", file=sys.stderr)
         return 1
     except ValueError as error:
         print(f"duo generate: {error}", file=sys.stderr)

@@ -54,7 +54,7 @@ def wait_until_speculating(address: str, processes: list[subprocess.Popen], time
             last = list(stream(address, probe))[-1]
             if last.stats.draft_connected:
                 return
-        except grpc.RpcError:
+        except (grpc.RpcError, ConnectionError):
             pass
         time.sleep(0.2)
     raise RuntimeError(f"duo-target at {address} did not connect to its draft within {timeout:.0f}s")
@@ -82,7 +82,7 @@ def run_demo(args: argparse.Namespace) -> int:
         print()
         print(format_stats(last.stats), file=sys.stderr)
         return 0
-    except (RuntimeError, grpc.RpcError) as error:
+    except (RuntimeError, grpc.RpcError, ConnectionError) as error:
         print(f"duo demo: {error}; see the logs in {logs}", file=sys.stderr)
         return 1
     finally:

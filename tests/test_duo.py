@@ -262,3 +262,13 @@ def test_greedy_output_with_the_adaptive_policy_equals_the_target_alone(tiny_tar
             assert generate(target.address, prompt, max_tokens=96)[0] == generate(alone.address, prompt, max_tokens=96)[0]
     finally:
         target.stop()
+
+
+def test_duo_generate_says_when_no_target_answers_instead_of_waiting():
+    began = time.monotonic()
+    completed = subprocess.run(
+        [sys.executable, "-m", "duo.cli", "generate", "--endpoint", f"127.0.0.1:{free_port()}", "--prompt", "hi",
+         "--connect-timeout", "1"], capture_output=True, text=True, timeout=60)
+    assert completed.returncode == 1
+    assert "cannot reach duo-target" in completed.stderr
+    assert time.monotonic() - began < 30
