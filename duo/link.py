@@ -52,6 +52,8 @@ class DraftLink:
         self.last_error = ""
         self.connections = 0
         self._outbox: asyncio.Queue[pb.TargetEvent] | None = None
+        # Built once: it carries the whole vocabulary, and an absent draft is retried every few seconds.
+        self._hello = pb.Hello(protocol=wire.PROTOCOL, model=model_name, vocab=wire.vocab_to_pb(vocab))
 
     @property
     def connected(self) -> bool:
@@ -98,8 +100,7 @@ class DraftLink:
             await channel.close()
 
     async def _handshake(self, stub: pb_grpc.DraftStub) -> None:
-        hello = pb.Hello(protocol=wire.PROTOCOL, model=self.model_name, vocab=wire.vocab_to_pb(self.vocab))
-        reply = await stub.Handshake(hello, timeout=HANDSHAKE_TIMEOUT_S, wait_for_ready=False,
+        reply = await stub.Handshake(self._hello, timeout=HANDSHAKE_TIMEOUT_S, wait_for_ready=False,
                                      compression=grpc.Compression.Gzip)
         check_compatible(self.vocab, wire.vocab_from_pb(reply.vocab))
 
