@@ -78,7 +78,7 @@ def stats_fields(stats: GenerationStats, draft_connected: bool) -> dict[str, flo
             "draft_tokens_received": stats.draft_tokens_received,
             "draft_tokens_verified": stats.draft_tokens_verified,
             "draft_tokens_accepted": stats.draft_tokens_accepted, "verify_steps": stats.verify_steps,
-            "tokens_per_second": stats.tokens_per_second, "time_to_first_token_s": stats.time_to_first_token,
+            "tokens_per_second": stats.tokens_per_second, "time_to_first_token_s": stats.time_to_first_token or 0.0,
             "draft_connected": draft_connected, "batch_sizes": list(stats.batch_sizes),
             "draft_rejections": stats.draft_rejections}
 
@@ -172,27 +172,24 @@ class Completions:
         tokens = list(request.prompt_tokens) if request.prompt_tokens else self.tokenize(request.prompt,
                                                                                          request.messages)
         self._check_prompt(tokens)
-        return Request(prompt_tokens=tokens, params=request.params, seed=request.seed, max_tokens=request.max_tokens)
+        return Request(prompt_tokens=tokens, params=request.params, seed=request.seed, max_tokens=request.max_tokens,
+                       arrived=request.arrived)
 
     async def start(self, request: CompletionRequest) -> Completion:
         """Check the request and wait for its turn (QueueFull when the waiting line is full)."""
         prepared = await asyncio.to_thread(self.prepare, request)  # tokenizing a long prompt takes a while
         slot = await self.admission.acquire()
         target = self._loaded()
-        return Completion(self._pieces(target, prepared, StopMatcher(request.stop), request.arrived), slot)
+        return Completion(self._pieces(target, prepared, StopMatcher(request.stop)), slot)
 
-    async def _pieces(self, target: Target, request: Request, stops: StopMatcher,
-                      arrived: float) -> AsyncGenerator[Piece, None]:
+    async def _pieces(self, target: Target, request: Request, stops: StopMatcher) -> AsyncGenerator[Piece, None]:
         # Characters may span tokens: the decoder holds back bytes until they complete a character.
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        stats = GenerationStats(prompt_tokens=len(request.prompt_tokens))
+        stats = GenerationStats(prompt_tokens=len(request.prompt_tokens), arrived=request.arrived)
         finish: str | None = None
-        first_token_at: float | None = None
         try:
             async with aclosing(target.generate(request)) as steps:
                 async for step, stats in steps:
-                    if step.tokens and first_token_at is None:
-                        first_token_at = time.monotonic()
                     ended = step.finish_reason is not None
                     text, stopped = stops.feed(decoder.decode(target.model.detokenize(step.tokens), final=ended))
                     finish = "stop" if stopped else step.finish_reason
@@ -203,8 +200,7 @@ class Completions:
                         # Leaving `aclosing` closes target.generate now, which frees the sessions at once.
                         return
         finally:
-            self.metrics.request_finished(stats, finish, time.monotonic() - arrived,
-                                          None if first_token_at is None else first_token_at - arrived)
+            self.metrics.request_finished(stats, finish)
 
     def _loaded(self) -> Target:
         if self.target is None:

@@ -14,7 +14,7 @@ import grpc
 
 from duo import hub
 from duo._proto import duo_pb2 as pb
-from duo.client import format_stats, stream
+from duo.grpc_client import format_stats, stream
 
 
 def split_cores() -> tuple[set[int], set[int]]:
@@ -68,9 +68,9 @@ def run_demo(args: argparse.Namespace) -> int:
     logs.mkdir(parents=True, exist_ok=True)
     print(f"duo-draft on cores {sorted(draft_cores)}, duo-target on cores {sorted(target_cores)}; "
           f"logs in {logs}", file=sys.stderr)
-    draft = spawn("duo.draft", ["--model", str(draft_path), "--listen", draft_address, "--device", args.device],
+    draft = spawn("duo.draft_process", ["--model", str(draft_path), "--listen", draft_address, "--device", args.device],
                   draft_cores, logs / "draft.log")
-    target = spawn("duo.target", ["--model", str(target_path), "--listen", target_address, "--peer", draft_address,
+    target = spawn("duo.target_process", ["--model", str(target_path), "--listen", target_address, "--peer", draft_address,
                                   "--device", "cpu"], target_cores, logs / "target.log")
     try:
         wait_until_speculating(target_address, [draft, target])

@@ -8,6 +8,7 @@ draft token of a step), so per_pos[i] / num_drafts is the acceptance rate at dep
 
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -71,16 +72,15 @@ class Metrics:
         for position in range(record.n_accepted):
             self.accepted_per_pos.labels(position=str(position)).inc()
 
-    def request_finished(self, stats: GenerationStats, finish_reason: str | None, seconds: float,
-                         first_token_seconds: float | None) -> None:
+    def request_finished(self, stats: GenerationStats, finish_reason: str | None) -> None:
         """Count one request that ran; `finish_reason` None: the client left before the end."""
         self.prompt_tokens.inc(stats.prompt_tokens)
         self.generation_tokens.inc(stats.generated_tokens)
-        if first_token_seconds is not None:
-            self.time_to_first_token.observe(first_token_seconds)
+        if stats.time_to_first_token is not None:
+            self.time_to_first_token.observe(stats.time_to_first_token)
         if finish_reason is not None:
             self.request_success.labels(finish_reason=finish_reason).inc()
-            self.e2e_latency.observe(seconds)
+            self.e2e_latency.observe(time.monotonic() - stats.arrived)
 
     def render(self) -> bytes:
         """The Prometheus text exposition format."""

@@ -1,7 +1,8 @@
-"""Process plumbing shared by duo-draft and duo-target: the model thread, gRPC options, event loop, logging."""
+"""Process plumbing shared by duo-draft and duo-target: common flags, the model thread, gRPC options, event loop, logging."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import signal
@@ -12,6 +13,8 @@ from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
 import grpc
 
+from duo.model import DEVICES
+
 T = TypeVar("T")
 
 # The vocabulary in the handshake is a few MB; chains and commits are tiny.
@@ -19,6 +22,22 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 # Pings every 10 s find a peer that vanished without closing its socket (power loss, cable).
 KEEPALIVE_TIME_MS = 10_000
 KEEPALIVE_TIMEOUT_MS = 5_000
+
+
+def add_process_arguments(parser: argparse.ArgumentParser, *, listen: str, serves: str, per: str) -> None:
+    """The flags duo-draft and duo-target share: the model and where it runs, the listening address
+    (serving `serves`), a context of --ctx-size for each `per`, TLS and the log level."""
+    parser.add_argument("--model", required=True, help="GGUF path or a name from `duo models list`")
+    parser.add_argument("--listen", default=listen, help=f"HOST:PORT to serve {serves} on")
+    parser.add_argument("--device", default="auto", choices=DEVICES,
+                        help="where to run the model (a GPU this build cannot use is an error)")
+    parser.add_argument("--gpu-layers", type=int, default=None, help="layers to offload (default: all)")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    parser.add_argument("--ctx-size", type=int, default=4096, help=f"context size per {per}")
+    parser.add_argument("--tls-cert", default=None, metavar="PEM",
+                        help=f"serve {serves} over TLS with this PEM certificate (chain)")
+    parser.add_argument("--tls-key", default=None, metavar="PEM", help="the PEM private key of --tls-cert")
+    parser.add_argument("--log-level", default="INFO")
 
 
 class ModelWorker:

@@ -1,12 +1,10 @@
-"""duo-target: generates with the target model, verifying in batches whatever chain tokens the draft sent."""
+"""The target's generation loop: each step verifies in one batch whatever chain tokens the draft sent."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import itertools
 import logging
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Protocol
@@ -22,7 +20,7 @@ from duo.policy import AdaptivePolicy
 from duo.runtime import ModelWorker
 from duo.sampling import SamplingParams, SparseDist, Verdict, verify
 
-log = logging.getLogger("duo.target")
+log = logging.getLogger("duo.target_process")
 
 # The synchronous mode gives up waiting for drafts after this long (a draft that paused on a
 # token it doubts, or stalled) and verifies what it has.
@@ -50,6 +48,12 @@ class SpecSettings:
 
 @dataclass
 class GenerationStats:
+    """One request's counters and times (time.monotonic()).
+
+    Time to first token runs from the request's arrival, queueing included (as vLLM and OpenAI
+    count it); tokens per second from the start of its generation, so that it measures decoding.
+    """
+
     prompt_tokens: int = 0
     generated_tokens: int = 0
     draft_tokens_received: int = 0
@@ -59,6 +63,7 @@ class GenerationStats:
     verify_steps: int = 0
     batch_sizes: list[int] = field(default_factory=list)  # [n]: steps that decoded n tokens at once
     started: float = field(default_factory=time.monotonic)
+    arrived: float = field(default_factory=time.monotonic)  # when the request came in
     first_token_at: float | None = None
     finished_at: float | None = None
 
@@ -68,8 +73,9 @@ class GenerationStats:
         return self.generated_tokens / elapsed if elapsed > 0 else 0.0
 
     @property
-    def time_to_first_token(self) -> float:
-        return (self.first_token_at - self.started) if self.first_token_at else 0.0
+    def time_to_first_token(self) -> float | None:
+        """Seconds from arrival to the first token; None before it."""
+        return None if self.first_token_at is None else self.first_token_at - self.arrived
 
 
 @dataclass(frozen=True)
@@ -78,6 +84,7 @@ class Request:
     params: SamplingParams
     seed: int | None = None
     max_tokens: int = 0  # 0: until end of generation or a full context
+    arrived: float = field(default_factory=time.monotonic)  # for the time to first token
 
 
 @dataclass(frozen=True)
@@ -131,10 +138,10 @@ class Generation:
         self.settings = settings
         self.committed = list(request.prompt_tokens)
         self.chain = DraftChain(self.committed)
-        self.stats = GenerationStats(prompt_tokens=len(request.prompt_tokens))
+        self.stats = GenerationStats(prompt_tokens=len(request.prompt_tokens), arrived=request.arrived)
         self.rng = np.random.default_rng(request.seed)
         self.max_ahead = settings.max_ahead  # as last told to the draft
-        self.arrived = asyncio.Event()  # set when chain tokens arrive (the synchronous mode waits on it)
+        self.chunk_arrived = asyncio.Event()  # set when chain tokens arrive (the synchronous mode waits on it)
 
     # The draft link calls these.
     def open_message(self) -> pb.OpenSession:
@@ -147,7 +154,7 @@ class Generation:
         dists = [wire.dist_from_pb(d) for d in chunk.dists]
         self.chain.receive(chunk.epoch, chunk.start, chunk.tokens, dists)
         self.stats.draft_tokens_received = self.chain.received
-        self.arrived.set()
+        self.chunk_arrived.set()
 
     def on_draft_lost(self) -> None:
         self.chain.reset()
@@ -245,10 +252,10 @@ class Target:
             pending, _ = generation.chain.pending()
             if len(pending) >= want or (pending and self.model.is_end_of_generation(pending[-1])):
                 return
-            generation.arrived.clear()
+            generation.chunk_arrived.clear()
             remaining = deadline - asyncio.get_running_loop().time()
             try:
-                await asyncio.wait_for(generation.arrived.wait(), timeout=max(remaining, 0))
+                await asyncio.wait_for(generation.chunk_arrived.wait(), timeout=max(remaining, 0))
             except asyncio.TimeoutError:
                 return
 
@@ -279,91 +286,3 @@ class Target:
         if self.link and max_ahead != generation.max_ahead:
             generation.max_ahead = max_ahead
             self.link.send(pb.TargetEvent(steer=pb.Steer(session_id=generation.session_id, max_ahead=max_ahead)))
-
-
-def build_parser() -> argparse.ArgumentParser:
-    defaults = SpecSettings()
-    parser = argparse.ArgumentParser(prog="duo-target", description=__doc__)
-    parser.add_argument("--model", required=True, help="GGUF path or a name from `duo models list`")
-    parser.add_argument("--peer", default=None,
-                        help="HOST:PORT of duo-draft; without it the target decodes alone")
-    parser.add_argument("--listen", default="127.0.0.1:7071", help="HOST:PORT to serve clients on")
-    parser.add_argument("--device", default="auto", choices=["cpu", "cuda", "metal", "vulkan", "auto"],
-                        help="where to run the model (a GPU this build cannot use is an error)")
-    parser.add_argument("--gpu-layers", type=int, default=None, help="layers to offload (default: all)")
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
-    parser.add_argument("--ctx-size", type=int, default=4096, help="context size per request")
-    parser.add_argument("--draft-max", type=int, default=None,
-                        help="verify up to this many draft tokens in every batch (fixed); by default "
-                             f"the number is chosen adaptively each step, up to {defaults.draft_max}")
-    parser.add_argument("--draft-min", type=int, default=defaults.draft_min,
-                        help="verify no draft tokens while fewer than this are pending")
-    parser.add_argument("--draft-p-min", type=float, default=defaults.draft_p_min,
-                        help="the draft pauses after a token it gives less probability than this")
-    parser.add_argument("--max-ahead", type=int, default=None,
-                        help="how far ahead of the committed tokens the draft may run (default: "
-                             "steered adaptively; 2 x --draft-max when that is fixed)")
-    parser.add_argument("--sync", type=int, default=0, metavar="K",
-                        help="for comparison only: llama.cpp's classic synchronous loop (draft K tokens, "
-                             "then verify them, the two models taking turns) instead of duo's")
-    clients = parser.add_argument_group("clients")
-    clients.add_argument("--http", default=None, metavar="[HOST:]PORT",
-                         help="also serve the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, "
-                              "/v1/models, /health, /metrics) here; HOST defaults to 127.0.0.1")
-    clients.add_argument("--parallel", type=int, default=4, metavar="N", help="generations running at once")
-    clients.add_argument("--queue-size", type=int, default=64, metavar="M",
-                         help="requests waiting for a turn (first come, first served); more are refused with "
-                              "HTTP 503 / RESOURCE_EXHAUSTED")
-    clients.add_argument("--api-key", default=None, metavar="KEY",
-                         help="require `Authorization: Bearer KEY` (HTTP) or the metadata `authorization: Bearer "
-                              "KEY` (gRPC) on every client call; health checks, reflection and /metrics stay open "
-                              "(default: $DUO_API_KEY, else no key)")
-    clients.add_argument("--tls-cert", default=None, metavar="PEM",
-                         help="serve clients (gRPC and HTTP) over TLS with this PEM certificate (chain)")
-    clients.add_argument("--tls-key", default=None, metavar="PEM", help="the PEM private key of --tls-cert")
-    peer = parser.add_argument_group("the link to duo-draft")
-    peer.add_argument("--peer-tls-ca", default=None, metavar="PEM",
-                      help="connect to --peer over TLS, trusting the CA in this PEM file")
-    peer.add_argument("--peer-tls-cert", default=None, metavar="PEM",
-                      help="present this PEM certificate to the draft (for a draft started with --tls-ca)")
-    peer.add_argument("--peer-tls-key", default=None, metavar="PEM", help="the PEM private key of --peer-tls-cert")
-    parser.add_argument("--log-level", default="INFO")
-    return parser
-
-
-def settings_from(args: argparse.Namespace) -> SpecSettings:
-    """Adaptive unless --draft-max or --max-ahead fixes the speculation."""
-    defaults = SpecSettings()
-    if (args.draft_max or 0) < 0 or args.draft_min < 0 or not 0 <= args.draft_p_min <= 1:
-        raise ValueError("--draft-max and --draft-min must be >= 0 and --draft-p-min between 0 and 1")
-    if args.sync < 0:
-        raise ValueError("--sync must be >= 0")
-    if args.sync:
-        return SpecSettings(draft_max=args.sync, draft_min=args.draft_min, draft_p_min=args.draft_p_min,
-                            max_ahead=args.sync, adaptive=False, sync=args.sync)
-    adaptive = args.draft_max is None and args.max_ahead is None
-    draft_max = defaults.draft_max if args.draft_max is None else args.draft_max
-    max_ahead = args.max_ahead if args.max_ahead is not None else (
-        2 if adaptive else 2 * draft_max)
-    return SpecSettings(draft_max=draft_max, draft_min=args.draft_min, draft_p_min=args.draft_p_min,
-                        max_ahead=max(1, max_ahead), adaptive=adaptive)
-
-
-def main(argv: list[str] | None = None) -> int:
-    from duo.hub import HubError, resolve_model
-    from duo.runtime import run_async, setup_logging
-    from duo.serving import check_client_flags, serve
-
-    args = build_parser().parse_args(argv)
-    setup_logging(args.log_level)
-    try:
-        settings = settings_from(args)
-        check_client_flags(args)
-        return run_async(serve(args, resolve_model(args.model), settings))
-    except (HubError, ModelError, ValueError) as error:
-        print(f"duo-target: {error}", file=sys.stderr)
-        return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

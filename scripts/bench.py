@@ -91,14 +91,14 @@ def start_mode(mode: str, args: argparse.Namespace, target: Path, draft: Path, l
     target_args = ["--model", str(target), "--listen", address, "--device", "cpu", "--log-level", "WARNING"]
     if mode.startswith("alone"):
         cores = target_cores if mode == "alone-tcores" else all_cores
-        return Cluster(mode, address, [spawn("duo.target", target_args, cores, logs / f"{mode}.log")])
+        return Cluster(mode, address, [spawn("duo.target_process", target_args, cores, logs / f"{mode}.log")])
     shared = mode == "sync-shared"
     peer = f"127.0.0.1:{free_port()}"
-    draft_process = spawn("duo.draft", ["--model", str(draft), "--listen", peer, "--device", "cpu",
+    draft_process = spawn("duo.draft_process", ["--model", str(draft), "--listen", peer, "--device", "cpu",
                                         "--log-level", "WARNING"],
                           all_cores if shared else draft_cores, logs / f"{mode}-draft.log")
     extra = ["--sync", str(args.sync_k)] if mode.startswith("sync") else []
-    target_process = spawn("duo.target", [*target_args, "--peer", peer, *extra],
+    target_process = spawn("duo.target_process", [*target_args, "--peer", peer, *extra],
                            all_cores if shared else target_cores, logs / f"{mode}-target.log")
     return Cluster(mode, address, [draft_process, target_process], speculative=True)
 

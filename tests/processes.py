@@ -60,7 +60,7 @@ def start(module: str, args: list[str], log_dir: Path, *, port: int | None = Non
         popen = subprocess.Popen([sys.executable, "-m", module, *args, "--listen", address, "--threads", "1"],
                                  stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     process = Process(popen, address, log_path, http_url)
-    ready = (lambda: is_serving(address, credentials)) if module == "duo.target" else (lambda: accepts(port))
+    ready = (lambda: is_serving(address, credentials)) if module == "duo.target_process" else (lambda: accepts(port))
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if popen.poll() is not None:

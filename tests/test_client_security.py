@@ -39,7 +39,7 @@ def credentials(pki: Pki) -> grpc.ChannelCredentials:
 @pytest.fixture(scope="module")
 def mtls_draft(tiny_draft, pki, process_logs):
     """duo-draft accepting only targets with a certificate from the test CA."""
-    process = start("duo.draft", ["--model", str(tiny_draft), "--tls-cert", str(pki.server_cert),
+    process = start("duo.draft_process", ["--model", str(tiny_draft), "--tls-cert", str(pki.server_cert),
                                   "--tls-key", str(pki.server_key), "--tls-ca", str(pki.ca)], process_logs)
     yield process
     process.stop()
@@ -48,7 +48,7 @@ def mtls_draft(tiny_draft, pki, process_logs):
 @pytest.fixture(scope="module")
 def secured(tiny_target, mtls_draft, pki, process_logs):
     """duo-target with TLS and an API key for clients, and mutual TLS to its draft."""
-    process = start("duo.target", ["--model", str(tiny_target), "--peer", mtls_draft.address,
+    process = start("duo.target_process", ["--model", str(tiny_target), "--peer", mtls_draft.address,
                                    "--peer-tls-ca", str(pki.ca), "--peer-tls-cert", str(pki.client_cert),
                                    "--peer-tls-key", str(pki.client_key), "--tls-cert", str(pki.server_cert),
                                    "--tls-key", str(pki.server_key), "--api-key", API_KEY],
@@ -140,10 +140,10 @@ def test_duo_generate_takes_the_key_from_the_environment_and_the_ca_from_a_flag(
 
 
 def test_a_certificate_without_its_key_is_refused_at_start_with_the_flag_named(tiny_target, pki):
-    completed = subprocess.run([sys.executable, "-m", "duo.target", "--model", str(tiny_target),
+    completed = subprocess.run([sys.executable, "-m", "duo.target_process", "--model", str(tiny_target),
                                 "--tls-cert", str(pki.server_cert)], capture_output=True, text=True, timeout=60)
     assert completed.returncode == 1 and "--tls-cert/--tls-key" in completed.stderr
-    completed = subprocess.run([sys.executable, "-m", "duo.target", "--model", str(tiny_target),
+    completed = subprocess.run([sys.executable, "-m", "duo.target_process", "--model", str(tiny_target),
                                 "--tls-cert", str(pki.server_cert), "--tls-key", str(pki.client_key)],
                                capture_output=True, text=True, timeout=60)
     assert completed.returncode == 1 and "not a usable certificate and key" in completed.stderr

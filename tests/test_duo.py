@@ -28,21 +28,21 @@ def log_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def alone(tiny_target, log_dir):
-    process = start("duo.target", ["--model", str(tiny_target)], log_dir)
+    process = start("duo.target_process", ["--model", str(tiny_target)], log_dir)
     yield process
     process.stop()
 
 
 @pytest.fixture(scope="module")
 def draft(tiny_draft, log_dir):
-    process = start("duo.draft", ["--model", str(tiny_draft)], log_dir)
+    process = start("duo.draft_process", ["--model", str(tiny_draft)], log_dir)
     yield process
     process.stop()
 
 
 @pytest.fixture(scope="module")
 def duo(tiny_target, draft, log_dir):
-    process = start("duo.target", ["--model", str(tiny_target), "--peer", draft.address, *FIXED], log_dir)
+    process = start("duo.target_process", ["--model", str(tiny_target), "--peer", draft.address, *FIXED], log_dir)
     wait_for_draft(process.address)
     yield process
     process.stop()
@@ -102,8 +102,8 @@ def test_sampled_tokens_through_duo_follow_the_target_distribution(duo, alone):
 
 def test_killing_the_draft_mid_generation_completes_the_request_with_the_same_output(
         tiny_target, tiny_draft, alone, log_dir):
-    draft = start("duo.draft", ["--model", str(tiny_draft)], log_dir)
-    target = start("duo.target", ["--model", str(tiny_target), "--peer", draft.address, *FIXED], log_dir)
+    draft = start("duo.draft_process", ["--model", str(tiny_draft)], log_dir)
+    target = start("duo.target_process", ["--model", str(tiny_target), "--peer", draft.address, *FIXED], log_dir)
     try:
         wait_for_draft(target.address)
         expected, _ = generate(alone.address, PROMPTS[0], max_tokens=400)
@@ -111,7 +111,7 @@ def test_killing_the_draft_mid_generation_completes_the_request_with_the_same_ou
         assert tokens == expected
         assert received_at_kill > 0
         # The restarted draft is found again, and serves the next generation.
-        restarted = start("duo.draft", ["--model", str(tiny_draft)], log_dir, port=int(draft.address.split(":")[1]))
+        restarted = start("duo.draft_process", ["--model", str(tiny_draft)], log_dir, port=int(draft.address.split(":")[1]))
         try:
             wait_for_draft(target.address)
             tokens, last = generate(target.address, PROMPTS[1], max_tokens=400)  # long enough for a fresh draft to join
@@ -140,9 +140,9 @@ def stream_and_interrupt(address: str, prompt: str, max_tokens: int, interrupt) 
 
 
 def test_a_restarted_draft_rejoins_a_generation_that_is_still_running(tiny_target, tiny_draft, alone, log_dir):
-    draft = start("duo.draft", ["--model", str(tiny_draft)], log_dir)
+    draft = start("duo.draft_process", ["--model", str(tiny_draft)], log_dir)
     port = int(draft.address.split(":")[1])
-    target = start("duo.target", ["--model", str(tiny_target), "--peer", draft.address, *FIXED], log_dir)
+    target = start("duo.target_process", ["--model", str(tiny_target), "--peer", draft.address, *FIXED], log_dir)
     replacement: list[Process] = []
     try:
         wait_for_draft(target.address)
@@ -150,7 +150,7 @@ def test_a_restarted_draft_rejoins_a_generation_that_is_still_running(tiny_targe
 
         def restart() -> None:
             draft.kill()
-            replacement.append(start("duo.draft", ["--model", str(tiny_draft)], log_dir, port=port))
+            replacement.append(start("duo.draft_process", ["--model", str(tiny_draft)], log_dir, port=port))
 
         from duo._proto import duo_pb2 as pb
         from duo._proto import duo_pb2_grpc as pb_grpc
@@ -175,8 +175,8 @@ def test_a_restarted_draft_rejoins_a_generation_that_is_still_running(tiny_targe
 
 
 def test_an_incompatible_draft_is_refused_with_the_reason(tiny_target, tiny_mismatched, log_dir):
-    draft = start("duo.draft", ["--model", str(tiny_mismatched)], log_dir)
-    target = start("duo.target", ["--model", str(tiny_target), "--peer", draft.address], log_dir)
+    draft = start("duo.draft_process", ["--model", str(tiny_mismatched)], log_dir)
+    target = start("duo.target_process", ["--model", str(tiny_target), "--peer", draft.address], log_dir)
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -244,7 +244,7 @@ def test_a_bad_request_gets_invalid_argument_and_the_server_keeps_serving(alone)
 
 
 def test_the_target_decodes_alone_while_no_draft_is_listening(tiny_target, alone, log_dir):
-    target = start("duo.target", ["--model", str(tiny_target), "--peer", f"127.0.0.1:{free_port()}"], log_dir)
+    target = start("duo.target_process", ["--model", str(tiny_target), "--peer", f"127.0.0.1:{free_port()}"], log_dir)
     try:
         expected, _ = generate(alone.address, PROMPTS[1], max_tokens=32)
         tokens, last = generate(target.address, PROMPTS[1], max_tokens=32)
@@ -255,7 +255,7 @@ def test_the_target_decodes_alone_while_no_draft_is_listening(tiny_target, alone
 
 
 def test_greedy_output_with_the_adaptive_policy_equals_the_target_alone(tiny_target, draft, alone, log_dir):
-    target = start("duo.target", ["--model", str(tiny_target), "--peer", draft.address], log_dir)
+    target = start("duo.target_process", ["--model", str(tiny_target), "--peer", draft.address], log_dir)
     try:
         wait_for_draft(target.address)
         for prompt in PROMPTS:

@@ -21,7 +21,7 @@ from duo.completion import (BadRequest, ClientError, CompletionRequest, Completi
 from duo.model import ModelError
 from duo.runtime import grpc_server_options
 
-log = logging.getLogger("duo.server")
+log = logging.getLogger("duo.grpc_api")
 
 TARGET_SERVICE = pb.DESCRIPTOR.services_by_name["Target"].full_name  # "duo.v1.Target"
 

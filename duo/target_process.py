@@ -1,0 +1,178 @@
+"""duo-target: its command line, and its process: listen for clients at once, load the model in the background,
+then serve and link the draft."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+from grpc_health.v1 import health
+
+from duo.admission import Admission
+from duo.completion import Completions
+from duo.grpc_api import client_server, set_serving
+from duo.hub import CATALOG, HubError, resolve_model
+from duo.link import DraftLink
+from duo.metrics import Metrics
+from duo.model import Model, ModelError
+from duo.openai_api import create_app, http_server
+from duo.runtime import (ModelWorker, add_process_arguments, listen_socket, run_async, run_server,
+                         setup_logging)
+from duo.target import SpecSettings, Target
+from duo.tls import channel_credentials, check_pair, server_credentials
+
+log = logging.getLogger("duo.target_process")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    defaults = SpecSettings()
+    parser = argparse.ArgumentParser(
+        prog="duo-target", description="Generate with the target model, verifying in batches the chain tokens "
+                                       "that duo-draft streams; serve clients over gRPC (and OpenAI-compatible HTTP).")
+    add_process_arguments(parser, listen="127.0.0.1:7071", serves="clients (gRPC and HTTP)", per="request")
+    parser.add_argument("--peer", default=None,
+                        help="HOST:PORT of duo-draft; without it the target decodes alone")
+    spec = parser.add_argument_group(
+        "speculation", "By default the draft length is chosen adaptively every step from measured costs and "
+                       "acceptance; --draft-max, --max-ahead or --sync fix it and turn the adaptive policy off.")
+    spec.add_argument("--draft-max", type=int, default=None, metavar="N",
+                      help="verify up to N draft tokens in every batch; fixes the draft length and turns the adaptive "
+                           f"policy off (default: adaptive, up to {defaults.draft_max})")
+    spec.add_argument("--draft-min", type=int, default=defaults.draft_min, metavar="N",
+                      help="verify no draft tokens while fewer than N are pending")
+    spec.add_argument("--draft-p-min", type=float, default=defaults.draft_p_min, metavar="P",
+                      help="the draft pauses after a token it gives less probability than P")
+    spec.add_argument("--max-ahead", type=int, default=None, metavar="N",
+                      help="let the draft run at most N tokens ahead of the committed ones; turns the adaptive "
+                           "policy off (default: steered adaptively; 2 x --draft-max when that is given)")
+    spec.add_argument("--sync", type=int, default=0, metavar="K",
+                      help="for comparison only: llama.cpp's classic synchronous loop (draft K tokens, then verify "
+                           "them, the two models taking turns) instead of duo's; turns the adaptive policy off")
+    clients = parser.add_argument_group("clients")
+    clients.add_argument("--http", default=None, metavar="[HOST:]PORT",
+                         help="also serve the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, "
+                              "/v1/models, /health, /metrics) here; HOST defaults to 127.0.0.1")
+    clients.add_argument("--parallel", type=int, default=4, metavar="N", help="generations running at once")
+    clients.add_argument("--queue-size", type=int, default=64, metavar="M",
+                         help="requests waiting for a turn (first come, first served); more are refused with "
+                              "HTTP 503 / RESOURCE_EXHAUSTED")
+    clients.add_argument("--api-key", default=None, metavar="KEY",
+                         help="require `Authorization: Bearer KEY` (HTTP) or the metadata `authorization: Bearer "
+                              "KEY` (gRPC) on every client call; health checks, reflection and /metrics stay open "
+                              "(default: $DUO_API_KEY, else no key)")
+    peer = parser.add_argument_group("the link to duo-draft")
+    peer.add_argument("--peer-tls-ca", default=None, metavar="PEM",
+                      help="connect to --peer over TLS, trusting the CA in this PEM file")
+    peer.add_argument("--peer-tls-cert", default=None, metavar="PEM",
+                      help="present this PEM certificate to the draft (for a draft started with --tls-ca)")
+    peer.add_argument("--peer-tls-key", default=None, metavar="PEM", help="the PEM private key of --peer-tls-cert")
+    return parser
+
+
+def settings_from(args: argparse.Namespace) -> SpecSettings:
+    """Adaptive unless --draft-max, --max-ahead or --sync fixes the speculation."""
+    defaults = SpecSettings()
+    if (args.draft_max or 0) < 0 or args.draft_min < 0 or not 0 <= args.draft_p_min <= 1:
+        raise ValueError("--draft-max and --draft-min must be >= 0 and --draft-p-min between 0 and 1")
+    if args.sync < 0:
+        raise ValueError("--sync must be >= 0")
+    if args.sync:
+        return SpecSettings(draft_max=args.sync, draft_min=args.draft_min, draft_p_min=args.draft_p_min,
+                            max_ahead=args.sync, adaptive=False, sync=args.sync)
+    adaptive = args.draft_max is None and args.max_ahead is None
+    draft_max = defaults.draft_max if args.draft_max is None else args.draft_max
+    max_ahead = args.max_ahead if args.max_ahead is not None else (
+        2 if adaptive else 2 * draft_max)
+    return SpecSettings(draft_max=draft_max, draft_min=args.draft_min, draft_p_min=args.draft_p_min,
+                        max_ahead=max(1, max_ahead), adaptive=adaptive)
+
+
+def check_client_flags(args: argparse.Namespace) -> None:
+    """Raise ValueError naming the flag that is wrong."""
+    if args.parallel < 1 or args.queue_size < 0:
+        raise ValueError("--parallel must be >= 1 and --queue-size >= 0")
+    check_pair(args.tls_cert, args.tls_key, "--tls-cert/--tls-key")
+    check_pair(args.peer_tls_cert, args.peer_tls_key, "--peer-tls-cert/--peer-tls-key")
+    if args.peer_tls_cert and not args.peer_tls_ca:
+        raise ValueError("--peer-tls-cert needs --peer-tls-ca (the CA that signed the draft's certificate)")
+
+
+def served_names(path: Path, name_or_path: str) -> list[str]:
+    """The model file's stem, and the catalog name it was started with when that differs."""
+    names = [path.stem]
+    if name_or_path in CATALOG and name_or_path != path.stem:
+        names.append(name_or_path)
+    return names
+
+
+def load_model(path: Path, args: argparse.Namespace) -> Model:
+    """Load, check and warm up the model (runs on the model thread, off the event loop)."""
+    model = Model(path, device=args.device, n_gpu_layers=args.gpu_layers, threads=args.threads)
+    if args.peer and not model.can_rollback:
+        raise ModelError(f"{path.name} is a recurrent/hybrid model; speculation needs rollback")
+    model.warm_up()
+    model.vocab()  # the draft link's handshake sends it: built here rather than on the event loop
+    return model
+
+
+async def serve(args: argparse.Namespace, path: Path, settings: SpecSettings) -> None:
+    """Listen at once (health NOT_SERVING, requests UNAVAILABLE / 503), load the model in the
+    background, then report SERVING and keep the draft linked until stopped."""
+    api_key = args.api_key or os.environ.get("DUO_API_KEY") or None
+    metrics = Metrics()
+    completions = Completions(Admission(args.parallel, args.queue_size), metrics, served_names(path, args.model))
+    health_servicer = health.aio.HealthServicer()
+    await set_serving(health_servicer, False)
+    server = client_server(completions, health_servicer, api_key)
+    http = None
+    if args.http:
+        app = create_app(completions, metrics, api_key)
+        http = (http_server(app, tls_cert=args.tls_cert, tls_key=args.tls_key, debug=args.log_level == "DEBUG"),
+                listen_socket(args.http))
+    peer_credentials = (channel_credentials(args.peer_tls_ca, args.peer_tls_cert, args.peer_tls_key, "--peer-tls")
+                        if args.peer_tls_ca else None)
+
+    async def load_then_link() -> None:
+        worker = ModelWorker()
+        began = time.monotonic()
+        model = await worker.run(load_model, path, args)
+        link = DraftLink(args.peer, model.path.name, model.vocab(), peer_credentials) if args.peer else None
+        target = Target(model, worker, link, n_ctx=args.ctx_size, settings=settings)
+        target.observers.append(metrics)
+        completions.ready(target, min(args.ctx_size, model.n_ctx_train))
+        admission = completions.admission
+        metrics.watch(draft_connected=lambda: float(completions.draft_connected),
+                      draft_len=lambda: target.policy.draft_len if target.policy else settings.draft_max,
+                      running=lambda: admission.running, waiting=lambda: admission.waiting)
+        log.info("model loaded in %.1f s: serving %s, %s", time.monotonic() - began, path.name,
+                 f"drafts from {args.peer}" if link else "alone (no --peer)")
+        await set_serving(health_servicer, True)
+        if link:
+            await link.run()
+
+    endpoints = [f"gRPC on {args.listen}"] + ([f"HTTP on {args.http}"] if args.http else [])
+    security = " over TLS" if args.tls_cert else ""
+    await run_server(server, args.listen,
+                     f"duo-target listening for clients{security} ({', '.join(endpoints)}); loading {path.name}",
+                     credentials=server_credentials(args.tls_cert, args.tls_key) if args.tls_cert else None,
+                     http=http, background=load_then_link)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(args.log_level)
+    try:
+        settings = settings_from(args)
+        check_client_flags(args)
+        return run_async(serve(args, resolve_model(args.model), settings))
+    except (HubError, ModelError, ValueError) as error:
+        print(f"duo-target: {error}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
