@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 import sys
 from dataclasses import dataclass
@@ -51,24 +50,6 @@ class Vocab:
     @property
     def n_vocab(self) -> int:
         return len(self.token_texts)
-
-    def fingerprint(self) -> "Fingerprint":
-        digest = hashlib.sha256()
-        for text in self.token_texts:
-            digest.update(len(text).to_bytes(4, "little"))
-            digest.update(text)
-        return Fingerprint(self.vocab_type, self.n_vocab, digest.hexdigest(), self.bos, self.eos)
-
-
-@dataclass(frozen=True)
-class Fingerprint:
-    """A short summary of a vocabulary: equal fingerprints mean identical tokenizers."""
-
-    vocab_type: int
-    n_vocab: int
-    token_text_sha256: str
-    bos: int
-    eos: int
 
 
 def check_compatible(target: Vocab, draft: Vocab) -> None:
@@ -232,9 +213,6 @@ class Model:
                                   for i in range(self.n_vocab)),
             )
         return self._vocab
-
-    def fingerprint(self) -> Fingerprint:
-        return self.vocab().fingerprint()
 
     def warm_up(self) -> None:
         """Decode once so that the first request does not pay llama.cpp's one-time set-up (weight

@@ -213,18 +213,6 @@ def _sample_weights(ids: np.ndarray, weights: np.ndarray, rng: np.random.Generat
     return int(ids[min(i, ids.size - 1)])
 
 
-def dense(dist: SparseDist, n_vocab: int) -> np.ndarray:
-    """[n_vocab] float64 probabilities; mass on ids >= n_vocab is dropped, not redistributed.
-
-    The draft vocabulary may be larger than the target's; dropping (rather than
-    renormalising) keeps dense(q)[i] == q(i), so e.g. sum(min(p, q)) stays the acceptance rate.
-    """
-    out = np.zeros(n_vocab)
-    inside = dist.ids < n_vocab
-    out[dist.ids[inside]] = dist.probs[inside]
-    return out
-
-
 @dataclass(frozen=True)
 class Verdict:
     """The outcome of verifying one drafted chain against the target.

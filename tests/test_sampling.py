@@ -14,7 +14,6 @@ from duo.sampling import (
     SamplingParams,
     SparseDist,
     Verdict,
-    dense,
     distribution,
     sample,
     verify,
@@ -25,6 +24,18 @@ from duo.sampling import (
 QWEN_VOCAB = 151936
 ALPHA = 1e-3  # chi-square p-value below which "the output is not target-distributed"
 PLAIN = SamplingParams(temperature=1.0)  # plain softmax sampling, no truncation
+
+
+def dense(dist: SparseDist, n_vocab: int) -> np.ndarray:
+    """[n_vocab] float64 probabilities; mass on ids >= n_vocab is dropped, not redistributed.
+
+    The draft vocabulary may be larger than the target's; dropping (rather than
+    renormalising) keeps dense(q)[i] == q(i), so e.g. sum(min(p, q)) stays the acceptance rate.
+    """
+    out = np.zeros(n_vocab)
+    inside = dist.ids < n_vocab
+    out[dist.ids[inside]] = dist.probs[inside]
+    return out
 
 
 def probs_to_logits(probs: list[float]) -> np.ndarray:
