@@ -16,16 +16,14 @@ import os
 import sys
 from typing import Callable, Sequence
 
-from . import hub
+from duo import hub
+from duo.progress import human_size
 
 PROG = "duo"
 
 
 def _print_err(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-_human = hub._human
 
 
 def _role(info: hub.ModelInfo) -> str:
@@ -77,7 +75,7 @@ def cmd_models_list(args: argparse.Namespace) -> int:
         if info.size is None:
             size = "-"
         else:
-            size = _human(info.size) if info.present else f"~{_human(info.size)}"  # ~: expected size
+            size = human_size(info.size) if info.present else f"~{human_size(info.size)}"  # ~: expected size
         table.append((name, _role(info), size, "yes" if info.present else "no", str(info.path)))
     widths = [max(len(row[c]) for row in table) for c in range(len(table[0]) - 1)]
     for row in table:
@@ -142,7 +140,7 @@ def _missing_action(parser: argparse.ArgumentParser) -> int:
 
 
 def add_generate_command(subparsers: argparse._SubParsersAction) -> None:
-    from duo.client import add_generate_arguments, run_generate
+    from duo.grpc_client import add_generate_arguments, run_generate
 
     parser = subparsers.add_parser("generate", help="stream a completion from a running duo-target",
                                    description="Stream a completion from duo-target and print it as it comes.")

