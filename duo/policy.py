@@ -34,49 +34,17 @@ class _Average:
 
 
 @dataclass
-class AdaptivePolicy:
-    """Chooses the draft length k that maximises expected committed tokens per second.
+class StepCosts:
+    """T(n): the seconds of model work a verify batch of n tokens takes.
 
-    A step that verifies k drafts decodes k + 1 tokens in T(k + 1) seconds and commits
-    E(k) = 1 + a1 + a1 a2 + ... + a1 a2 ... ak tokens on average, where ai is the chance that draft
-    i is accepted given that drafts 1..i-1 were. So k = argmax E(k) / T(k + 1) over the drafts
-    that are pending, k = 0 (decode alone) included. Example: a = 0.8 everywhere, T(n) = n * T(1)
-    (a compute-bound CPU target): E(1) / T(2) = 1.8 / 2 < 1 / T(1), so decode alone; with
-    T(n) = (1 + 0.1 (n - 1)) T(1) (memory-bound): E(4) / T(5) = 3.36 / 1.4 = 2.4 per T(1).
+    One model on one machine: every request measures the same costs, so all share one StepCosts.
+    Only the model call is timed, never the wait behind other requests' steps or prefills.
     """
 
-    max_draft: int = 16
     step_seconds: dict[int, _Average] = field(default_factory=dict)  # batch size -> T
-    acceptance: list[_Average] = field(default_factory=list)          # [max_draft + 1], position i -> ai
-    draft_len: int = 0  # the best draft length given enough pending drafts: exposed in metrics
-    _steps: int = 0
-    _explore_due: bool = False  # an exploration waits for a step with drafts to explore with
 
-    def __post_init__(self) -> None:
-        self.acceptance = [_Average(PRIOR_ACCEPTANCE, PRIOR_WEIGHT) for _ in range(self.max_draft + 1)]
-
-    def choose(self, n_pending: int) -> int:
-        """How many of the `n_pending` drafts to put in this step's batch."""
-        self.draft_len = self._best(self.max_draft)
-        limit = min(n_pending, self.max_draft)
-        best = self._best(limit)
-        self._steps += 1
-        self._explore_due |= self._steps % EXPLORE_EVERY == 0
-        if self._explore_due and best < limit:
-            self._explore_due = False
-            best += 1
-        return best
-
-    def _best(self, limit: int) -> int:
-        return max(range(limit + 1), key=self.expected_rate)
-
-    def expected_rate(self, k: int) -> float:
-        """Expected committed tokens per second when verifying k drafts."""
-        expected, survive = 1.0, 1.0
-        for position in range(k):
-            survive *= self.acceptance[position].value
-            expected += survive
-        return expected / self.batch_seconds(k + 1)
+    def observe(self, batch_size: int, seconds: float) -> None:
+        self.step_seconds.setdefault(batch_size, _Average(seconds)).add(seconds)
 
     def batch_seconds(self, n: int) -> float:
         """T(n): measured; else interpolated between measured sizes; else, beyond them, optimistic.
@@ -103,11 +71,85 @@ class AdaptivePolicy:
         size, seconds = above[0]
         return seconds / (1 + PRIOR_BATCH_SLOPE * (size - n))
 
+
+@dataclass
+class Acceptance:
+    """a_i for each chain position i: the chance that draft i is accepted given that drafts before it were."""
+
+    rates: list[_Average]
+
+    @classmethod
+    def prior(cls, max_draft: int) -> Acceptance:
+        return cls([_Average(PRIOR_ACCEPTANCE, PRIOR_WEIGHT) for _ in range(max_draft + 1)])
+
+    def fork(self) -> Acceptance:
+        """A copy that weighs no more than the prior: a new request starts from what earlier requests
+        of its sampling mode measured, but its own content (code, prose) soon decides."""
+        return Acceptance([_Average(avg.value, min(avg.weight, PRIOR_WEIGHT)) for avg in self.rates])
+
+    def observe(self, n_verified: int, n_accepted: int) -> None:
+        # Position i was tried only if drafts 0..i-1 were accepted: positions past the first
+        # rejection say nothing.
+        for position in range(min(n_verified, n_accepted + 1, len(self.rates))):
+            self.rates[position].add(1.0 if position < n_accepted else 0.0)
+
+
+@dataclass
+class AdaptivePolicy:
+    """Chooses one request's draft length k that maximises expected committed tokens per second.
+
+    A step that verifies k drafts decodes k + 1 tokens in T(k + 1) seconds and commits
+    E(k) = 1 + a1 + a1 a2 + ... + a1 a2 ... ak tokens on average, where ai is the chance that draft
+    i is accepted given that drafts 1..i-1 were. So k = argmax E(k) / T(k + 1) over the drafts
+    that are pending, k = 0 (decode alone) included. Example: a = 0.8 everywhere, T(n) = n * T(1)
+    (a compute-bound CPU target): E(1) / T(2) = 1.8 / 2 < 1 / T(1), so decode alone; with
+    T(n) = (1 + 0.1 (n - 1)) T(1) (memory-bound): E(4) / T(5) = 3.36 / 1.4 = 2.4 per T(1).
+
+    T is shared by all requests (`costs`); the acceptance is this request's own, started from and
+    feeding back into `shared`, the estimate of every request of its sampling mode (greedy and
+    sampled drafts are accepted at very different rates).
+    """
+
+    max_draft: int = 16
+    costs: StepCosts = field(default_factory=StepCosts)
+    shared: Acceptance | None = None
+    acceptance: Acceptance = field(init=False)
+    draft_len: int = 0  # the best draft length given enough pending drafts: exposed in metrics
+    _steps: int = 0
+    _explore_due: bool = False  # an exploration waits for a step with drafts to explore with
+
+    def __post_init__(self) -> None:
+        self.acceptance = self.shared.fork() if self.shared else Acceptance.prior(self.max_draft)
+
+    def choose(self, n_pending: int) -> int:
+        """How many of the `n_pending` drafts to put in this step's batch."""
+        self.draft_len = self._best(self.max_draft)
+        limit = min(n_pending, self.max_draft)
+        best = self._best(limit)
+        self._steps += 1
+        self._explore_due |= self._steps % EXPLORE_EVERY == 0
+        if self._explore_due and best < limit:
+            self._explore_due = False
+            best += 1
+        return best
+
+    def _best(self, limit: int) -> int:
+        return max(range(limit + 1), key=self.expected_rate)
+
+    def expected_rate(self, k: int) -> float:
+        """Expected committed tokens per second when verifying k drafts."""
+        expected, survive = 1.0, 1.0
+        for position in range(k):
+            survive *= self.acceptance.rates[position].value
+            expected += survive
+        return expected / self.costs.batch_seconds(k + 1)
+
     def observe(self, batch_size: int, n_verified: int, n_accepted: int, seconds: float) -> None:
-        """Learn from one step: its cost, and which draft positions were accepted."""
-        self.step_seconds.setdefault(batch_size, _Average(seconds)).add(seconds)
-        for position in range(min(n_verified, n_accepted + 1, len(self.acceptance))):
-            self.acceptance[position].add(1.0 if position < n_accepted else 0.0)
+        """Learn from one step: its cost (model work only), and which draft positions were accepted."""
+        self.costs.observe(batch_size, seconds)
+        self.acceptance.observe(n_verified, n_accepted)
+        if self.shared:
+            self.shared.observe(n_verified, n_accepted)
 
     def max_ahead(self) -> int:
         """How far ahead of the committed tokens the draft should run.

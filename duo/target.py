@@ -7,7 +7,7 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Protocol
+from typing import Any, AsyncIterator, Callable, Protocol, TypeVar
 
 import numpy as np
 
@@ -16,11 +16,13 @@ from duo._proto import duo_pb2 as pb
 from duo.chain import DraftChain
 from duo.link import DraftLink
 from duo.model import Context, Model, ModelError
-from duo.policy import AdaptivePolicy
+from duo.policy import Acceptance, AdaptivePolicy, StepCosts
 from duo.runtime import ModelWorker
 from duo.sampling import SamplingParams, SparseDist, Verdict, verify
 
-log = logging.getLogger("duo.target_process")
+log = logging.getLogger("duo.target")
+
+T = TypeVar("T")
 
 # The synchronous mode gives up waiting for drafts after this long (a draft that paused on a
 # token it doubts, or stalled) and verifies what it has.
@@ -111,6 +113,13 @@ def verify_step(context: Context, batch: list[int], n_rows: int, drafts: list[in
     return verdict
 
 
+def timed(fn: Callable[..., T], *args: Any) -> tuple[T, float]:
+    """fn(*args) and the seconds it took."""
+    began = time.perf_counter()
+    result = fn(*args)
+    return result, time.perf_counter() - began
+
+
 @dataclass(frozen=True)
 class StepRecord:
     """What one verify step did: for the adaptive policy, stats and metrics."""
@@ -141,6 +150,7 @@ class Generation:
         self.stats = GenerationStats(prompt_tokens=len(request.prompt_tokens), arrived=request.arrived)
         self.rng = np.random.default_rng(request.seed)
         self.max_ahead = settings.max_ahead  # as last told to the draft
+        self.policy: AdaptivePolicy | None = None  # this request's adaptive draft length, if adaptive
         self.chunk_arrived = asyncio.Event()  # set when chain tokens arrive (the synchronous mode waits on it)
 
     # The draft link calls these.
@@ -210,7 +220,11 @@ class Target:
         self.link = link
         self.n_ctx = n_ctx
         self.settings = settings
-        self.policy = AdaptivePolicy(max_draft=settings.draft_max) if settings.adaptive else None
+        # The adaptive policy: step costs shared by all requests (one model, one machine), acceptance
+        # learnt per request, each starting from the estimate of its sampling mode (greedy or not).
+        self.costs = StepCosts()
+        self.acceptance_by_mode = {greedy: Acceptance.prior(settings.draft_max) for greedy in (True, False)}
+        self.draft_len = settings.draft_max  # the latest request's preferred draft length (metrics)
         self.observers: list[StepObserver] = []
         self._ids = itertools.count(1)
 
@@ -219,14 +233,17 @@ class Target:
         if not request.prompt_tokens:
             raise ModelError("the prompt is empty")
         generation = Generation(next(self._ids), request, self.model, self.settings)
+        if self.settings.adaptive:
+            generation.policy = AdaptivePolicy(self.settings.draft_max, self.costs,
+                                               self.acceptance_by_mode[request.params.greedy])
         context = await self.worker.run(self.model.new_context, self.n_ctx)
         try:
             if len(request.prompt_tokens) >= context.n_ctx:
                 raise ModelError(f"the prompt has {len(request.prompt_tokens)} tokens; the context holds "
                                  f"{context.n_ctx}: shorten it or start duo-target with a larger --ctx-size")
             if self.link:
-                if self.policy is not None:
-                    generation.max_ahead = self.policy.max_ahead()
+                if generation.policy is not None:
+                    generation.max_ahead = generation.policy.max_ahead()
                 self.link.register(generation)
             await self.worker.run(context.decode, request.prompt_tokens[:-1], 0, [])
             while True:
@@ -262,12 +279,12 @@ class Target:
     async def _step(self, generation: Generation, context: Context) -> Step:
         if self.settings.sync:
             await self._await_drafts(generation, self.settings.sync)
-        batch, n_rows, drafts, dists = generation.plan(context.n_ctx - context.n_past, self.policy)
+        policy = generation.policy
+        batch, n_rows, drafts, dists = generation.plan(context.n_ctx - context.n_past, policy)
         start = len(generation.committed)
-        began = time.perf_counter()
-        verdict = await self.worker.run(verify_step, context, batch, n_rows, drafts, dists,
-                                        generation.request.params, generation.rng)
-        seconds = time.perf_counter() - began
+        # Timed on the model thread: the wait behind other requests' steps is not this step's cost.
+        verdict, seconds = await self.worker.run(timed, verify_step, context, batch, n_rows, drafts, dists,
+                                                 generation.request.params, generation.rng)
         step = generation.commit(verdict, len(drafts), len(batch))
         if self.link and step.tokens:
             self.link.send(pb.TargetEvent(commit=pb.Commit(session_id=generation.session_id, start=start,
@@ -276,9 +293,10 @@ class Target:
                             n_committed=len(step.tokens), seconds=seconds)
         for observer in self.observers:
             observer.on_step(record)
-        if self.policy is not None:
-            self.policy.observe(record.batch_size, record.n_verified, record.n_accepted, record.seconds)
-            self._steer(generation, self.policy.max_ahead())
+        if policy is not None:
+            policy.observe(record.batch_size, record.n_verified, record.n_accepted, record.seconds)
+            self.draft_len = policy.draft_len
+            self._steer(generation, policy.max_ahead())
         return step
 
     def _steer(self, generation: Generation, max_ahead: int) -> None:

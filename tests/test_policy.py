@@ -4,7 +4,7 @@ import numpy as np
 
 import pytest
 
-from duo.policy import EXPLORE_EVERY, PRIOR_BATCH_SLOPE, PROBE_LEAD, AdaptivePolicy
+from duo.policy import EXPLORE_EVERY, PRIOR_BATCH_SLOPE, PROBE_LEAD, Acceptance, AdaptivePolicy, StepCosts
 
 
 def teach(policy: AdaptivePolicy, cost, acceptance: float, steps: int = 200) -> None:
@@ -58,8 +58,8 @@ def test_unmeasured_batch_sizes_are_interpolated_and_larger_ones_assumed_cheap_u
     policy = AdaptivePolicy(max_draft=8)
     policy.observe(batch_size=1, n_verified=0, n_accepted=0, seconds=1.0)
     policy.observe(batch_size=3, n_verified=2, n_accepted=2, seconds=2.0)
-    assert policy.batch_seconds(2) == 1.5
-    assert policy.batch_seconds(5) == pytest.approx(2.0 * (1 + 2 * PRIOR_BATCH_SLOPE))
+    assert policy.costs.batch_seconds(2) == 1.5
+    assert policy.costs.batch_seconds(5) == pytest.approx(2.0 * (1 + 2 * PRIOR_BATCH_SLOPE))
 
 
 def test_a_costly_first_extra_token_does_not_stop_the_policy_from_trying_longer_drafts():
@@ -105,3 +105,26 @@ def test_an_exploration_that_found_no_drafts_waits_for_the_next_step_that_has_so
     assert policy.max_ahead() > 0, "the draft must keep running until the exploration happened"
     assert policy.choose(2) == 1
     assert policy.max_ahead() == 0
+
+
+def test_requests_share_step_costs_but_learn_their_own_acceptance():
+    costs, greedy = StepCosts(), Acceptance.prior(8)
+    code = AdaptivePolicy(max_draft=8, costs=costs, shared=greedy)
+    prose = AdaptivePolicy(max_draft=8, costs=costs, shared=greedy)
+    for _ in range(100):
+        code.observe(batch_size=5, n_verified=4, n_accepted=4, seconds=0.12)
+        prose.observe(batch_size=5, n_verified=4, n_accepted=0, seconds=0.12)
+    assert code.costs.batch_seconds(5) == prose.costs.batch_seconds(5) == pytest.approx(0.12)
+    assert code.acceptance.rates[0].value > 0.95 and prose.acceptance.rates[0].value < 0.05
+
+
+def test_a_new_request_starts_from_its_modes_estimate_but_soon_follows_its_own():
+    greedy = Acceptance.prior(8)
+    first = AdaptivePolicy(max_draft=8, shared=greedy)
+    for _ in range(200):
+        first.observe(batch_size=3, n_verified=2, n_accepted=0, seconds=0.1)
+    second = AdaptivePolicy(max_draft=8, shared=greedy)
+    assert second.acceptance.rates[0].value < 0.1  # it learnt from the first request
+    for _ in range(20):
+        second.observe(batch_size=3, n_verified=2, n_accepted=2, seconds=0.1)
+    assert second.acceptance.rates[0].value > 0.6  # the prior weighs only PRIOR_WEIGHT observations
