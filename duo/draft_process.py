@@ -20,7 +20,7 @@ from duo.model import IncompatibleVocab, Model, ModelError, check_compatible
 from duo.runtime import ModelWorker, add_process_arguments, grpc_server_options, run_async, run_server, setup_logging
 from duo.tls import check_pair, server_credentials
 
-log = logging.getLogger("duo.draft_process")
+log = logging.getLogger("duo.draft")
 
 
 class DraftServicer(pb_grpc.DraftServicer):

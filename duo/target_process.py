@@ -25,7 +25,7 @@ from duo.runtime import (ModelWorker, add_process_arguments, listen_socket, run_
 from duo.target import SpecSettings, Target
 from duo.tls import channel_credentials, check_pair, server_credentials
 
-log = logging.getLogger("duo.target_process")
+log = logging.getLogger("duo.target")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -146,7 +146,7 @@ async def serve(args: argparse.Namespace, path: Path, settings: SpecSettings) ->
         completions.ready(target, min(args.ctx_size, model.n_ctx_train))
         admission = completions.admission
         metrics.watch(draft_connected=lambda: float(completions.draft_connected),
-                      draft_len=lambda: target.policy.draft_len if target.policy else settings.draft_max,
+                      draft_len=lambda: target.draft_len,
                       running=lambda: admission.running, waiting=lambda: admission.waiting)
         log.info("model loaded in %.1f s: serving %s, %s", time.monotonic() - began, path.name,
                  f"drafts from {args.peer}" if link else "alone (no --peer)")
