@@ -8,14 +8,18 @@ import logging
 import signal
 import socket
 import sys
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Awaitable, Callable, Protocol, TypeVar
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Awaitable, Callable, Protocol, TypeVar
 
 import grpc
 
 from duo.model import DEVICES
 
 T = TypeVar("T")
+R = TypeVar("R", bound="Closeable")
+
+log = logging.getLogger("duo.runtime")
 
 # The vocabulary in the handshake is a few MB; chains and commits are tiny.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -40,6 +44,12 @@ def add_process_arguments(parser: argparse.ArgumentParser, *, listen: str, serve
     parser.add_argument("--log-level", default="INFO")
 
 
+class Closeable(Protocol):
+    """A native resource, such as a llama context."""
+
+    def close(self) -> None: ...
+
+
 class ModelWorker:
     """Runs model calls one at a time on a dedicated thread, so the event loop keeps serving while a
     model computes (llama.cpp releases the GIL inside decode)."""
@@ -49,6 +59,41 @@ class ModelWorker:
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    @asynccontextmanager
+    async def open(self, factory: Callable[..., R], *args: Any) -> AsyncIterator[R]:
+        """`factory(*args)` made and closed on the model thread, whenever the caller is cancelled."""
+        resource = await self.create(factory, *args)
+        try:
+            yield resource
+        finally:
+            await self.close(resource)
+
+    async def create(self, factory: Callable[..., R], *args: Any) -> R:
+        """`factory(*args)` on the model thread. A caller cancelled meanwhile never sees the result, so
+        it is closed as soon as it is made (a native resource would otherwise live as long as its model)."""
+        made: Future[R] = self._executor.submit(factory, *args)
+        try:
+            return await asyncio.shield(asyncio.wrap_future(made))
+        except asyncio.CancelledError:
+            if not made.cancel():  # already running (or done): it will exist
+                made.add_done_callback(self._close_orphan)
+            raise
+
+    async def close(self, resource: Closeable) -> None:
+        """`resource.close()` on the model thread; it runs to the end even if the caller is cancelled
+        (a cancelled call still waiting its turn on the thread would otherwise never run)."""
+        await asyncio.shield(asyncio.get_running_loop().run_in_executor(self._executor, resource.close))
+
+    def _close_orphan(self, made: Future[Closeable]) -> None:
+        if made.exception() is None:
+            closing = self._executor.submit(made.result().close)
+            closing.add_done_callback(_log_close_failure)
+
+
+def _log_close_failure(closing: Future[None]) -> None:
+    if closing.exception() is not None:
+        log.error("closing a resource nobody waited for failed", exc_info=closing.exception())
 
 
 def grpc_server_options() -> list[tuple[str, int]]:

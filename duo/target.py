@@ -236,7 +236,8 @@ class Target:
         if self.settings.adaptive:
             generation.policy = AdaptivePolicy(self.settings.draft_max, self.costs,
                                                self.acceptance_by_mode[request.params.greedy])
-        context = await self.worker.run(self.model.new_context, self.n_ctx)
+        # Cancellation-safe: a client that leaves at any moment leaves no context behind.
+        context = await self.worker.create(self.model.new_context, self.n_ctx)
         try:
             if len(request.prompt_tokens) >= context.n_ctx:
                 raise ModelError(f"the prompt has {len(request.prompt_tokens)} tokens; the context holds "
@@ -260,7 +261,7 @@ class Target:
         finally:
             if self.link:
                 self.link.unregister(generation.session_id)
-            await self.worker.run(context.close)
+            await self.worker.close(context)
 
     async def _await_drafts(self, generation: Generation, want: int) -> None:
         """Synchronous mode: wait until `want` drafts are pending, the draft stopped, or it is gone."""
