@@ -9,8 +9,7 @@ import signal
 import socket
 import sys
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Awaitable, Callable, Protocol, TypeVar
+from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
 import grpc
 
@@ -59,15 +58,6 @@ class ModelWorker:
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
-
-    @asynccontextmanager
-    async def open(self, factory: Callable[..., R], *args: Any) -> AsyncIterator[R]:
-        """`factory(*args)` made and closed on the model thread, whenever the caller is cancelled."""
-        resource = await self.create(factory, *args)
-        try:
-            yield resource
-        finally:
-            await self.close(resource)
 
     async def create(self, factory: Callable[..., R], *args: Any) -> R:
         """`factory(*args)` on the model thread. A caller cancelled meanwhile never sees the result, so
