@@ -221,24 +221,30 @@ class Model:
         context.decode([self.vocab().eos], 0)
         context.close()
 
-    def new_context(self, n_ctx: int, *, n_batch: int = 512) -> "Context":
-        return Context(self, n_ctx=n_ctx, n_batch=n_batch)
+    def new_context(self, n_ctx: int, *, n_batch: int = 512, n_seq: int = 1) -> "Context":
+        return Context(self, n_ctx=n_ctx, n_batch=n_batch, n_seq=n_seq)
 
     def close(self) -> None:
         self._model.close()
 
 
 class Context:
-    """One sequence's KV cache on a model: decode tokens at absolute positions, roll back to a position."""
+    """A KV cache on a model: decode tokens at absolute positions, roll back to a position.
 
-    def __init__(self, model: Model, *, n_ctx: int, n_batch: int) -> None:
+    Sequence 0 is the main one. With n_seq > 1, other sequences can fork from its prefix at no cost
+    (llama.cpp tags the same cache cells with both sequence ids) to decode an alternative
+    continuation beside it; all sequences share the one cache of n_ctx cells.
+    """
+
+    def __init__(self, model: Model, *, n_ctx: int, n_batch: int, n_seq: int = 1) -> None:
         if n_ctx > model.n_ctx_train:
             n_ctx = model.n_ctx_train
         params = _internals.LlamaContext.default_params()
         params.n_ctx = n_ctx
         params.n_batch = n_batch
         params.n_ubatch = n_batch
-        params.n_seq_max = 1
+        params.n_seq_max = n_seq
+        params.kv_unified = True  # else llama.cpp splits the cells evenly between the sequences
         params.n_threads = model.threads
         params.n_threads_batch = model.threads
         params.no_perf = True
@@ -254,14 +260,21 @@ class Context:
         # llama.cpp pads the cache to a multiple of 256 but caps a batch at the context size asked for.
         self.n_ctx = n_ctx
         self.n_batch = llama_cpp.llama_n_batch(self._ctx.ctx)
-        self.n_past = 0  # positions [0, n_past) are in the KV cache
+        self._n_past = [0] * n_seq  # sequence s holds positions [0, _n_past[s]) in the KV cache
         self._batch = _internals.LlamaBatch(n_tokens=self.n_batch, embd=0, n_seq_max=1, verbose=False)
 
-    def decode(self, tokens: Sequence[int], pos: int, logits_for: Sequence[int] | None = None) -> np.ndarray:
-        """Decode `tokens` at positions pos, pos+1, ...; return the logits of the batch indices in
-        `logits_for` (default: the last token) as a float32 array [len(logits_for), n_vocab]."""
-        if pos != self.n_past:
-            raise ModelError(f"decode at position {pos}, but the KV cache holds {self.n_past} positions")
+    @property
+    def n_past(self) -> int:
+        """Positions [0, n_past) of the main sequence are in the KV cache."""
+        return self._n_past[0]
+
+    def decode(self, tokens: Sequence[int], pos: int, logits_for: Sequence[int] | None = None,
+               seq: int = 0) -> np.ndarray:
+        """Decode `tokens` at positions pos, pos+1, ... of sequence `seq`; return the logits of the
+        batch indices in `logits_for` (default: the last token) as a float32 array [len(logits_for), n_vocab]."""
+        if pos != self._n_past[seq]:
+            raise ModelError(f"decode at position {pos}, but the KV cache holds {self._n_past[seq]} positions "
+                             f"of sequence {seq}")
         if pos + len(tokens) > self.n_ctx:
             raise ModelError(f"context full: {pos} + {len(tokens)} tokens exceed the context of {self.n_ctx}")
         wanted = [len(tokens) - 1] if logits_for is None else list(logits_for)
@@ -269,13 +282,13 @@ class Context:
         for start in range(0, len(tokens), self.n_batch):
             chunk = tokens[start:start + self.n_batch]
             outputs = [i - start for i in wanted if start <= i < start + len(chunk)]
-            self._fill_batch(chunk, pos + start, outputs)
+            self._fill_batch(chunk, pos + start, outputs, seq)
             try:
                 self._ctx.decode(self._batch)
             except RuntimeError as error:
-                self.rollback(pos)
+                self.rollback(pos, seq)
                 raise ModelError(f"llama_decode failed: {error}") from error
-            self.n_past = pos + start + len(chunk)
+            self._n_past[seq] = pos + start + len(chunk)
             if outputs:
                 logits = llama_cpp.llama_get_logits(self._ctx.ctx)
                 rows.append(np.ctypeslib.as_array(logits, shape=(len(outputs), self.model.n_vocab)).copy())
@@ -283,26 +296,37 @@ class Context:
             return np.empty((0, self.model.n_vocab), dtype=np.float32)
         return np.concatenate(rows)
 
-    def _fill_batch(self, tokens: Sequence[int], pos: int, outputs: Sequence[int]) -> None:
+    def _fill_batch(self, tokens: Sequence[int], pos: int, outputs: Sequence[int], seq: int) -> None:
         batch = self._batch.batch
         batch.n_tokens = len(tokens)
         wanted = set(outputs)
         for i, token in enumerate(tokens):
             batch.token[i] = token
             batch.pos[i] = pos + i
-            batch.seq_id[i][0] = 0
+            batch.seq_id[i][0] = seq
             batch.n_seq_id[i] = 1
             batch.logits[i] = i in wanted
 
-    def rollback(self, n: int) -> None:
-        """Forget positions >= n so that decoding can resume at position n."""
-        if n >= self.n_past:
+    def rollback(self, n: int, seq: int = 0) -> None:
+        """Forget positions >= n of sequence `seq` so that decoding can resume at position n."""
+        if n >= self._n_past[seq]:
             return
-        if not self._ctx.kv_cache_seq_rm(0, n, -1):
+        if not self._ctx.kv_cache_seq_rm(seq, n, -1):
             raise ModelError(
                 f"{self.model.path.name} cannot roll its state back to position {n} (recurrent or hybrid "
                 "models keep no per-position cache); duo needs an attention-only model")
-        self.n_past = n
+        self._n_past[seq] = n
+
+    def fork(self, seq: int, n: int) -> None:
+        """Make sequence `seq` hold positions [0, n) of the main sequence, and nothing else.
+
+        No recompute: the cells of those positions are tagged with `seq` too. This costs next to
+        nothing where re-decoding the prefix would cost a batch of n tokens.
+        """
+        n = min(n, self.n_past)
+        self._ctx.kv_cache_seq_rm(seq, 0, -1)
+        self._ctx.kv_cache_seq_cp(0, seq, 0, n)
+        self._n_past[seq] = n
 
     def close(self) -> None:
         self._batch.close()

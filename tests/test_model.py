@@ -162,3 +162,21 @@ def test_asking_for_a_gpu_this_build_lacks_is_an_error_not_a_cpu_fallback():
     assert gpu_layers_for("cpu", None) == 0
     with pytest.raises(ModelError, match="unknown device"):
         gpu_layers_for("tpu", None)
+
+
+def test_a_forked_sequence_continues_the_main_prefix_as_if_decoded_afresh(target):
+    tokens = target.tokenize("def add(a, b):\n    return a + b\n")
+    prefix, branch = tokens[:6], tokens[6:9]
+    context = target.new_context(128, n_seq=2)
+    main_last = context.decode(tokens, 0)  # the main sequence runs past the fork
+    context.fork(1, len(prefix))
+    forked = context.decode(branch, len(prefix), logits_for=range(len(branch)), seq=1)
+    fresh = target.new_context(128)
+    fresh.decode(prefix, 0)
+    np.testing.assert_allclose(forked, fresh.decode(branch, len(prefix), logits_for=range(len(branch))), atol=1e-3)
+    # The main sequence is untouched by the branch beside it.
+    assert context.n_past == len(tokens)
+    context.rollback(len(tokens) - 1)
+    np.testing.assert_allclose(context.decode(tokens[-1:], len(tokens) - 1), main_last, atol=1e-3)
+    context.close()
+    fresh.close()
