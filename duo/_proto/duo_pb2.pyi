@@ -105,18 +105,20 @@ class DraftEvent(_message.Message):
     def __init__(self, chunk: _Optional[_Union[DraftChunk, _Mapping]] = ..., error: _Optional[_Union[SessionError, _Mapping]] = ...) -> None: ...
 
 class DraftChunk(_message.Message):
-    __slots__ = ("session_id", "epoch", "start", "tokens", "dists")
+    __slots__ = ("session_id", "epoch", "start", "tokens", "dists", "branch_of")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     DISTS_FIELD_NUMBER: _ClassVar[int]
+    BRANCH_OF_FIELD_NUMBER: _ClassVar[int]
     session_id: int
     epoch: int
     start: int
     tokens: _containers.RepeatedScalarFieldContainer[int]
     dists: _containers.RepeatedCompositeFieldContainer[SparseDist]
-    def __init__(self, session_id: _Optional[int] = ..., epoch: _Optional[int] = ..., start: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., dists: _Optional[_Iterable[_Union[SparseDist, _Mapping]]] = ...) -> None: ...
+    branch_of: int
+    def __init__(self, session_id: _Optional[int] = ..., epoch: _Optional[int] = ..., start: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., dists: _Optional[_Iterable[_Union[SparseDist, _Mapping]]] = ..., branch_of: _Optional[int] = ...) -> None: ...
 
 class SparseDist(_message.Message):
     __slots__ = ("ids", "probs")
@@ -169,7 +171,7 @@ class GenerateResponse(_message.Message):
     def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., stats: _Optional[_Union[Stats, _Mapping]] = ...) -> None: ...
 
 class Stats(_message.Message):
-    __slots__ = ("prompt_tokens", "generated_tokens", "draft_tokens_received", "draft_tokens_verified", "draft_tokens_accepted", "verify_steps", "tokens_per_second", "time_to_first_token_s", "draft_connected", "batch_sizes", "draft_rejections")
+    __slots__ = ("prompt_tokens", "generated_tokens", "draft_tokens_received", "draft_tokens_verified", "draft_tokens_accepted", "verify_steps", "tokens_per_second", "time_to_first_token_s", "draft_connected", "batch_sizes", "draft_rejections", "branch_hits", "waits", "wait_seconds")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKENS_RECEIVED_FIELD_NUMBER: _ClassVar[int]
@@ -181,6 +183,9 @@ class Stats(_message.Message):
     DRAFT_CONNECTED_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZES_FIELD_NUMBER: _ClassVar[int]
     DRAFT_REJECTIONS_FIELD_NUMBER: _ClassVar[int]
+    BRANCH_HITS_FIELD_NUMBER: _ClassVar[int]
+    WAITS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     generated_tokens: int
     draft_tokens_received: int
@@ -192,7 +197,10 @@ class Stats(_message.Message):
     draft_connected: bool
     batch_sizes: _containers.RepeatedScalarFieldContainer[int]
     draft_rejections: int
-    def __init__(self, prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., draft_tokens_received: _Optional[int] = ..., draft_tokens_verified: _Optional[int] = ..., draft_tokens_accepted: _Optional[int] = ..., verify_steps: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., time_to_first_token_s: _Optional[float] = ..., draft_connected: _Optional[bool] = ..., batch_sizes: _Optional[_Iterable[int]] = ..., draft_rejections: _Optional[int] = ...) -> None: ...
+    branch_hits: int
+    waits: int
+    wait_seconds: float
+    def __init__(self, prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., draft_tokens_received: _Optional[int] = ..., draft_tokens_verified: _Optional[int] = ..., draft_tokens_accepted: _Optional[int] = ..., verify_steps: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., time_to_first_token_s: _Optional[float] = ..., draft_connected: _Optional[bool] = ..., batch_sizes: _Optional[_Iterable[int]] = ..., draft_rejections: _Optional[int] = ..., branch_hits: _Optional[int] = ..., waits: _Optional[int] = ..., wait_seconds: _Optional[float] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
     __slots__ = ("prompt", "messages")
