@@ -22,11 +22,12 @@ class ModelSpec:
     """A model duo knows how to get.
 
     ``parts`` are concatenated in order.  A *derived* model has no parts: it
-    is made locally from ``derived_from`` (pulled first) and, since its
-    checksum is not known in advance, ``sha256`` is None and the hash made at
-    creation time is recorded in its stamp.  ``size`` is the expected size in
-    bytes where known (shown by ``list`` before a pull, used for the disk
-    space check)."""
+    is made locally from ``derived_from`` (pulled first) by converting its
+    weights to llama.cpp's file type ``ftype`` (the name after
+    ``LLAMA_FTYPE_``) and, since its checksum is not known in advance,
+    ``sha256`` is None and the hash made at creation time is recorded in its
+    stamp.  ``size`` is the expected size in bytes where known (shown by
+    ``list`` before a pull, used for the disk space check)."""
 
     name: str
     role: str
@@ -35,6 +36,7 @@ class ModelSpec:
     derived_from: str | None = None
     description: str = ""
     size: int | None = None
+    ftype: str | None = None
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,21 @@ CATALOG: dict[str, ModelSpec] = {
             parts=(),
             derived_from="qwen2.5-coder-1.5b-instruct",
             description="F16 copy of the 1.5B Q4_K_M, made locally with llama.cpp's quantizer",
+            ftype="MOSTLY_F16",
+        ),
+        ModelSpec(
+            # Twice F16's bytes per weight: on a CPU each decode step is bound by memory
+            # bandwidth, so verifying a batch costs about as much as one token (the bench's
+            # slow, memory-bound target).
+            name="qwen2.5-coder-1.5b-instruct-f32",
+            role="target",
+            sha256=None,
+            parts=(),
+            derived_from="qwen2.5-coder-1.5b-instruct",
+            description="F32 copy of the 1.5B Q4_K_M, made locally with llama.cpp's quantizer (slow, memory-bound)",
+            # what llama.cpp 0.3.36 makes: 6.4x its Q4_K_M source, beyond the disk check's 4x guess
+            size=7_114_302_528,
+            ftype="ALL_F32",
         ),
     )
 }

@@ -42,8 +42,8 @@ from duo.hub_errors import (
 from duo.model_files import (
     DAMAGED_ARCHIVE_ERRORS,
     assemble,
+    convert_ftype,
     partial_path,
-    quantize_to_f16,
     read_stamp,
     sha256_file,
     write_stamp,
@@ -70,8 +70,8 @@ __all__ = [
     "is_present",
     "list_models",
     "model_path",
+    "convert_ftype",
     "pull",
-    "quantize_to_f16",
     "resolve_model",
 ]
 
@@ -285,13 +285,16 @@ class _PullRun:
         )
 
     def _derive(self, spec: ModelSpec, src_spec: ModelSpec, src: Path, path: Path) -> None:
+        if spec.ftype is None:
+            raise HubError(f"catalog entry {spec.name!r} is derived but names no file type (ftype) to make")
         self.log(f"{spec.name}: making it from {src_spec.name} with llama.cpp (this can take a few minutes)")
-        _check_space(path.parent, (src_spec.size or src.stat().st_size) * 4, spec.name)
+        # Unless the catalog knows the size, guess 4x the source: F16 is 3.2x a Q4_K_M.
+        _check_space(path.parent, spec.size or (src_spec.size or src.stat().st_size) * 4, spec.name)
         t0 = time.monotonic()
         out = partial_path(path)
         out.unlink(missing_ok=True)
         try:
-            quantize_to_f16(src, out)  # this module's name for it: tests swap in a fake quantizer
+            convert_ftype(src, out, spec.ftype)  # this module's name for it: tests swap in a fake converter
             if not out.is_file() or out.stat().st_size == 0:
                 raise HubError(f"making {spec.name} from {src} produced no file")
             sha = sha256_file(out)
@@ -305,7 +308,7 @@ class _PullRun:
             sha,
             derived_from=src_spec.name,
             source_sha256=src_stamp["sha256"] if src_stamp else None,
-            recipe="llama_model_quantize ftype=MOSTLY_F16",
+            recipe=f"llama_model_quantize ftype={spec.ftype}",
         )
         self.log(f"{spec.name}: made ({human_size(path.stat().st_size)}) in {time.monotonic() - t0:.0f}s at {path}")
 

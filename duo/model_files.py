@@ -1,4 +1,4 @@
-"""Model files on disk: partial files, sha256 stamps, assembly from archive members, and F16 derivation."""
+"""Model files on disk: partial files, sha256 stamps, assembly from archive members, and derived copies (F16, F32)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import sys
 import tarfile
 import tempfile
 import time
+import types
 import zipfile
 import zlib
 from pathlib import Path
@@ -132,25 +133,35 @@ def _one(names: list[str], pattern: str, archive: Path) -> None:
 # deriving
 
 
-def quantize_to_f16(src: Path, dst: Path) -> None:
-    """Write an F16 copy of the GGUF ``src`` to ``dst`` with llama.cpp's
-    quantizer (dequantizing where needed).  llama.cpp's chatter goes to a
-    temporary file and is shown only if it fails."""
+def convert_ftype(src: Path, dst: Path, ftype: str) -> None:
+    """Write a copy of the GGUF ``src`` to ``dst`` with its weights in llama.cpp's file type
+    ``ftype`` (the name after ``LLAMA_FTYPE_``: ``MOSTLY_F16``, ``ALL_F32``), with llama.cpp's
+    quantizer, dequantizing where needed.  llama.cpp's chatter goes to a temporary file and is
+    shown only if it fails."""
     try:
         import llama_cpp
     except ImportError as exc:
         raise HubError(
-            f"making an F16 copy needs llama-cpp-python ({exc}); install it with `pip install llama-cpp-python`"
+            f"making a {ftype} copy needs llama-cpp-python ({exc}); install it with `pip install llama-cpp-python`"
         ) from None
     params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_F16
+    params.ftype = _ftype_constant(llama_cpp, ftype)
+    # the source is already quantized (Q4_K_M): llama.cpp refuses to convert it without this
     params.allow_requantize = True
     params.nthread = os.cpu_count() or 1
     with _captured_stderr() as log:
         rc = llama_cpp.llama_model_quantize(os.fsencode(src), os.fsencode(dst), params)
     if rc != 0:
         tail = "\n".join(log.read().splitlines()[-15:])
-        raise HubError(f"llama.cpp could not make an F16 copy of {src} (return code {rc}):\n{tail}")
+        raise HubError(f"llama.cpp could not make a {ftype} copy of {src} (return code {rc}):\n{tail}")
+
+
+def _ftype_constant(llama_cpp: types.ModuleType, ftype: str) -> int:
+    """llama.cpp's number for the file type named ``ftype``."""
+    try:
+        return getattr(llama_cpp, f"LLAMA_FTYPE_{ftype}")
+    except AttributeError:
+        raise HubError(f"llama.cpp has no file type {ftype!r} (LLAMA_FTYPE_{ftype})") from None
 
 
 @contextlib.contextmanager

