@@ -95,6 +95,28 @@ class Acceptance:
 
 
 @dataclass
+class DraftTiming:
+    """How soon drafts come back after a commit, measured on the target from the stream.
+
+    After a commit that left a session without drafts (a rejection no branch covered), the draft
+    must hear of it, roll back and draft again: its first token arrives `latency` seconds after the
+    commit went out (the link's round trip plus one draft step), and each further one `per_token`
+    seconds later. One draft serves every request, so one DraftTiming serves them all.
+    """
+
+    latency: _Average = field(default_factory=lambda: _Average(0.0))
+    per_token: _Average = field(default_factory=lambda: _Average(0.0))
+
+    @property
+    def measured(self) -> bool:
+        return self.latency.weight > 0 and self.per_token.weight > 0
+
+    def seconds_until(self, n: int, since_commit: float) -> float:
+        """Expected seconds from now until n drafts are pending, `since_commit` seconds after the commit."""
+        return max(0.0, self.latency.value - since_commit) + (n - 1) * self.per_token.value
+
+
+@dataclass
 class AdaptivePolicy:
     """Chooses one request's draft length k that maximises expected committed tokens per second.
 
@@ -138,11 +160,36 @@ class AdaptivePolicy:
 
     def expected_rate(self, k: int) -> float:
         """Expected committed tokens per second when verifying k drafts."""
+        return self.expected_tokens(k) / self.costs.batch_seconds(k + 1)
+
+    def wait_for(self, timing: DraftTiming, since_commit: float) -> tuple[int, float]:
+        """With no drafts pending: (k, seconds) to wait for k drafts known to be coming, or (0, 0.0)
+        when decoding alone now is faster in expectation.
+
+        Waiting w seconds, then verifying k drafts, commits E(k) tokens in w + T(k + 1); decoding
+        alone commits 1 in T(1). Example: T(1) = 140 ms and T(4) = 180 ms (a memory-bound target),
+        drafts 35 ms after the commit then every 35 ms, a = 0.8: waiting 105 ms for 3 drafts gives
+        2.95 tokens in 285 ms, 10.4 tokens/s against 7.1 alone. With a compute-bound target
+        (T(4) = 4 T(1)) or a slow draft, alone wins and nothing waits.
+        """
+        if not timing.measured:
+            return 0, 0.0
+        alone = self.expected_rate(0)
+        best = (0, 0.0, alone)
+        for k in range(1, self.max_draft + 1):
+            wait = timing.seconds_until(k, since_commit)
+            rate = self.expected_tokens(k) / (wait + self.costs.batch_seconds(k + 1))
+            if rate > best[2]:
+                best = (k, wait, rate)
+        return best[0], best[1]
+
+    def expected_tokens(self, k: int) -> float:
+        """E(k): tokens a step verifying k drafts commits on average (the bonus or recovered token included)."""
         expected, survive = 1.0, 1.0
         for position in range(k):
             survive *= self.acceptance.rates[position].value
             expected += survive
-        return expected / self.costs.batch_seconds(k + 1)
+        return expected
 
     def observe(self, batch_size: int, n_verified: int, n_accepted: int, seconds: float) -> None:
         """Learn from one step: its cost (model work only), and which draft positions were accepted."""

@@ -4,7 +4,7 @@ import numpy as np
 
 import pytest
 
-from duo.policy import EXPLORE_EVERY, PRIOR_BATCH_SLOPE, PROBE_LEAD, Acceptance, AdaptivePolicy, StepCosts
+from duo.policy import EXPLORE_EVERY, PRIOR_BATCH_SLOPE, PROBE_LEAD, Acceptance, AdaptivePolicy, DraftTiming, StepCosts
 
 
 def teach(policy: AdaptivePolicy, cost, acceptance: float, steps: int = 200) -> None:
@@ -128,3 +128,34 @@ def test_a_new_request_starts_from_its_modes_estimate_but_soon_follows_its_own()
     for _ in range(20):
         second.observe(batch_size=3, n_verified=2, n_accepted=2, seconds=0.1)
     assert second.acceptance.rates[0].value > 0.6  # the prior weighs only PRIOR_WEIGHT observations
+
+
+def timing(latency: float, per_token: float) -> DraftTiming:
+    measured = DraftTiming()
+    measured.latency.add(latency)
+    measured.per_token.add(per_token)
+    return measured
+
+
+def test_a_slow_memory_bound_target_waits_for_drafts_from_a_fast_draft():
+    policy = AdaptivePolicy(max_draft=8)
+    teach(policy, cost=lambda n: 0.140 * (1 + 0.04 * (n - 1)), acceptance=0.8)
+    k, wait = policy.wait_for(timing(latency=0.035, per_token=0.035), since_commit=0.0)
+    assert k >= 2 and wait == pytest.approx(0.035 * k)
+    assert policy.wait_for(timing(latency=0.035, per_token=0.035), since_commit=0.030)[1] == pytest.approx(
+        0.005 + 0.035 * (k - 1))
+
+
+def test_a_fast_target_or_a_slow_draft_does_not_wait():
+    fast_target = AdaptivePolicy(max_draft=8)
+    teach(fast_target, cost=lambda n: 0.010 * n, acceptance=0.8)
+    assert fast_target.wait_for(timing(latency=0.035, per_token=0.035), since_commit=0.0) == (0, 0.0)
+    slow_draft = AdaptivePolicy(max_draft=8)
+    teach(slow_draft, cost=lambda n: 0.140 * (1 + 0.04 * (n - 1)), acceptance=0.8)
+    assert slow_draft.wait_for(timing(latency=0.5, per_token=0.3), since_commit=0.0) == (0, 0.0)
+
+
+def test_nothing_waits_before_the_draft_was_timed():
+    policy = AdaptivePolicy(max_draft=8)
+    teach(policy, cost=lambda n: 0.140, acceptance=0.9)
+    assert policy.wait_for(DraftTiming(), since_commit=0.0) == (0, 0.0)
