@@ -6,7 +6,7 @@ import asyncio
 import hmac
 import logging
 from contextlib import aclosing
-from typing import AsyncIterator, Awaitable, Callable, NoReturn
+from typing import Awaitable, Callable, NoReturn
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -17,9 +17,9 @@ from duo._proto import duo_pb2 as pb
 from duo._proto import duo_pb2_grpc as pb_grpc
 from duo.admission import QueueFull
 from duo.completion import (BadRequest, ClientError, CompletionRequest, Completions, DraftIncompatible, NotReady,
-                            stats_fields)
+                            Piece, stats_fields)
 from duo.model import ModelError
-from duo.runtime import grpc_server_options
+from duo.runtime import WRITE_TIMEOUT_S, WriteTimeout, grpc_server_options, write_within
 
 log = logging.getLogger("duo.grpc_api")
 
@@ -37,11 +37,11 @@ async def abort_for(context: grpc.aio.ServicerContext, error: ClientError | Queu
 class TargetServicer(pb_grpc.TargetServicer):
     """Client calls on duo-target."""
 
-    def __init__(self, completions: Completions) -> None:
+    def __init__(self, completions: Completions, write_timeout: float) -> None:
         self.completions = completions
+        self.write_timeout = write_timeout
 
-    async def Generate(self, message: pb.GenerateRequest,
-                       context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateResponse]:
+    async def Generate(self, message: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> None:
         params, seed = wire.sampling_from_pb(message.sampling)
         request = CompletionRequest(prompt=message.prompt, messages=messages_from_pb(message.messages),
                                     max_tokens=message.max_tokens, params=params, seed=seed, stop=list(message.stop))
@@ -49,15 +49,19 @@ class TargetServicer(pb_grpc.TargetServicer):
             completion = await self.completions.start(request)
         except (ClientError, QueueFull) as error:
             await abort_for(context, error)
-        async with aclosing(completion):
-            try:
+        # An error status is sent only once the completion is closed: it waits behind whatever data the
+        # client has not read yet, which is forever for a client that stopped reading.
+        try:
+            async with aclosing(completion):
                 async for piece in completion:
-                    yield pb.GenerateResponse(text=piece.text, token_ids=piece.token_ids,
-                                              finish_reason=piece.finish_reason or "",
-                                              stats=pb.Stats(**stats_fields(piece.stats, piece.draft_connected)))
-            except ModelError as error:
-                log.error("generation failed: %s", error)
-                await context.abort(grpc.StatusCode.INTERNAL, f"generation failed: {error}")
+                    await write_within(context.write(response_of(piece)), self.write_timeout)
+        except ModelError as error:
+            log.error("generation failed: %s", error)
+            await context.abort(grpc.StatusCode.INTERNAL, f"generation failed: {error}")
+        except WriteTimeout as error:
+            log.warning("dropped client %s: %s", context.peer(), error)
+            self.completions.metrics.client_write_timeouts.inc()
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(error))
 
     async def Tokenize(self, message: pb.TokenizeRequest, context: grpc.aio.ServicerContext) -> pb.TokenizeResponse:
         try:
@@ -82,6 +86,11 @@ class TargetServicer(pb_grpc.TargetServicer):
             draft="" if target.link is None else target.link.state,
             draft_address="" if target.link is None else target.link.address,
             parallel=completions.admission.parallel, queue_size=completions.admission.queue_size)
+
+
+def response_of(piece: Piece) -> pb.GenerateResponse:
+    return pb.GenerateResponse(text=piece.text, token_ids=piece.token_ids, finish_reason=piece.finish_reason or "",
+                               stats=pb.Stats(**stats_fields(piece.stats, piece.draft_connected)))
 
 
 def messages_from_pb(messages: list[pb.ChatMessage]) -> list[dict[str, str]]:
@@ -117,12 +126,13 @@ async def _unauthenticated(request: object, context: grpc.aio.ServicerContext) -
                         "missing or wrong API key: send the metadata `authorization: Bearer <key>`")
 
 
-def client_server(completions: Completions, health_servicer: health.aio.HealthServicer,
-                  api_key: str | None) -> grpc.aio.Server:
-    """duo-target's gRPC server for clients: the Target service, health checks and reflection."""
+def client_server(completions: Completions, health_servicer: health.aio.HealthServicer, api_key: str | None, *,
+                  write_timeout: float = WRITE_TIMEOUT_S) -> grpc.aio.Server:
+    """duo-target's gRPC server for clients: the Target service, health checks and reflection; a client that
+    takes no streamed message for `write_timeout` seconds is dropped."""
     interceptors = [ApiKeyInterceptor(api_key)] if api_key else []
     server = grpc.aio.server(options=grpc_server_options(), interceptors=interceptors)
-    pb_grpc.add_TargetServicer_to_server(TargetServicer(completions), server)
+    pb_grpc.add_TargetServicer_to_server(TargetServicer(completions, write_timeout), server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         [TARGET_SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME], server)

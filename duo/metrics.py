@@ -53,6 +53,9 @@ class Metrics:
                                registry=r)
         self.requests_running = Gauge("duo:num_requests_running", "Generations running.", registry=r)
         self.requests_waiting = Gauge("duo:num_requests_waiting", "Requests waiting for a turn.", registry=r)
+        self.client_write_timeouts = Counter("duo:client_write_timeouts",
+                                             "Streaming clients dropped for reading nothing for --write-timeout.",
+                                             registry=r)
 
     def watch(self, *, draft_connected: Callable[[], float], draft_len: Callable[[], float],
               running: Callable[[], float], waiting: Callable[[], float]) -> None:

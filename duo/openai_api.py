@@ -26,6 +26,7 @@ from duo.completion import (BadRequest, ClientError, Completion, CompletionReque
 from duo.metrics import CONTENT_TYPE, Metrics
 from duo.model import ModelError
 from duo.openai_types import ChatBody, CompletionBody, GenerationBody
+from duo.runtime import WRITE_TIMEOUT_S, WriteTimeout, write_within
 
 log = logging.getLogger("duo.http")
 
@@ -111,15 +112,27 @@ class BodyLimit:
 
 class EventStream(StreamingResponse):
     """Server-sent events that close their completion whatever happens to the connection, which frees
-    the request's running place and its sessions on the target and the draft."""
+    the request's running place and its sessions on the target and the draft. A client that takes no
+    event for `write_timeout` seconds (its socket buffers stayed full) is dropped."""
 
-    def __init__(self, events: AsyncIterator[str], completion: Completion) -> None:
+    def __init__(self, events: AsyncIterator[str], completion: Completion, *, write_timeout: float,
+                 on_timeout: Callable[[], None]) -> None:
         super().__init__(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         self.completion = completion
+        self.write_timeout = write_timeout
+        self.on_timeout = on_timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def send_within_timeout(message: Message) -> None:
+            await write_within(send(message), self.write_timeout)
+
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, send_within_timeout)
+        except WriteTimeout as error:
+            # ASGI cannot abort a response; returning before its end makes uvicorn close the connection.
+            host, port = scope.get("client") or ("?", 0)
+            log.warning("dropped client %s:%s: %s", host, port, error)
+            self.on_timeout()
         finally:
             await self.completion.aclose()
 
@@ -158,9 +171,10 @@ def usage(piece: Piece) -> dict[str, int]:
 class OpenAIApi:
     """The routes, bound to the target's Completions."""
 
-    def __init__(self, completions: Completions, metrics: Metrics) -> None:
+    def __init__(self, completions: Completions, metrics: Metrics, write_timeout: float) -> None:
         self.completions = completions
         self.metrics = metrics
+        self.write_timeout = write_timeout
 
     def health(self) -> JSONResponse:
         completions = self.completions
@@ -201,7 +215,8 @@ class OpenAIApi:
         except ClientGone:
             return Response(status_code=CLIENT_CLOSED)
         if body.stream:
-            return EventStream(output.events(completion, body.include_usage), completion)
+            return EventStream(output.events(completion, body.include_usage), completion,
+                               write_timeout=self.write_timeout, on_timeout=self.metrics.client_write_timeouts.inc)
         async with aclosing(completion):
             try:
                 pieces = await unless_disconnected(request, collect(completion))
@@ -299,9 +314,11 @@ def sse(data: dict[str, Any]) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
-def create_app(completions: Completions, metrics: Metrics, api_key: str | None) -> ASGIApp:
-    """The FastAPI app; /v1/* needs `Authorization: Bearer <api_key>` when a key is set, /health and /metrics never."""
-    api = OpenAIApi(completions, metrics)
+def create_app(completions: Completions, metrics: Metrics, api_key: str | None, *,
+               write_timeout: float = WRITE_TIMEOUT_S) -> ASGIApp:
+    """The FastAPI app; /v1/* needs `Authorization: Bearer <api_key>` when a key is set, /health and /metrics never.
+    A streaming client that takes no event for `write_timeout` seconds is dropped."""
+    api = OpenAIApi(completions, metrics, write_timeout)
     # No /docs or /redoc: they load their scripts from a CDN. /openapi.json describes the API.
     app = FastAPI(title="duo-target", docs_url=None, redoc_url=None, strict_content_type=False)
     app.add_api_route("/health", api.health, methods=["GET"])

@@ -25,6 +25,9 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 # Pings every 10 s find a peer that vanished without closing its socket (power loss, cable).
 KEEPALIVE_TIME_MS = 10_000
 KEEPALIVE_TIMEOUT_MS = 5_000
+# A streaming client that takes nothing for this long is dropped (duo-target --write-timeout): else one
+# that stops reading holds its running place, its context and its draft session forever.
+WRITE_TIMEOUT_S = 30.0
 
 
 def add_process_arguments(parser: argparse.ArgumentParser, *, listen: str, serves: str, per: str) -> None:
@@ -84,6 +87,18 @@ class ModelWorker:
 def _log_close_failure(closing: Future[None]) -> None:
     if closing.exception() is not None:
         log.error("closing a resource nobody waited for failed", exc_info=closing.exception())
+
+
+class WriteTimeout(Exception):
+    """The peer took none of a message for the write timeout: it stopped reading."""
+
+
+async def write_within(write: Awaitable[None], timeout: float) -> None:
+    """Await `write` (a send that waits while the peer's buffers are full), or raise WriteTimeout."""
+    try:
+        await asyncio.wait_for(write, timeout)
+    except asyncio.TimeoutError:
+        raise WriteTimeout(f"the client read nothing for {timeout:g} s (duo-target --write-timeout)") from None
 
 
 def grpc_server_options() -> list[tuple[str, int]]:

@@ -20,7 +20,7 @@ from duo.link import DraftLink
 from duo.metrics import Metrics
 from duo.model import Model, ModelError
 from duo.openai_api import create_app, http_server
-from duo.runtime import (ModelWorker, add_process_arguments, listen_socket, run_async, run_server,
+from duo.runtime import (WRITE_TIMEOUT_S, ModelWorker, add_process_arguments, listen_socket, run_async, run_server,
                          setup_logging)
 from duo.target import SpecSettings, Target
 from duo.tls import channel_credentials, check_pair, server_credentials
@@ -60,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     clients.add_argument("--queue-size", type=int, default=64, metavar="M",
                          help="requests waiting for a turn (first come, first served); more are refused with "
                               "HTTP 503 / RESOURCE_EXHAUSTED")
+    clients.add_argument("--write-timeout", type=float, default=WRITE_TIMEOUT_S, metavar="SECONDS",
+                         help="drop a streaming client that takes no data for this long (it stopped reading), "
+                              "freeing its place (default: %(default)g)")
     clients.add_argument("--api-key", default=None, metavar="KEY",
                          help="require `Authorization: Bearer KEY` (HTTP) or the metadata `authorization: Bearer "
                               "KEY` (gRPC) on every client call; health checks, reflection and /metrics stay open "
@@ -95,6 +98,8 @@ def check_client_flags(args: argparse.Namespace) -> None:
     """Raise ValueError naming the flag that is wrong."""
     if args.parallel < 1 or args.queue_size < 0:
         raise ValueError("--parallel must be >= 1 and --queue-size >= 0")
+    if not args.write_timeout > 0:
+        raise ValueError("--write-timeout must be > 0")
     check_pair(args.tls_cert, args.tls_key, "--tls-cert/--tls-key")
     check_pair(args.peer_tls_cert, args.peer_tls_key, "--peer-tls-cert/--peer-tls-key")
     if args.peer_tls_cert and not args.peer_tls_ca:
@@ -127,10 +132,10 @@ async def serve(args: argparse.Namespace, path: Path, settings: SpecSettings) ->
     completions = Completions(Admission(args.parallel, args.queue_size), metrics, served_names(path, args.model))
     health_servicer = health.aio.HealthServicer()
     await set_serving(health_servicer, False)
-    server = client_server(completions, health_servicer, api_key)
+    server = client_server(completions, health_servicer, api_key, write_timeout=args.write_timeout)
     http = None
     if args.http:
-        app = create_app(completions, metrics, api_key)
+        app = create_app(completions, metrics, api_key, write_timeout=args.write_timeout)
         http = (http_server(app, tls_cert=args.tls_cert, tls_key=args.tls_key, debug=args.log_level == "DEBUG"),
                 listen_socket(args.http))
     peer_credentials = (channel_credentials(args.peer_tls_ca, args.peer_tls_cert, args.peer_tls_key, "--peer-tls")
