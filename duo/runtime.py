@@ -105,10 +105,28 @@ def grpc_server_options() -> list[tuple[str, int]]:
     return [
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-        # Accept the client's keepalive pings, also between calls, instead of answering GOAWAY.
+        # Ping every client too: one that vanished (a frozen process, a dead host) would otherwise hold
+        # its running place and sessions until TCP gives up, which can take hours. A peer that does not
+        # answer within the timeout is dropped, which cancels its calls.
+        *_keepalive_options(),
+        # Keep pinging while a stream sends nothing (grpc stops after 2 pings without data by default):
+        # a stalled stream is exactly when a vanished peer must be found.
+        ("grpc.http2.max_pings_without_data", 0),
+        # Ping, and accept the client's pings, also between calls instead of answering GOAWAY.
         ("grpc.keepalive_permit_without_calls", 1),
+        # Clients ping every KEEPALIVE_TIME_MS (duo.link does): allow that, with room for jitter.
         ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_TIME_MS // 2),
         ("grpc.http2.max_ping_strikes", 0),
+    ]
+
+
+def _keepalive_options() -> list[tuple[str, int]]:
+    return [
+        ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+        ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+        # What grpc (1.6x-1.8x) actually waits for a ping's answer: keepalive_timeout_ms alone is ignored
+        # and the wait defaults to a minute.
+        ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),
     ]
 
 
@@ -116,8 +134,7 @@ def grpc_channel_options() -> list[tuple[str, int]]:
     return [
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
-        ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+        *_keepalive_options(),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.max_pings_without_data", 0),
         # Reconnection is ours (duo.link backs off itself); keep grpc's own backoff short.

@@ -1,10 +1,15 @@
 """Timeouts that keep duo-target serving: a streaming client that stops reading is dropped after
---write-timeout, freeing its running place, its context and its draft session."""
+--write-timeout, freeing its running place, its context and its draft session; a peer that vanished
+is found by keepalive pings and dropped."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import signal
 import socket
+import subprocess
+import sys
 import time
 
 import grpc
@@ -13,6 +18,7 @@ import pytest
 
 from duo._proto import duo_pb2 as pb
 from duo._proto import duo_pb2_grpc as pb_grpc
+from duo.runtime import KEEPALIVE_TIME_MS, KEEPALIVE_TIMEOUT_MS, grpc_channel_options, grpc_server_options
 from processes import Process, generate, start, wait_for_draft
 
 WRITE_TIMEOUT_S = 1.0
@@ -113,3 +119,63 @@ def test_a_grpc_client_that_stops_reading_is_dropped_with_deadline_exceeded(one_
         assert dropped.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         assert "--write-timeout" in dropped.value.details()
     wait_for(lambda: idle(process), "no request, context or draft session left")
+
+
+# --- keepalive -------------------------------------------------------------------------------------
+
+# A client that opens a stream, says so, and then reads on (until it is frozen).
+STREAMING_CLIENT = """
+import sys, grpc
+channel = grpc.insecure_channel(sys.argv[1])
+for message in channel.unary_stream("/test.Slow/Stream")(b""):
+    print("streaming", flush=True)
+"""
+
+
+@pytest.mark.parametrize("options", [grpc_server_options(), grpc_channel_options()], ids=["servers", "the link"])
+def test_grpc_servers_and_the_link_ping_their_peers_and_wait_a_bounded_time_for_the_answer(options):
+    options = dict(options)
+    assert options["grpc.keepalive_time_ms"] == KEEPALIVE_TIME_MS
+    assert options["grpc.keepalive_timeout_ms"] == options["grpc.http2.ping_timeout_ms"] == KEEPALIVE_TIMEOUT_MS
+    assert options["grpc.http2.max_pings_without_data"] == 0
+
+
+def test_a_grpc_server_drops_a_peer_that_froze_mid_stream():
+    """duo-target's and duo-draft's server options, with the pings 20 times faster: a client process
+    frozen (SIGSTOP) mid-stream never answers a ping, and its call is cancelled within time + timeout."""
+    time_ms, timeout_ms = KEEPALIVE_TIME_MS // 20, KEEPALIVE_TIMEOUT_MS // 20
+    options = {**dict(grpc_server_options()), "grpc.keepalive_time_ms": time_ms,
+               "grpc.keepalive_timeout_ms": timeout_ms, "grpc.http2.ping_timeout_ms": timeout_ms}
+    window_s = (time_ms + timeout_ms) / 1000
+
+    async def scenario() -> float:
+        ended = asyncio.Event()
+
+        async def stream(request: bytes, context: grpc.aio.ServicerContext):
+            try:
+                while True:
+                    yield b"token"
+                    await asyncio.sleep(0.05)
+            finally:
+                ended.set()
+
+        server = grpc.aio.server(options=list(options.items()))
+        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+            "test.Slow", {"Stream": grpc.unary_stream_rpc_method_handler(stream)})])
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        client = subprocess.Popen([sys.executable, "-c", STREAMING_CLIENT, f"127.0.0.1:{port}"],
+                                  stdout=subprocess.PIPE, text=True)
+        try:
+            assert await asyncio.to_thread(client.stdout.readline) == "streaming\n"
+            client.send_signal(signal.SIGSTOP)
+            frozen = time.monotonic()
+            await asyncio.wait_for(ended.wait(), timeout=4 * window_s + 5)
+            return time.monotonic() - frozen
+        finally:
+            client.kill()
+            client.wait()
+            await server.stop(0)
+
+    dropped_after = asyncio.run(scenario())
+    assert dropped_after < 2 * window_s + 1
