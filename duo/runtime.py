@@ -124,8 +124,8 @@ def _keepalive_options() -> list[tuple[str, int]]:
     return [
         ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
         ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
-        # What grpc (1.6x-1.8x) actually waits for a ping's answer: keepalive_timeout_ms alone is ignored
-        # and the wait defaults to a minute.
+        # What grpc core really waits for a ping's answer: it no longer enforces keepalive_timeout_ms
+        # (grpc/grpc#39239), and this wait defaults to a minute.
         ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),
     ]
 
