@@ -6,15 +6,18 @@ import argparse
 import asyncio
 import itertools
 import logging
+import socket
 import sys
-from typing import AsyncIterable, AsyncIterator
+from dataclasses import dataclass
+from typing import AsyncIterable, AsyncIterator, Callable
 
 import grpc
 
 from duo import wire
 from duo._proto import duo_pb2 as pb
 from duo._proto import duo_pb2_grpc as pb_grpc
-from duo.draft import Drafter, DraftSession
+from duo.draft import Drafter, DraftSession, InvalidEvent
+from duo.draft_metrics import DraftMetrics, MetricsServer, metrics_server
 from duo.hub import HubError, resolve_model
 from duo.model import IncompatibleVocab, Model, ModelError, check_compatible
 from duo.runtime import ModelWorker, add_process_arguments, grpc_server_options, run_async, run_server, setup_logging
@@ -23,12 +26,44 @@ from duo.tls import check_pair, server_credentials
 log = logging.getLogger("duo.draft")
 
 
+@dataclass(frozen=True)
+class SessionLimits:
+    """How many sessions the draft holds a context for (each a KV cache of --ctx-size): in all, and per target."""
+
+    total: int = 64
+    per_target: int = 16
+
+    def refusal(self, target_sessions: int, all_sessions: int) -> tuple[str, str] | None:
+        """(reason, message) when one more session would exceed a limit, else None."""
+        if target_sessions >= self.per_target:
+            return "max_sessions_per_target", (f"this target has {target_sessions} draft sessions already "
+                                               f"(duo-draft --max-sessions-per-target {self.per_target})")
+        if all_sessions >= self.total:
+            return "max_sessions", f"the draft holds {all_sessions} sessions already (duo-draft --max-sessions {self.total})"
+        return None
+
+
+def refusal_reason(error: Exception) -> str:
+    """The duo_draft:sessions_refused_total label of a session's failure."""
+    if isinstance(error, InvalidEvent):
+        return "invalid_event"
+    return "model_error" if isinstance(error, ModelError) else "internal"
+
+
 class DraftServicer(pb_grpc.DraftServicer):
     """The draft side of proto/duo.proto."""
 
-    def __init__(self, drafter: Drafter) -> None:
+    def __init__(self, drafter: Drafter, limits: SessionLimits, metrics: DraftMetrics) -> None:
         self.drafter = drafter
+        self.limits = limits
+        self.metrics = metrics
         self.vocab = drafter.model.vocab()
+        self.connections: set[Connection] = set()
+        metrics.watch(sessions_open=self.sessions_open, connections=lambda: len(self.connections))
+
+    def sessions_open(self) -> int:
+        """Sessions holding (or getting) a context, over all connections."""
+        return sum(connection.holding for connection in self.connections)
 
     async def Handshake(self, request: pb.Hello, context: grpc.aio.ServicerContext) -> pb.Hello:
         peer = context.peer()
@@ -46,66 +81,143 @@ class DraftServicer(pb_grpc.DraftServicer):
 
     async def Speculate(self, request_iterator: AsyncIterable[pb.TargetEvent],
                         context: grpc.aio.ServicerContext) -> AsyncIterator[pb.DraftEvent]:
-        sessions: dict[int, DraftSession] = {}
-        outbox: asyncio.Queue[pb.DraftEvent | None] = asyncio.Queue()
-        wake = asyncio.Event()
-        reader = asyncio.create_task(self._read(request_iterator, sessions, outbox, wake))
-        drafting = asyncio.create_task(self._draft(sessions, outbox, wake))
-        for task in (reader, drafting):
-            task.add_done_callback(lambda done: outbox.put_nowait(None))  # ends the stream
+        connection = Connection(self.drafter, self.limits, self.metrics, self.sessions_open, context.peer())
+        self.connections.add(connection)
+        connection.start(request_iterator)
         try:
-            while (event := await outbox.get()) is not None:
+            while (event := await connection.next_event()) is not None:
                 yield event
         finally:
-            reader.cancel()
-            drafting.cancel()
-            await asyncio.gather(reader, drafting, return_exceptions=True)
-            for session in sessions.values():
-                await self.drafter.close(session)
-            log.info("target %s left; closed %d session(s)", context.peer(), len(sessions))
+            try:
+                await connection.stop()
+            finally:
+                self.connections.discard(connection)
 
-    async def _read(self, request_iterator: AsyncIterable[pb.TargetEvent], sessions: dict[int, DraftSession],
-                    outbox: asyncio.Queue[pb.DraftEvent | None], wake: asyncio.Event) -> None:
+
+class Connection:
+    """One target's Speculate stream: its sessions, drafted in turns, and the events going back to it.
+
+    A session that cannot be opened, or fails while drafting or following the target's events, gets
+    a SessionError and loses its context; the stream and the other sessions go on.
+    """
+
+    def __init__(self, drafter: Drafter, limits: SessionLimits, metrics: DraftMetrics,
+                 all_sessions: Callable[[], int], peer: str) -> None:
+        self.drafter = drafter
+        self.limits = limits
+        self.metrics = metrics
+        self.all_sessions = all_sessions
+        self.peer = peer
+        self.sessions: dict[int, DraftSession] = {}
+        self.opening = 0  # sessions whose context is being made
+        self.outbox: asyncio.Queue[pb.DraftEvent | None] = asyncio.Queue()  # None ends the stream
+        self.wake = asyncio.Event()
+        self.tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def holding(self) -> int:
+        return len(self.sessions) + self.opening
+
+    def start(self, request_iterator: AsyncIterable[pb.TargetEvent]) -> None:
+        self.tasks = [asyncio.create_task(self._read(request_iterator)), asyncio.create_task(self._draft())]
+        for task in self.tasks:
+            task.add_done_callback(self._ended)
+
+    async def next_event(self) -> pb.DraftEvent | None:
+        return await self.outbox.get()
+
+    async def stop(self) -> None:
+        """End the stream's work and free every context it holds, whatever was under way."""
+        for task in self.tasks:
+            task.cancel()
+        sessions = list(self.sessions.values())
+        self.sessions.clear()
+        await self.drafter.close(*sessions)
+        await asyncio.wait(self.tasks)
+        log.info("target %s left; closed %d session(s)", self.peer, len(sessions))
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        """The target closed its side, or the stream broke: end the stream."""
+        error = None if task.cancelled() else task.exception()
+        if error is not None:
+            log.error("target %s: the stream ended on an error", self.peer, exc_info=error)
+        self.outbox.put_nowait(None)
+
+    async def _read(self, request_iterator: AsyncIterable[pb.TargetEvent]) -> None:
         async for event in request_iterator:
             kind = event.WhichOneof("event")
             if kind == "open":
-                await self._open(event.open, sessions, outbox)
-            elif kind == "commit" and event.commit.session_id in sessions:
-                sessions[event.commit.session_id].apply_commit(event.commit.start, event.commit.tokens)
-            elif kind == "steer" and event.steer.session_id in sessions:
-                sessions[event.steer.session_id].max_ahead = event.steer.max_ahead
-            elif kind == "close" and event.close.session_id in sessions:
-                await self.drafter.close(sessions.pop(event.close.session_id))
-            wake.set()
+                await self._open(event.open)
+            elif kind is not None:
+                await self._follow(kind, getattr(event, kind))
+            self.wake.set()
 
-    async def _open(self, message: pb.OpenSession, sessions: dict[int, DraftSession],
-                    outbox: asyncio.Queue[pb.DraftEvent | None]) -> None:
-        if message.session_id in sessions:
-            await self.drafter.close(sessions.pop(message.session_id))
+    async def _open(self, message: pb.OpenSession) -> None:
+        if (old := self.sessions.pop(message.session_id, None)) is not None:
+            await self.drafter.close(old)  # the target re-opens a session after a reconnect of its own
+        refusal = self.limits.refusal(len(self.sessions) + self.opening, self.all_sessions())
+        if refusal is not None:
+            self._refuse(message.session_id, *refusal)
+            return
+        self.opening += 1
         try:
-            sessions[message.session_id] = await self.drafter.open(message)
-        except (ModelError, ValueError) as error:
-            log.warning("session %d not drafted: %s", message.session_id, error)
-            outbox.put_nowait(pb.DraftEvent(error=pb.SessionError(session_id=message.session_id, message=str(error))))
+            self.sessions[message.session_id] = await self.drafter.open(message)
+        except Exception as error:  # whatever it is, it concerns this session alone
+            self._refuse(message.session_id, refusal_reason(error), str(error), error)
+        finally:
+            self.opening -= 1
 
-    async def _draft(self, sessions: dict[int, DraftSession], outbox: asyncio.Queue[pb.DraftEvent | None],
-                     wake: asyncio.Event) -> None:
+    async def _follow(self, kind: str, message: pb.Commit | pb.Steer | pb.CloseSession) -> None:
+        """Apply a commit, steer or close; events for a session the draft refused are ignored."""
+        session = self.sessions.get(message.session_id)
+        if session is None:
+            return
+        try:
+            if kind == "commit":
+                self.drafter.commit(session, message.start, message.tokens)
+            elif kind == "steer":
+                self.drafter.steer(session, message.max_ahead)
+            else:
+                del self.sessions[session.session_id]
+                await self.drafter.close(session)
+        except Exception as error:  # whatever it is, it concerns this session alone
+            await self._fail(session, error)
+
+    async def _draft(self) -> None:
         """Round-robin over sessions that want tokens; sleep until an event when none does."""
         for turn in itertools.count():
-            ready = [s for s in sessions.values() if s.wants_to_draft()]
+            ready = [s for s in self.sessions.values() if s.wants_to_draft()]
             if not ready:
-                wake.clear()
-                await wake.wait()
+                self.wake.clear()
+                await self.wake.wait()
                 continue
             session = ready[turn % len(ready)]
             try:
                 chunk = await self.drafter.step(session)
-            except ModelError as error:
-                log.warning("session %d: drafting stopped: %s", session.session_id, error)
-                session.paused = True
+            except Exception as error:  # whatever it is, it concerns this session alone
+                await self._fail(session, error)
                 continue
             if chunk is not None:
-                outbox.put_nowait(pb.DraftEvent(chunk=chunk))
+                self.outbox.put_nowait(pb.DraftEvent(chunk=chunk))
+                self.metrics.chunks_sent.inc()
+
+    async def _fail(self, session: DraftSession, error: Exception) -> None:
+        """End an open session with a SessionError and free its context."""
+        if session.closed:
+            return  # the target closed it meanwhile: nobody waits for an error
+        if self.sessions.get(session.session_id) is session:
+            del self.sessions[session.session_id]
+        self._refuse(session.session_id, refusal_reason(error), str(error), error)
+        await self.drafter.close(session)
+
+    def _refuse(self, session_id: int, reason: str, message: str, error: Exception | None = None) -> None:
+        """Tell the target that `session_id` goes on without the draft, and log why (once)."""
+        # An error nobody foresaw is a bug: its traceback is what will fix it.
+        trace = error if reason == "internal" else None
+        log.warning("target %s: session %d goes on without the draft (%s): %s", self.peer, session_id, reason,
+                    message, exc_info=trace)
+        self.metrics.refused(reason)
+        self.outbox.put_nowait(pb.DraftEvent(error=pb.SessionError(session_id=session_id, message=message)))
 
 
 def describe(model: Model) -> str:
@@ -119,29 +231,44 @@ def build_parser() -> argparse.ArgumentParser:
                         help="when sampling, draft among at most this many tokens (output stays exact)")
     parser.add_argument("--tls-ca", default=None, metavar="PEM",
                         help="mutual TLS: accept only targets presenting a certificate signed by this PEM CA")
+    limits = SessionLimits()
+    parser.add_argument("--max-sessions", type=int, default=limits.total, metavar="N",
+                        help="sessions drafted at once over all targets, each with a context of --ctx-size; "
+                             "beyond, a target decodes alone for the new one")
+    parser.add_argument("--max-sessions-per-target", type=int, default=limits.per_target, metavar="N",
+                        help="sessions drafted at once for one target connection")
+    parser.add_argument("--metrics", default=None, metavar="[HOST:]PORT",
+                        help="serve Prometheus metrics at http://HOST:PORT/metrics (HOST: 127.0.0.1 unless given)")
     return parser
 
 
-def check_tls_flags(args: argparse.Namespace) -> None:
+def check_flags(args: argparse.Namespace) -> None:
     if not check_pair(args.tls_cert, args.tls_key, "--tls-cert/--tls-key") and args.tls_ca:
         raise ValueError("--tls-ca needs --tls-cert and --tls-key (mutual TLS is TLS first)")
+    if args.max_sessions < 1 or args.max_sessions_per_target < 1:
+        raise ValueError("--max-sessions and --max-sessions-per-target must be at least 1")
 
 
-async def serve(args: argparse.Namespace, model: Model) -> None:
-    worker = ModelWorker()
+async def serve(args: argparse.Namespace, model: Model, metrics: DraftMetrics,
+                http: tuple[MetricsServer, socket.socket] | None) -> None:
+    drafter = Drafter(model, ModelWorker(), args.ctx_size, max(1, args.top_k_cap), observer=metrics)
+    limits = SessionLimits(total=args.max_sessions, per_target=args.max_sessions_per_target)
     server = grpc.aio.server(options=grpc_server_options())
-    pb_grpc.add_DraftServicer_to_server(DraftServicer(Drafter(model, worker, args.ctx_size, max(1, args.top_k_cap))), server)
+    pb_grpc.add_DraftServicer_to_server(DraftServicer(drafter, limits, metrics), server)
     credentials = server_credentials(args.tls_cert, args.tls_key, args.tls_ca) if args.tls_cert else None
     security = " over mutual TLS" if args.tls_ca else " over TLS" if args.tls_cert else ""
-    await run_server(server, args.listen, f"duo-draft serving {describe(model)} on {args.listen}{security}",
-                     credentials=credentials)
+    endpoints = args.listen + (f", metrics on {args.metrics}" if args.metrics else "")
+    await run_server(server, args.listen, f"duo-draft serving {describe(model)} on {endpoints}{security}",
+                     credentials=credentials, http=http)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level)
+    metrics = DraftMetrics()
     try:
-        check_tls_flags(args)
+        check_flags(args)
+        http = metrics_server(metrics, args.metrics) if args.metrics else None
         model = Model(resolve_model(args.model), device=args.device, n_gpu_layers=args.gpu_layers,
                       threads=args.threads)
     except (HubError, ModelError, ValueError) as error:
@@ -151,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"duo-draft: {args.model} is a recurrent/hybrid model; drafting needs rollback", file=sys.stderr)
         return 1
     model.warm_up()
-    return run_async(serve(args, model))
+    return run_async(serve(args, model, metrics, http))
 
 
 if __name__ == "__main__":

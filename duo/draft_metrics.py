@@ -1,0 +1,78 @@
+"""Prometheus metrics of duo-draft, and the small HTTP server (`duo-draft --metrics`) that serves them.
+
+Vocabulary: a *session* is one target generation the draft drafts for, holding one llama context
+(a KV cache of --ctx-size); a *connection* is one target's Speculate stream; a *step* decodes what
+the session's cache lacks and draws one token (or pauses, under --draft-p-min); a *chunk* is one
+DraftChunk message sent to a target.
+"""
+
+from __future__ import annotations
+
+import socket
+from contextlib import AbstractContextManager, nullcontext
+from typing import Callable
+
+import uvicorn
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_asgi_app
+
+from duo.runtime import listen_socket
+
+# Seconds per step: a tiny model's tenth of a millisecond to a large draft on a CPU.
+STEP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+# Why a session got a SessionError (labels of duo_draft:sessions_refused_total).
+REFUSAL_REASONS = ("max_sessions", "max_sessions_per_target", "invalid_event", "model_error", "internal")
+
+
+class DraftMetrics:
+    """duo-draft's metrics in a registry of their own (not prometheus_client's global one)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.sessions_open = Gauge("duo_draft:num_sessions_open", "Sessions holding a context, over all targets.",
+                                   registry=r)
+        self.connections = Gauge("duo_draft:num_connections", "Targets connected (open Speculate streams).",
+                                 registry=r)
+        self.draft_tokens = Counter("duo_draft:draft_tokens", "Tokens drafted, including those a commit made "
+                                    "stale before they were sent.", registry=r)
+        self.chunks_sent = Counter("duo_draft:chunks_sent", "DraftChunk messages sent to targets.", registry=r)
+        self.pauses = Counter("duo_draft:p_min_pauses", "Steps that proposed nothing: the draft's top-1 "
+                              "probability was below the session's --draft-p-min.", registry=r)
+        self.step_seconds = Histogram("duo_draft:step_seconds", "Model time of one step: decode what the "
+                                      "session's cache lacks, then draw a token.", buckets=STEP_BUCKETS, registry=r)
+        self.sessions_refused = Counter("duo_draft:sessions_refused", "Sessions given a SessionError (their "
+                                        "target decodes alone for them), by reason.", ["reason"], registry=r)
+        for reason in REFUSAL_REASONS:
+            self.sessions_refused.labels(reason=reason)  # every reason shows, at 0, from the first scrape
+
+    def watch(self, *, sessions_open: Callable[[], float], connections: Callable[[], float]) -> None:
+        """Read the gauges from these functions at every scrape."""
+        self.sessions_open.set_function(sessions_open)
+        self.connections.set_function(connections)
+
+    # duo.draft.DraftObserver
+    def on_step(self, seconds: float, drafted: bool) -> None:
+        self.step_seconds.observe(seconds)
+        if drafted:
+            self.draft_tokens.inc()
+        else:
+            self.pauses.inc()
+
+    def refused(self, reason: str) -> None:
+        self.sessions_refused.labels(reason=reason).inc()
+
+
+class MetricsServer(uvicorn.Server):
+    """uvicorn on the caller's event loop, without uvicorn's own signal handling: duo.runtime.run_server
+    stops it together with the gRPC server."""
+
+    def capture_signals(self) -> AbstractContextManager[None]:
+        return nullcontext()
+
+
+def metrics_server(metrics: DraftMetrics, address: str) -> tuple[MetricsServer, socket.socket]:
+    """The server of /metrics and its listening socket on [HOST:]PORT (127.0.0.1 unless HOST says otherwise),
+    ready for duo.runtime.run_server's `http`."""
+    config = uvicorn.Config(make_asgi_app(metrics.registry), lifespan="off", log_config=None, access_log=False)
+    return MetricsServer(config), listen_socket(address)

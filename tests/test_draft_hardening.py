@@ -1,0 +1,517 @@
+"""The draft is optional and untrusted, and so is its target: --draft-p-min keeps sampling exact, a bad session
+costs that session only, no llama context outlives its session, sessions are capped, and the draft reports
+its work as Prometheus metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Awaitable, Callable
+
+import httpx
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from duo._proto import duo_pb2 as pb
+from duo.draft import Drafter, DraftSession, proposes
+from duo.draft_metrics import DraftMetrics
+from duo.draft_process import DraftServicer, SessionLimits
+from duo.model import Context, Model, ModelError
+from duo.runtime import ModelWorker
+from duo.sampling import SamplingParams, SparseDist, sample, verify
+from processes import free_port, generate, start, wait_for_draft
+from test_duo import homogeneity_p_value, sample_positions
+
+PROMPT = [9707, 11, 1879]
+PROMPTS = ["def fibonacci(n):", "Once upon a time", "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"]
+SAMPLED = pb.SamplingParams(temperature=1.0)
+
+# --- A. --draft-p-min decides from the draft's top-1 probability, never from the token drawn ---------------
+
+
+def emitted(p: list[float], q: list[float], sends: Callable[[int], bool], n: int = 20_000) -> np.ndarray:
+    """Frequencies of the token the target emits at one position: the draft draws x ~ q and proposes it
+    when sends(x); the target verifies it (duo.sampling.verify), or decodes alone without a proposal."""
+    rng = np.random.default_rng(0)
+    target_row, params = np.log([p]), SamplingParams(temperature=1.0)
+    q_dist = SparseDist(np.arange(len(q)), np.array(q))
+    counts = np.zeros(len(p))
+    for _ in range(n):
+        x = sample(q_dist, rng)
+        drafts, dists = ([x], [q_dist]) if sends(x) else ([], [])
+        counts[verify(drafts, dists, target_row, params, rng).tokens[0]] += 1
+    return counts / n
+
+
+@pytest.mark.parametrize("p, q, p_min, old_bias", [
+    ([0.5, 0.5], [0.9, 0.1], 0.2, 0.05),   # confident draft: the old rule drops token 1 only, P(0) = 0.55
+    ([0.3, 0.7], [0.55, 0.45], 0.6, 0.0),  # unsure draft: both rules leave the position to the target
+], ids=["confident draft", "unsure draft"])
+def test_the_old_p_min_rule_biases_sampled_output_and_the_top1_rule_does_not(p, q, p_min, old_bias):
+    old = emitted(p, q, lambda x: q[x] >= p_min)
+    new = emitted(p, q, lambda x: proposes(np.log(q), p_min))
+    assert np.abs(new - p).max() < 0.015  # 4 standard errors at n = 20000
+    assert old[0] - p[0] == pytest.approx(old_bias, abs=0.015)
+
+
+def test_the_pause_rule_compares_the_top1_probability_at_temperature_1_with_p_min():
+    logits = np.log(np.array([0.5, 0.3, 0.2], dtype=np.float32)) * 3 + 7  # any shift; the scale is the temperature
+    top1 = 1 / np.exp(np.log([0.5, 0.3, 0.2]) * 3 - np.log(0.5) * 3).sum()
+    assert proposes(logits, top1 - 1e-6) and not proposes(logits, top1 + 1e-6)
+    assert proposes(np.log([0.9, 0.1]), 0.2)  # token 1 (0.1 < 0.2) may be drawn: the position is still proposed
+    assert proposes(np.array([0.0, 0.0, 0.0, 0.0]), 0.0)  # no p_min: every position is proposed
+
+
+@pytest.fixture(scope="module")
+def draft_model(tiny_draft):
+    model = Model(tiny_draft, device="cpu", threads=1)
+    yield model
+    model.close()
+
+
+def test_whether_the_draft_pauses_does_not_depend_on_the_token_it_draws(draft_model):
+    """Just below its top-1 probability the draft proposes with every seed (old rule: only the seeds that
+    draw the top token); just above, it pauses with every seed."""
+    context = draft_model.new_context(64)
+    logits = context.decode(PROMPT, 0)[-1].astype(np.float64)
+    context.close()
+    top1 = 1 / np.exp(logits - logits.max()).sum()
+
+    async def proposals(p_min: float) -> list[int | None]:
+        drafter = Drafter(draft_model, ModelWorker(), n_ctx=64, top_k_cap=10)
+        tokens = []
+        for seed in range(12):
+            session = await drafter.open(pb.OpenSession(session_id=seed, committed=PROMPT, max_ahead=4, p_min=p_min,
+                                                        sampling=pb.SamplingParams(temperature=1.0, seed=seed)))
+            chunk = await drafter.step(session)
+            tokens.append(chunk.tokens[0] if chunk else None)
+            await drafter.close(session)
+        return tokens
+
+    below = asyncio.run(proposals(top1 - 1e-4))
+    assert None not in below and len(set(below)) > 1, below  # some seeds drew a token less likely than p_min
+    assert asyncio.run(proposals(top1 + 1e-4)) == [None] * 12
+
+
+def scrape(url: str) -> dict[str, float]:
+    """Every sample of a /metrics page, named with its labels: {'name{label="value"}': value}."""
+    samples = {}
+    for family in text_string_to_metric_families(httpx.get(url, timeout=10).text):
+        for s in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+            samples[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+    return samples
+
+
+def test_sampled_tokens_with_draft_p_min_follow_the_target_distribution(tiny_target, tiny_draft, served_alone,
+                                                                          process_logs):
+    """At p_min 0.45 the tiny draft pauses at about half of its positions (its top-1 probability is
+    0.24-0.74 past the first token); the old rule would also drop every token it drew below 0.45."""
+    metrics_port = free_port()
+    draft = start("duo.draft_process", ["--model", str(tiny_draft), "--metrics", str(metrics_port)], process_logs)
+    target = start("duo.target_process", ["--model", str(tiny_target), "--peer", draft.address, "--draft-max", "4",
+                                          "--draft-p-min", "0.45"], process_logs)
+    try:
+        wait_for_draft(target.address)
+        n, n_tokens = 400, 6
+        through_duo = sample_positions(target.address, n, n_tokens)
+        reference = sample_positions(served_alone.address, n, n_tokens)
+        p_values = [homogeneity_p_value([t[i] for t in through_duo if len(t) > i],
+                                        [t[i] for t in reference if len(t) > i]) for i in range(n_tokens)]
+        print("p-values by position:", [f"{p:.3g}" for p in p_values])
+        assert min(p_values) > 1e-3, p_values
+        _, last = generate(target.address, "Once upon a time", max_tokens=32, temperature=1.0, seed=1)
+        assert last.stats.draft_tokens_verified > 0
+        metrics = scrape(f"http://127.0.0.1:{metrics_port}/metrics")
+        assert metrics["duo_draft:p_min_pauses_total"] > 0 and metrics["duo_draft:chunks_sent_total"] > 0
+    finally:
+        target.stop()
+        draft.stop()
+
+
+async def target_tokens(target: Context, prompt: list[int], n_tokens: int, rng: np.random.Generator,
+                        propose: Callable[[list[int]], Awaitable[list[tuple[int, SparseDist]]]]) -> list[int]:
+    """duo's verify loop in one thread: each step the draft proposes what `propose` gives for the committed
+    tokens, and the target verifies it in one batch; without proposals it samples alone. `target` holds the
+    prompt but its last token."""
+    committed = list(prompt)
+    target.rollback(len(prompt) - 1)
+    while len(committed) - len(prompt) < n_tokens:
+        drafts, dists = zip(*proposals) if (proposals := await propose(committed)) else ((), ())
+        rows = target.decode([committed[-1], *drafts], len(committed) - 1, logits_for=range(len(drafts) + 1))
+        committed += verify(list(drafts), list(dists), rows, SamplingParams(temperature=1.0), rng).tokens
+        target.rollback(len(committed) - 1)
+    return committed[len(prompt):len(prompt) + n_tokens]
+
+
+def drafter_proposals(drafter: Drafter, session: DraftSession) -> Callable[[list[int]], Awaitable[list]]:
+    """What the draft session proposes after each commit: chunks until it pauses or reaches its max_ahead."""
+    async def propose(committed: list[int]) -> list[tuple[int, SparseDist]]:
+        if len(committed) > session.committed:
+            drafter.commit(session, session.committed, committed[session.committed:])
+        proposals = []
+        while session.wants_to_draft() and (chunk := await drafter.step(session)) is not None:
+            q = chunk.dists[0]
+            proposals.append((chunk.tokens[0], SparseDist(np.array(q.ids), np.array(q.probs) / sum(q.probs))))
+        return proposals
+    return propose
+
+
+async def nothing_proposed(committed: list[int]) -> list[tuple[int, SparseDist]]:
+    return []
+
+
+def test_with_every_proposal_verified_sampling_with_p_min_follows_the_target(draft_model, tiny_target):
+    """The tiny models in one thread, so that every proposal is verified (through two processes the draft
+    often lags behind the target, which then decodes alone). After "Once upon a time" the draft's top-1
+    probability is 0.60 at the first position, so at p_min 0.45 it proposes there (the old rule sent only
+    its top token: P(it) 0.92, not the target's 0.79) and pauses at about half of the later positions."""
+    prompt, n, n_tokens = draft_model.tokenize("Once upon a time"), 300, 3
+    target_model = Model(tiny_target, device="cpu", threads=1)
+    target = target_model.new_context(64)
+
+    async def samples() -> tuple[list[list[int]], list[list[int]]]:
+        drafter = Drafter(draft_model, ModelWorker(), n_ctx=64, top_k_cap=10)
+        with_draft, alone = [], []
+        for seed in range(n):
+            session = await drafter.open(pb.OpenSession(session_id=seed, committed=prompt, max_ahead=4, p_min=0.45,
+                                                        sampling=pb.SamplingParams(temperature=1.0, seed=seed)))
+            rng = np.random.default_rng(seed)
+            with_draft.append(await target_tokens(target, prompt, n_tokens, rng, drafter_proposals(drafter, session)))
+            await drafter.close(session)
+            alone.append(await target_tokens(target, prompt, n_tokens, rng, nothing_proposed))
+        return with_draft, alone
+
+    try:
+        target.decode(prompt[:-1], 0, logits_for=[])
+        with_draft, alone = asyncio.run(samples())
+    finally:
+        target.close()
+        target_model.close()
+    p_values = [homogeneity_p_value([t[i] for t in with_draft], [t[i] for t in alone]) for i in range(n_tokens)]
+    print("p-values by position:", [f"{p:.3g}" for p in p_values])
+    assert min(p_values) > 1e-3, p_values
+
+
+# --- C, D, E. One Speculate stream in-process: a bad session costs that session only, nothing leaks ----------
+
+
+class CountingModel:
+    """The draft model, counting the llama contexts made and closed through it; each creation, close or
+    decode first waits `delay` seconds (on the model thread), so that a test can cancel in the middle."""
+
+    def __init__(self, model: Model, *, delay: float = 0.0) -> None:
+        self._model = model
+        self.delay = delay
+        self.made = self.closed = 0
+        self.creating, self.closing, self.decoding = threading.Event(), threading.Event(), threading.Event()
+
+    def __getattr__(self, name: str):
+        return getattr(self._model, name)
+
+    def new_context(self, n_ctx: int) -> Context:
+        self.creating.set()
+        time.sleep(self.delay)
+        context = self._model.new_context(n_ctx)
+        self.made += 1
+        close, decode = context.close, context.decode
+
+        def slow_close() -> None:
+            self.closing.set()
+            time.sleep(self.delay)
+            close()
+            self.closed += 1
+
+        def slow_decode(*args, **kwargs) -> np.ndarray:
+            self.decoding.set()
+            time.sleep(self.delay)
+            return decode(*args, **kwargs)
+        context.close, context.decode = slow_close, slow_decode
+        return context
+
+    @property
+    def open_contexts(self) -> int:
+        return self.made - self.closed
+
+    async def wait_until_closed(self, made: int, timeout: float = 5) -> None:
+        """Until `made` contexts were made and all were closed, or `timeout`."""
+        deadline = time.monotonic() + timeout
+        while (self.made, self.closed) != (made, made) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+
+
+class Peer:
+    """The grpc.aio.ServicerContext that Speculate uses."""
+
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:1"
+
+
+class Stream:
+    """A target's side of one Speculate stream: send TargetEvents, read DraftEvents."""
+
+    def __init__(self, servicer: DraftServicer) -> None:
+        self.requests: asyncio.Queue[pb.TargetEvent | None] = asyncio.Queue()
+        self.events: list[pb.DraftEvent] = []
+        self.task = asyncio.create_task(self._run(servicer))
+
+    async def _requests(self):
+        while (event := await self.requests.get()) is not None:
+            yield event
+
+    async def _run(self, servicer: DraftServicer) -> None:
+        async for event in servicer.Speculate(self._requests(), Peer()):
+            self.events.append(event)
+
+    def open(self, session_id: int, committed: list[int] = PROMPT, **fields) -> None:
+        fields = {"max_ahead": 4, **fields}
+        self.requests.put_nowait(pb.TargetEvent(open=pb.OpenSession(session_id=session_id, committed=committed,
+                                                                    **fields)))
+
+    def send(self, **event) -> None:
+        self.requests.put_nowait(pb.TargetEvent(**event))
+
+    def errors(self) -> dict[int, str]:
+        return {e.error.session_id: e.error.message for e in self.events if e.WhichOneof("event") == "error"}
+
+    def chunks(self, session_id: int) -> list[pb.DraftChunk]:
+        return [e.chunk for e in self.events if e.WhichOneof("event") == "chunk" and e.chunk.session_id == session_id]
+
+    async def until(self, condition: Callable[[], bool], timeout: float = 10) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            assert not self.task.done(), "the stream ended"
+            assert time.monotonic() < deadline, f"timed out; events so far: {self.events}"
+            await asyncio.sleep(0.005)
+
+    async def end(self) -> None:
+        self.requests.put_nowait(None)
+        await self.task
+
+
+def servicer_for(model: Model, *, drafter_class: type[Drafter] = Drafter, n_ctx: int = 64,
+                 limits: SessionLimits = SessionLimits()) -> tuple[DraftServicer, DraftMetrics]:
+    metrics = DraftMetrics()
+    drafter = drafter_class(model, ModelWorker(), n_ctx=n_ctx, top_k_cap=10, observer=metrics)
+    return DraftServicer(drafter, limits, metrics), metrics
+
+
+def refused(metrics: DraftMetrics, reason: str) -> float:
+    return metrics.registry.get_sample_value("duo_draft:sessions_refused_total", {"reason": reason})
+
+
+@pytest.mark.parametrize("fields, reason, words", [
+    ({"committed": [1, 10**9]}, "invalid_event", ["token id 1000000000", "vocabulary"]),
+    ({"committed": [1, -3]}, "invalid_event", ["token id -3"]),
+    ({"committed": []}, "invalid_event", ["at least one committed token"]),
+    ({"sampling": pb.SamplingParams(temperature=1.0, min_p=1.0)}, "invalid_event", ["min_p"]),
+    ({"sampling": pb.SamplingParams(temperature=float("nan"))}, "invalid_event", ["temperature"]),
+    ({"p_min": float("nan")}, "invalid_event", ["p_min"]),
+    ({"max_ahead": 10**6}, "invalid_event", ["max_ahead"]),
+    ({"committed": [11] * 64}, "model_error", ["does not fit", "--ctx-size"]),
+], ids=["token beyond the vocabulary", "negative token", "no committed token", "min_p of 1",
+        "temperature NaN", "p_min NaN", "max_ahead beyond the context", "prompt beyond the context"])
+def test_a_session_the_draft_cannot_open_gets_a_session_error_and_the_others_go_on(draft_model, fields, reason,
+                                                                                   words):
+    model = CountingModel(draft_model)
+
+    async def run() -> tuple[dict[int, str], int, DraftMetrics]:
+        servicer, metrics = servicer_for(model)
+        stream = Stream(servicer)
+        stream.open(1)
+        stream.open(2, **fields)
+        stream.open(3, sampling=SAMPLED)
+        await stream.until(lambda: 2 in stream.errors() and len(stream.chunks(1)) == 4 and len(stream.chunks(3)) == 4)
+        stream.send(commit=pb.Commit(session_id=1, start=3, tokens=[stream.chunks(1)[0].tokens[0] + 1]))
+        await stream.until(lambda: len(stream.chunks(1)) == 8)  # session 1 drafts on after the bad open
+        await stream.end()
+        return stream.errors(), servicer.sessions_open(), metrics
+
+    errors, still_open, metrics = asyncio.run(run())
+    assert list(errors) == [2]
+    for word in words:
+        assert word in errors[2]
+    assert refused(metrics, reason) == 1
+    assert still_open == 0 and model.open_contexts == 0
+
+
+class FailingDrafter(Drafter):
+    """Drafting for session 2 raises `FailingDrafter.error`, as a bug or a broken model would."""
+
+    error: Exception = AssertionError("a bug")
+
+    async def step(self, session: DraftSession) -> pb.DraftChunk | None:
+        if session.session_id == 2:
+            raise self.error
+        return await super().step(session)
+
+
+@pytest.mark.parametrize("error, reason", [
+    (AssertionError("a bug"), "internal"),
+    (ValueError("logits must be finite"), "internal"),
+    (ModelError("llama_decode failed"), "model_error"),
+], ids=["assertion", "value error", "model error"])
+def test_a_session_whose_drafting_fails_gets_a_session_error_and_the_others_go_on(draft_model, error, reason):
+    model = CountingModel(draft_model)
+
+    class Failing(FailingDrafter):
+        pass
+    Failing.error = error
+
+    async def run() -> tuple[dict[int, str], DraftMetrics, int]:
+        servicer, metrics = servicer_for(model, drafter_class=Failing)
+        stream = Stream(servicer)
+        for session_id in (1, 2, 3):
+            stream.open(session_id, sampling=SAMPLED)
+        await stream.until(lambda: 2 in stream.errors() and len(stream.chunks(1)) == len(stream.chunks(3)) == 4)
+        held = model.open_contexts  # sessions 1 and 3; session 2's context is freed at once
+        stream.send(commit=pb.Commit(session_id=2, start=3, tokens=[5]))  # the target does not know yet: ignored
+        stream.send(close=pb.CloseSession(session_id=2))
+        stream.send(commit=pb.Commit(session_id=1, start=3, tokens=[stream.chunks(1)[0].tokens[0]]))
+        await stream.until(lambda: len(stream.chunks(1)) == 5)
+        await stream.end()
+        return stream.errors(), metrics, held
+
+    errors, metrics, held = asyncio.run(run())
+    assert errors == {2: str(error)}
+    assert refused(metrics, reason) == 1
+    assert held == 2 and model.open_contexts == 0
+
+
+@pytest.mark.parametrize("event, reason, words", [
+    ({"commit": pb.Commit(session_id=2, start=5, tokens=[11])}, "invalid_event", ["position 5", "3 tokens"]),
+    ({"commit": pb.Commit(session_id=2, start=3, tokens=[11, 2**31 - 1])}, "invalid_event", ["token id 2147483647"]),
+    ({"commit": pb.Commit(session_id=2, start=3, tokens=[11] * 61)}, "model_error", ["outgrew", "--ctx-size"]),
+    ({"steer": pb.Steer(session_id=2, max_ahead=65)}, "invalid_event", ["max_ahead 65"]),
+], ids=["commit leaving a gap", "commit of a token beyond the vocabulary", "commit beyond the context",
+        "steer beyond the context"])
+def test_a_bad_commit_or_steer_ends_its_session_alone(draft_model, event, reason, words):
+    model = CountingModel(draft_model)
+
+    async def run() -> tuple[dict[int, str], DraftMetrics, int]:
+        servicer, metrics = servicer_for(model)
+        stream = Stream(servicer)
+        stream.open(1)
+        stream.open(2)
+        await stream.until(lambda: len(stream.chunks(1)) == len(stream.chunks(2)) == 4)
+        stream.send(**event)
+        stream.send(commit=pb.Commit(session_id=1, start=3, tokens=[stream.chunks(1)[0].tokens[0] + 1]))
+        await stream.until(lambda: 2 in stream.errors() and len(stream.chunks(1)) == 8)
+        held = model.open_contexts
+        await stream.end()
+        return stream.errors(), metrics, held
+
+    errors, metrics, held = asyncio.run(run())
+    assert list(errors) == [2] and all(word in errors[2] for word in words), errors
+    assert refused(metrics, reason) == 1
+    assert held == 1 and model.open_contexts == 0
+
+
+def test_a_stream_cancelled_while_a_context_is_being_made_still_closes_it(draft_model):
+    """Cancelling the coroutine that awaits a model call does not stop the call: the context is made
+    after the stream is gone, and must be closed then."""
+    model = CountingModel(draft_model, delay=0.2)
+
+    async def run() -> None:
+        servicer, _ = servicer_for(model)
+        stream = Stream(servicer)
+        stream.open(1)
+        await asyncio.to_thread(model.creating.wait, 5)
+        stream.task.cancel()  # as grpc does when the target goes away
+        await asyncio.gather(stream.task, return_exceptions=True)
+        assert model.made == 0  # still being made
+        await model.wait_until_closed(made=1)
+        assert servicer.sessions_open() == 0 and not servicer.connections
+
+    asyncio.run(run())
+    assert model.made == 1 and model.closed == 1
+
+
+def test_a_close_waiting_behind_a_step_runs_even_if_the_stream_is_cancelled(draft_model):
+    """A close queued on the model thread behind a slow step, then the stream cancelled: it still runs."""
+    model = CountingModel(draft_model, delay=0.2)
+
+    async def run() -> None:
+        servicer, _ = servicer_for(model)
+        stream = Stream(servicer)
+        stream.open(1)
+        await asyncio.to_thread(model.decoding.wait, 5)  # a step is on the model thread
+        stream.send(close=pb.CloseSession(session_id=1))
+        await stream.until(lambda: not servicer.sessions_open())  # the close is queued
+        stream.task.cancel()
+        await asyncio.gather(stream.task, return_exceptions=True)
+        await model.wait_until_closed(made=1)
+
+    asyncio.run(run())
+    assert model.made == 1 and model.closed == 1
+
+
+def test_sessions_beyond_the_per_target_or_total_cap_are_refused_until_one_closes(draft_model):
+    metrics_of: dict[str, float] = {}
+
+    async def run() -> tuple[dict[int, str], dict[int, str]]:
+        servicer, metrics = servicer_for(draft_model, limits=SessionLimits(total=3, per_target=2))
+        first, second = Stream(servicer), Stream(servicer)
+        for session_id in (1, 2, 3):
+            first.open(session_id)
+        await first.until(lambda: 3 in first.errors() and len(first.chunks(2)) == 4)
+        second.open(1)
+        second.open(2)
+        await second.until(lambda: 2 in second.errors() and len(second.chunks(1)) == 4)
+        for name in ("duo_draft:num_sessions_open", "duo_draft:num_connections"):
+            metrics_of[name] = metrics.registry.get_sample_value(name)
+        first.send(close=pb.CloseSession(session_id=1))
+        second.open(2)  # the freed place is taken
+        await second.until(lambda: len(second.chunks(2)) == 4)
+        for reason in ("max_sessions_per_target", "max_sessions"):
+            metrics_of[reason] = refused(metrics, reason)
+        errors = first.errors(), second.errors()
+        await first.end()
+        await second.end()
+        return errors
+
+    first_errors, second_errors = asyncio.run(run())
+    assert list(first_errors) == [3] and "--max-sessions-per-target 2" in first_errors[3]
+    assert list(second_errors) == [2] and "--max-sessions 3" in second_errors[2]
+    assert metrics_of == {"duo_draft:num_sessions_open": 3, "duo_draft:num_connections": 2,
+                          "max_sessions_per_target": 1, "max_sessions": 1}
+
+
+# --- E, F. Through real processes: the caps and the draft's /metrics --------------------------------------
+
+
+def test_beyond_its_session_cap_the_draft_refuses_and_the_target_decodes_alone_as_metrics_show(
+        tiny_target, tiny_draft, served_alone, process_logs):
+    metrics_port = free_port()
+    draft = start("duo.draft_process", ["--model", str(tiny_draft), "--max-sessions-per-target", "1",
+                                        "--metrics", str(metrics_port)], process_logs)
+    target = start("duo.target_process", ["--model", str(tiny_target), "--peer", draft.address, "--draft-max", "4"],
+                   process_logs)
+    url = f"http://127.0.0.1:{metrics_port}/metrics"
+    try:
+        wait_for_draft(target.address)
+        expected = {prompt: generate(served_alone.address, prompt, max_tokens=200)[0] for prompt in PROMPTS}
+        results: dict[str, list[int]] = {}
+        threads = [threading.Thread(target=lambda p=p: results.setdefault(p, generate(target.address, p,
+                                                                                          max_tokens=200)[0]))
+                   for p in PROMPTS]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert results == expected
+        metrics = scrape(url)
+        assert metrics['duo_draft:sessions_refused_total{reason="max_sessions_per_target"}'] >= 1
+        assert metrics["duo_draft:draft_tokens_total"] > 0 and metrics["duo_draft:chunks_sent_total"] > 0
+        assert metrics["duo_draft:step_seconds_count"] >= metrics["duo_draft:draft_tokens_total"]
+        assert metrics["duo_draft:num_connections"] == 1
+        deadline = time.monotonic() + 10
+        while scrape(url)["duo_draft:num_sessions_open"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert scrape(url)["duo_draft:num_sessions_open"] == 0
+    finally:
+        target.stop()
+        draft.stop()
+    assert "goes on without the draft (max_sessions_per_target)" in draft.log()
