@@ -107,23 +107,26 @@ def scrape(url: str) -> dict[str, float]:
 
 def test_sampled_tokens_with_draft_p_min_follow_the_target_distribution(tiny_target, tiny_draft, served_alone,
                                                                           process_logs):
-    """At p_min 0.45 the tiny draft pauses at about half of its positions (its top-1 probability is
-    0.24-0.74 past the first token); the old rule would also drop every token it drew below 0.45."""
+    """Through two processes at p_min 0.45, where the tiny draft pauses at about half of its positions
+    (its top-1 probability is 0.24-0.74 past the first token). How many proposals the target verifies
+    depends on timing (on a busy machine the draft lags and few are), so the test below, which verifies
+    every proposal, is the one that tells the old rule from the new."""
     metrics_port = free_port()
     draft = start("duo.draft_process", ["--model", str(tiny_draft), "--metrics", str(metrics_port)], process_logs)
     target = start("duo.target_process", ["--model", str(tiny_target), "--peer", draft.address, "--draft-max", "4",
                                           "--draft-p-min", "0.45"], process_logs)
     try:
         wait_for_draft(target.address)
-        n, n_tokens = 400, 6
+        n, n_tokens = 400, 4
         through_duo = sample_positions(target.address, n, n_tokens)
         reference = sample_positions(served_alone.address, n, n_tokens)
         p_values = [homogeneity_p_value([t[i] for t in through_duo if len(t) > i],
                                         [t[i] for t in reference if len(t) > i]) for i in range(n_tokens)]
         print("p-values by position:", [f"{p:.3g}" for p in p_values])
         assert min(p_values) > 1e-3, p_values
-        _, last = generate(target.address, "Once upon a time", max_tokens=32, temperature=1.0, seed=1)
-        assert last.stats.draft_tokens_verified > 0
+        verified = sum(generate(target.address, "Once upon a time", max_tokens=64, temperature=1.0, seed=seed)[1]
+                       .stats.draft_tokens_verified for seed in range(4))
+        assert verified > 0
         metrics = scrape(f"http://127.0.0.1:{metrics_port}/metrics")
         assert metrics["duo_draft:p_min_pauses_total"] > 0 and metrics["duo_draft:chunks_sent_total"] > 0
     finally:
