@@ -1,0 +1,157 @@
+"""The bench's processes: each variant's duo-target, duo-draft and link delay proxy, from this tree or a baseline's.
+
+A baseline (`--baseline-rev REV`) is a git worktree of REV in a temporary folder; its processes run
+with that folder first on their module path, with this venv's packages (llama-cpp-python, grpc).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import grpc
+
+from bench_report import Variant
+from duo._proto import duo_pb2 as pb
+from duo._proto import duo_pb2_grpc as pb_grpc
+from duo.demo import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+DELAY_PROXY = Path(__file__).resolve().parent / "delay_proxy.py"
+
+
+@dataclass(frozen=True)
+class Code:
+    """A tree of duo's code and the modules that start its two processes there."""
+
+    root: Path
+    target_module: str
+    draft_module: str
+
+    @classmethod
+    def at(cls, root: Path) -> Code:
+        # Commit 621876b moved each process's command line beside its wiring:
+        # duo.target / duo.draft before it, duo.target_process / duo.draft_process after.
+        if (root / "duo" / "target_process.py").is_file():
+            return cls(root, "duo.target_process", "duo.draft_process")
+        return cls(root, "duo.target", "duo.draft")
+
+
+@contextlib.contextmanager
+def baseline_worktree(rev: str, repo: Path = ROOT) -> Iterator[tuple[Code, str]]:
+    """A detached git worktree of `repo` at `rev` (removed on exit), and the commit `rev` names."""
+    commit = _git(repo, "rev-parse", "--verify", f"{rev}^{{commit}}").strip()
+    folder = Path(tempfile.mkdtemp(prefix="duo-baseline-"))
+    tree = folder / "duo"
+    _git(repo, "worktree", "add", "--detach", str(tree), commit)
+    try:
+        yield Code.at(tree), commit
+    finally:
+        _git(repo, "worktree", "remove", "--force", str(tree))
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
+
+
+@dataclass
+class Cluster:
+    """The processes of one variant; `address` is its target's client endpoint."""
+
+    variant: Variant
+    address: str
+    processes: list[subprocess.Popen] = field(default_factory=list)
+    speculative: bool = False
+
+    def stop(self) -> None:
+        for process in self.processes:
+            process.terminate()
+        for process in self.processes:
+            process.wait(30)
+
+
+def spawn(command: list[str], cores: set[int], log: Path, code: Code) -> subprocess.Popen:
+    """Start `command` pinned to `cores` (what `taskset -c` does), importing duo from `code.root`,
+    its output going to `log`."""
+    def pin() -> None:
+        os.sched_setaffinity(0, cores)
+
+    # `python -m` puts the working folder first on the module path, PYTHONPATH next: both name
+    # code.root, so its duo wins over the one this venv has installed.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(code.root), os.environ.get("PYTHONPATH")]))}
+    with open(log, "wb") as out:
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, preexec_fn=pin, cwd=code.root, env=env)
+
+
+def _duo(module: str, args: list[str], cores: set[int]) -> list[str]:
+    return [sys.executable, "-m", module, *args, "--threads", str(len(cores))]
+
+
+def start_variant(variant: Variant, code: Code, models: tuple[Path, Path], cores: tuple[set[int], set[int]],
+                  sync_k: int, logs: Path) -> Cluster:
+    """Start a variant's processes. `models` and `cores` are (target, draft); a delayed link
+    puts a delay proxy, on all cores, between the target and its draft."""
+    (target, draft), (target_cores, draft_cores) = models, cores
+    all_cores = set(os.sched_getaffinity(0))
+    name = variant.label.replace(" +", "-").replace("@", "-at-")
+    address = f"127.0.0.1:{free_port()}"
+    target_args = ["--model", str(target), "--listen", address, "--device", "cpu", "--log-level", "WARNING"]
+    if variant.mode.startswith("alone"):
+        cores_used = target_cores if variant.mode == "alone-tcores" else all_cores
+        return Cluster(variant, address, [spawn(_duo(code.target_module, target_args, cores_used), cores_used,
+                                                logs / f"{name}.log", code)])
+    if variant.mode == "sync-shared":
+        target_cores = draft_cores = all_cores
+    draft_address = f"127.0.0.1:{free_port()}"
+    processes = [spawn(_duo(code.draft_module, ["--model", str(draft), "--listen", draft_address, "--device", "cpu",
+                                                "--log-level", "WARNING"], draft_cores),
+                       draft_cores, logs / f"{name}-draft.log", code)]
+    peer = draft_address
+    if variant.link_delay_ms:
+        peer = f"127.0.0.1:{free_port()}"
+        processes.append(spawn([sys.executable, str(DELAY_PROXY), "--listen", peer, "--upstream", draft_address,
+                                "--delay-ms", str(variant.link_delay_ms)], all_cores, logs / f"{name}-proxy.log", code))
+    extra = ["--sync", str(sync_k)] if variant.mode.startswith("sync") else []
+    processes.append(spawn(_duo(code.target_module, [*target_args, "--peer", peer, *extra], target_cores),
+                           target_cores, logs / f"{name}-target.log", code))
+    return Cluster(variant, address, processes, speculative=True)
+
+
+def generate(address: str, prompt: str, temperature: float, max_tokens: int,
+             seed: int) -> tuple[pb.GenerateResponse, float, float]:
+    """One chat generation; (last message, seconds, time to first token) measured by the client."""
+    request = pb.GenerateRequest(max_tokens=max_tokens, sampling=pb.SamplingParams(temperature=temperature, seed=seed))
+    request.messages.append(pb.ChatMessage(role="user", content=prompt))
+    started = time.perf_counter()
+    first = None
+    last = pb.GenerateResponse()
+    with grpc.insecure_channel(address) as channel:
+        for last in pb_grpc.TargetStub(channel).Generate(request, wait_for_ready=True, timeout=3600):
+            if first is None and last.token_ids:
+                first = time.perf_counter() - started
+    return last, time.perf_counter() - started, first or 0.0
+
+
+def wait_ready(cluster: Cluster, timeout: float = 300) -> None:
+    """Until the target answers and, for speculative modes, its draft is connected."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(p.poll() is not None for p in cluster.processes):
+            raise SystemExit(f"{cluster.variant.label}: a process exited; see its log")
+        try:
+            last, _, _ = generate(cluster.address, "hi", 0.0, 2, 0)
+            if last.stats.draft_connected or not cluster.speculative:
+                return
+        except grpc.RpcError:
+            pass
+        time.sleep(0.5)
+    raise SystemExit(f"{cluster.variant.label}: not ready after {timeout}s")

@@ -1,0 +1,237 @@
+"""The bench's numbers: one Run per generation, summaries per temperature and variant, the table and the chart.
+
+Vocabulary (as vLLM's): a *verify step* is one target decode, of the chain tokens it holds plus one;
+*acceptance* is per draft token: accepted / (accepted + rejections), since verification stops at
+the first rejection; *tokens per step* counts every committed token, the bonus or corrected one
+included; a step *decoded alone* had no draft token to verify (a batch of 1).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# Modes whose target talks to a draft over the link: these run once per --link-delay-ms.
+# sync-shared puts both models on the same cores, one machine: it runs with a direct link only.
+UNDELAYED_MODES = ("alone-tcores", "alone-all", "sync-shared")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A mode run at one link delay (one way, ms; 0: a direct connection)."""
+
+    mode: str
+    link_delay_ms: float = 0.0
+
+    @property
+    def label(self) -> str:
+        return f"{self.mode} +{self.link_delay_ms:g}ms" if self.link_delay_ms else self.mode
+
+
+@dataclass
+class Run:
+    """One generation, with the target's Stats at its end."""
+
+    mode: str
+    link_delay_ms: float
+    prompt: str
+    temperature: float
+    rep: int
+    tokens: int
+    seconds: float
+    ttft: float
+    verify_steps: int
+    draft_received: int
+    draft_verified: int
+    draft_accepted: int
+    draft_rejections: int
+    batch_sizes: list[int]  # [n]: verify steps that decoded n tokens
+    branch_hits: int  # rejections whose next step found a branch ready for the corrected token
+    waits: int  # steps where the target waited for the draft instead of decoding alone
+    wait_seconds: float
+
+    @property
+    def label(self) -> str:
+        return Variant(self.mode, self.link_delay_ms).label
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds
+
+
+def run_from_stats(variant: Variant, prompt: str, temperature: float, rep: int, stats: Any,
+                   seconds: float, ttft: float) -> Run:
+    """A Run from a Generate's final Stats. Fields a target's revision lacks (branch_hits, waits,
+    wait_seconds came with issue 10) read as 0, so the bench measures older revisions too."""
+    return Run(variant.mode, variant.link_delay_ms, prompt, temperature, rep, stats.generated_tokens,
+               seconds, ttft, stats.verify_steps, stats.draft_tokens_received, stats.draft_tokens_verified,
+               stats.draft_tokens_accepted, stats.draft_rejections, list(stats.batch_sizes),
+               getattr(stats, "branch_hits", 0), getattr(stats, "waits", 0), getattr(stats, "wait_seconds", 0.0))
+
+
+def ideal_rate(acceptance: float, costs: dict[int, float]) -> tuple[float, int]:
+    """max over k of E[tokens per verify](k) / T(k + 1), with i.i.d. acceptance: E(k) = sum_{i<=k} a^i.
+
+    This assumes the draft always has k tokens ready the moment the target needs them: the bound
+    for any speculative scheme with this draft, this target and this device."""
+    best, best_k = 0.0, 0
+    for n, seconds in costs.items():
+        k = n - 1
+        expected = sum(acceptance ** i for i in range(k + 1))
+        if expected / seconds > best:
+            best, best_k = expected / seconds, k
+    return best, best_k
+
+
+def batch_histogram(runs: list[Run]) -> dict[int, int]:
+    """How many verify steps decoded n tokens at once, over `runs`."""
+    total: dict[int, int] = {}
+    for run in runs:
+        for n, count in enumerate(run.batch_sizes):
+            if count:
+                total[n] = total.get(n, 0) + count
+    return dict(sorted(total.items()))
+
+
+def _ratio(numerator: float, denominator: float) -> float | None:
+    return numerator / denominator if denominator else None
+
+
+def summarise_variant(runs: list[Run], costs: dict[int, float]) -> dict:
+    """Totals and rates over the runs of one variant at one temperature."""
+    tokens, steps = sum(r.tokens for r in runs), sum(r.verify_steps for r in runs)
+    verified, accepted = sum(r.draft_verified for r in runs), sum(r.draft_accepted for r in runs)
+    rejections = sum(r.draft_rejections for r in runs)
+    histogram = batch_histogram(runs)
+    entry = {
+        "mode": runs[0].mode,
+        "link_delay_ms": runs[0].link_delay_ms,
+        "tokens_per_second": tokens / sum(r.seconds for r in runs),
+        "decode_tokens_per_second": sum(r.tokens - 1 for r in runs) / sum(r.seconds - r.ttft for r in runs),
+        "acceptance_rate": _ratio(accepted, verified),
+        "token_acceptance": _ratio(accepted, accepted + rejections),
+        # Tokens committed per verify step (mean accepted length, the bonus token included).
+        "mean_accepted_length": _ratio(tokens, steps),
+        "mean_draft_tokens_per_verify": _ratio(verified, steps),
+        "alone_share": _ratio(histogram.get(1, 0), steps),
+        "branch_hit_rate": _ratio(sum(r.branch_hits for r in runs), rejections),
+        "waits": sum(r.waits for r in runs),
+        "wait_seconds": sum(r.wait_seconds for r in runs),
+        "ttft_s": statistics.mean(r.ttft for r in runs),
+        "verify_batch_sizes": histogram,
+        "per_prompt": {p: statistics.mean(r.tokens_per_second for r in runs if r.prompt == p)
+                       for p in dict.fromkeys(r.prompt for r in runs)},
+    }
+    if entry["token_acceptance"] is not None and costs:
+        rate, k = ideal_rate(entry["token_acceptance"], costs)
+        # The bound counts decode time only, so it is compared with the rate after the first token.
+        entry["ideal"] = {"tokens_per_second": rate, "best_k": k,
+                          "fraction": entry["decode_tokens_per_second"] / rate}
+    return entry
+
+
+def duo_ratios(by_label: dict[str, dict]) -> dict[str, float]:
+    """duo's tok/s over every other variant it can be compared with: those at its own link delay,
+    and those that run without a delayed link (the target alone, sync-shared)."""
+    ratios = {}
+    for label, duo in by_label.items():
+        if duo["mode"] != "duo":
+            continue
+        for other_label, other in by_label.items():
+            comparable = other["link_delay_ms"] == duo["link_delay_ms"] or other["mode"] in UNDELAYED_MODES
+            if other["mode"] != "duo" and comparable:
+                ratios[f"{label} / {other_label}"] = duo["tokens_per_second"] / other["tokens_per_second"]
+    return ratios
+
+
+def summarise(runs: list[Run], variants: list[Variant], costs: dict[int, float]) -> dict[str, dict]:
+    """Per temperature, kept apart: each variant's summary (in `variants` order) and duo's ratios."""
+    summary = {}
+    for temperature in sorted({r.temperature for r in runs}):
+        by_label = {}
+        for variant in variants:
+            mine = [r for r in runs if r.label == variant.label and r.temperature == temperature]
+            if mine:
+                by_label[variant.label] = summarise_variant(mine, costs)
+        summary[str(temperature)] = {"modes": by_label, "ratios": duo_ratios(by_label)}
+    return summary
+
+
+def _cell(value: float | None, form: str) -> str:
+    return "-" if value is None else format(value, form)
+
+
+def print_table(summary: dict[str, dict], costs: dict[int, float], machine: dict) -> None:
+    print(f"\nmachine: {machine['cpu']}, {machine['cores']} cores; target on cores {machine['target_cores']}, "
+          f"draft on cores {machine['draft_cores']}")
+    for temperature, entry in summary.items():
+        print(f"\n== temperature {temperature} ==")
+        print(f"{'mode':<24}{'tok/s':>7}{'decode':>8}{'alpha':>7}{'tok/step':>9}{'alone':>7}{'branch':>8}"
+              f"{'waits':>7}{'wait s':>8}{'ideal':>7}{'ttft':>6}   per prompt tok/s")
+        for label, v in entry["modes"].items():
+            prompts = "  ".join(f"{t:.2f}" for t in v["per_prompt"].values())
+            print(f"{label:<24}{v['tokens_per_second']:>7.2f}{v['decode_tokens_per_second']:>8.2f}"
+                  f"{_cell(v['token_acceptance'], '.2f'):>7}{_cell(v['mean_accepted_length'], '.2f'):>9}"
+                  f"{_cell(v['alone_share'], '.0%'):>7}{_cell(v['branch_hit_rate'], '.0%'):>8}"
+                  f"{v['waits']:>7}{v['wait_seconds']:>8.2f}{_cell(v.get('ideal', {}).get('fraction'), '.0%'):>7}"
+                  f"{v['ttft_s']:>6.2f}   {prompts}")
+        for label, v in entry["modes"].items():
+            if v["mean_draft_tokens_per_verify"]:
+                sizes = " ".join(f"{n}:{c}" for n, c in v["verify_batch_sizes"].items())
+                print(f"  {label}: verify batch sizes (tokens:steps) {sizes}")
+        for name, ratio in entry["ratios"].items():
+            print(f"  {name:<44} {ratio:.2f}x")
+    print("\nalpha: per-token acceptance; tok/step: tokens committed per verify step; alone: share of steps "
+          "decoded alone;\nbranch: share of rejections whose next step found a branch; ideal: share of "
+          "max_k E(k)/T(k+1) reached (decode rate)")
+    if costs:
+        t1 = costs[1]
+        print("verify cost T(n)/T(1): " + "  ".join(f"{n}:{t / t1:.2f}" for n, t in costs.items())
+              + f"   (T(1) = {t1 * 1000:.0f} ms)")
+
+
+def _annotation(v: dict) -> str:
+    """The per-variant numbers the chart writes beside its bar."""
+    parts = [f"{v['tokens_per_second']:.2f} tok/s"]
+    if v["token_acceptance"] is not None:
+        parts += [f"α {v['token_acceptance']:.2f}", f"{v['mean_accepted_length']:.2f} tok/step",
+                  f"alone {v['alone_share']:.0%}", f"branch {_cell(v['branch_hit_rate'], '.0%')}",
+                  f"waits {v['waits']} ({v['wait_seconds']:.1f}s)"]
+    if "ideal" in v:
+        parts.append(f"ideal {v['ideal']['fraction']:.0%}")
+    return "  ".join(parts)
+
+
+def plot(summary: dict[str, dict], costs: dict[int, float], machine: dict, path: Path) -> None:
+    """One panel per temperature (a bar per variant, its numbers beside it) and the verify cost curve."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = max(len(entry["modes"]) for entry in summary.values())
+    figure, axes = plt.subplots(1, len(summary) + 1, figsize=(9 * len(summary) + 5, 1.5 + 0.45 * rows),
+                                gridspec_kw={"width_ratios": [9] * len(summary) + [5]})
+    for ax, (temperature, entry) in zip(axes, summary.items()):
+        labels = list(entry["modes"])[::-1]  # the first variant on top
+        rates = [entry["modes"][label]["tokens_per_second"] for label in labels]
+        ax.barh(labels, rates, color=["tab:orange" if "duo" in label else "tab:blue" for label in labels])
+        for y, label in enumerate(labels):
+            ax.text(0.01 * max(rates), y, _annotation(entry["modes"][label]), va="center", fontsize=7)
+        ax.set_xlabel("tokens/s (end to end)")
+        ax.set_title(f"temperature {temperature}")
+        ax.tick_params(axis="y", labelsize=8)
+    ax = axes[-1]
+    if costs:
+        ns = list(costs)
+        ax.plot(ns, [costs[n] / costs[1] for n in ns], marker="o", label="measured T(n)/T(1)")
+        ax.plot(ns, ns, linestyle="--", label="n single steps")
+    ax.set_xlabel("tokens in one verify batch (n)")
+    ax.set_ylabel("cost relative to one step")
+    ax.set_title("target verify cost")
+    ax.legend(fontsize=8)
+    figure.suptitle(f"{machine['cpu']}, {machine['cores']} cores", fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
