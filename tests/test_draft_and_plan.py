@@ -38,7 +38,7 @@ def test_the_draft_streams_tokens_that_continue_its_chain(draft_model):
     assert all(not c.dists for c in chunks)  # greedy: no distributions on the wire
 
 
-def test_draft_p_min_pauses_the_chain_after_a_doubtful_token_until_the_next_commit(draft_model):
+def test_draft_p_min_pauses_the_chain_at_a_doubtful_position_until_the_next_commit(draft_model):
     async def run():
         drafter = Drafter(draft_model, ModelWorker(), n_ctx=256, top_k_cap=10)
         session = await open_session(drafter, [9707, 11, 1879], p_min=0.999999)

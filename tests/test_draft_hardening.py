@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from duo._proto import duo_pb2 as pb
 from duo.draft import Drafter, DraftSession, proposes
 from duo.draft_metrics import DraftMetrics
-from duo.draft_process import DraftServicer, SessionLimits
+from duo.draft_process import DraftServicer, SessionLimits, main
 from duo.model import Context, Model, ModelError
 from duo.runtime import ModelWorker
 from duo.sampling import SamplingParams, SparseDist, sample, verify
@@ -518,3 +518,14 @@ def test_beyond_its_session_cap_the_draft_refuses_and_the_target_decodes_alone_a
         target.stop()
         draft.stop()
     assert "goes on without the draft (max_sessions_per_target)" in draft.log()
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--max-sessions", "0"], ["--max-sessions", "at least 1"]),
+    (["--max-sessions-per-target", "0"], ["at least 1"]),
+    (["--metrics", "not-an-address"], ["not HOST:PORT"]),
+], ids=["no sessions", "no sessions per target", "bad metrics address"])
+def test_duo_draft_refuses_flags_it_cannot_serve_before_loading_the_model(flags, words, capsys, tmp_path):
+    assert main(["--model", str(tmp_path / "never-loaded.gguf"), *flags]) == 1
+    error = capsys.readouterr().err
+    assert all(word in error for word in words), error
