@@ -8,6 +8,16 @@ from typing import Sequence
 from duo.sampling import SparseDist
 
 
+@dataclass(frozen=True)
+class ChainChunk:
+    """Chain tokens at positions start, start + 1, ... of chain `epoch`, as the link let them through."""
+
+    epoch: int
+    start: int
+    tokens: list[int]
+    dists: list[SparseDist]  # the distribution each token was drawn from; empty for greedy sessions
+
+
 @dataclass
 class DraftChain:
     """Draft tokens received for a session, kept only while they agree with the committed sequence.

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 
 
 from duo.admission import Admission, Slot
-from duo.link import incompatible_error
 from duo.metrics import Metrics
 from duo.model import ModelError
 from duo.sampling import SamplingParams
@@ -41,10 +40,6 @@ class UnknownModel(BadRequest):
 
 class NotReady(ClientError):
     """The model is still loading."""
-
-
-class DraftIncompatible(ClientError):
-    """The draft at --peer refused this target (or the reverse): a configuration error."""
 
 
 @dataclass(frozen=True)
@@ -158,8 +153,6 @@ class Completions:
     def prepare(self, request: CompletionRequest) -> Request:
         """The target's Request, or BadRequest saying what to fix."""
         target = self._loaded()
-        if target.link is not None and target.link.state == "incompatible":
-            raise DraftIncompatible(incompatible_error(target.link))
         try:
             request.params.validate()
         except ValueError as error:

@@ -16,8 +16,7 @@ from duo import wire
 from duo._proto import duo_pb2 as pb
 from duo._proto import duo_pb2_grpc as pb_grpc
 from duo.admission import QueueFull
-from duo.completion import (BadRequest, ClientError, CompletionRequest, Completions, DraftIncompatible, NotReady,
-                            Piece, stats_fields)
+from duo.completion import BadRequest, ClientError, CompletionRequest, Completions, NotReady, Piece, stats_fields
 from duo.model import ModelError
 from duo.runtime import WRITE_TIMEOUT_S, WriteTimeout, grpc_server_options, write_within
 
@@ -26,7 +25,7 @@ log = logging.getLogger("duo.grpc_api")
 TARGET_SERVICE = pb.DESCRIPTOR.services_by_name["Target"].full_name  # "duo.v1.Target"
 
 _STATUS_OF = {BadRequest: grpc.StatusCode.INVALID_ARGUMENT, NotReady: grpc.StatusCode.UNAVAILABLE,
-              DraftIncompatible: grpc.StatusCode.FAILED_PRECONDITION, QueueFull: grpc.StatusCode.RESOURCE_EXHAUSTED}
+              QueueFull: grpc.StatusCode.RESOURCE_EXHAUSTED}
 
 
 async def abort_for(context: grpc.aio.ServicerContext, error: ClientError | QueueFull) -> NoReturn:

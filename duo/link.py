@@ -5,40 +5,62 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from typing import AsyncIterator, Protocol
+from typing import Protocol
 
 import grpc
 
 from duo import wire
 from duo._proto import duo_pb2 as pb
 from duo._proto import duo_pb2_grpc as pb_grpc
+from duo.chain import ChainChunk, DraftChain
 from duo.model import IncompatibleVocab, Vocab, check_compatible
 from duo.runtime import grpc_channel_options
 
 log = logging.getLogger("duo.link")
 
+# A stopped or overloaded draft accepts the connection but never answers: give up on the handshake
+# (a vocabulary of a few MB each way) after this long and try again.
 HANDSHAKE_TIMEOUT_S = 30.0
 BACKOFF_FIRST_S = 0.2
 BACKOFF_MAX_S = 2.0
+# A draft that refused this target (the wrong model) is asked again this often, since it may be
+# swapped for the right one; meanwhile the target decodes alone.
+INCOMPATIBLE_RETRY_S = 30.0
+# How far beyond the lead last told to the draft (max_ahead) a chain may reach: a Steer that
+# shortened the lead crosses chunks drafted under the longer one (the adaptive policy's lead is at
+# most 2 x 16 + 2), and anything further is a broken or hostile draft.
+LEAD_MARGIN = 64
+# Longest text of the draft's own that is logged (its error messages are untrusted too).
+MAX_LOGGED_CHARS = 200
 
 
 class LinkedSession(Protocol):
     """What the link needs from a target session."""
 
     session_id: int
+    committed: list[int]
+    chain: DraftChain
+    max_ahead: int  # as last told to the draft
 
     def open_message(self) -> pb.OpenSession: ...
-    def on_chunk(self, chunk: pb.DraftChunk) -> None: ...
+    def on_chunk(self, chunk: ChainChunk) -> None: ...
     def on_draft_lost(self) -> None: ...
+
+
+class DraftObserver(Protocol):
+    """Something that watches what the link refuses from the draft (metrics)."""
+
+    def on_draft_rejected(self, reason: str, entries: int) -> None: ...
 
 
 class DraftLink:
     """Keeps duo-target connected to one duo-draft, whatever the draft does.
 
     Sessions register here; while a stream is up, their events go out on it and the draft's chunks
-    come back to them. When the draft dies or stalls out, sessions are told and go on decoding alone;
-    when it comes back, every registered session is re-opened with its committed tokens so far, so
-    speculation resumes even in the middle of a generation.
+    come back to them, checked first: a chunk is cut at its first entry that breaks a bound. When
+    the draft dies, stalls out or is incompatible, sessions go on decoding alone; when it comes back,
+    every registered session is re-opened with its committed tokens so far, so speculation resumes
+    even in the middle of a generation. Nothing the draft does ends the link.
     """
 
     def __init__(self, address: str, model_name: str, vocab: Vocab,
@@ -48,10 +70,12 @@ class DraftLink:
         self.vocab = vocab
         self.credentials = credentials
         self.sessions: dict[int, LinkedSession] = {}
+        self.observers: list[DraftObserver] = []
         self.state = "disconnected"  # or "connected", "incompatible"
         self.last_error = ""
         self.connections = 0
         self._outbox: asyncio.Queue[pb.TargetEvent] | None = None
+        self._faulted: set[int] = set()  # sessions whose draft faults were logged already
         # Built once: it carries the whole vocabulary, and an absent draft is retried every few seconds.
         self._hello = pb.Hello(protocol=wire.PROTOCOL, model=model_name, vocab=wire.vocab_to_pb(vocab))
 
@@ -65,6 +89,7 @@ class DraftLink:
         self.send(pb.TargetEvent(open=session.open_message()))
 
     def unregister(self, session_id: int) -> None:
+        self._faulted.discard(session_id)
         if self.sessions.pop(session_id, None) is not None:
             self.send(pb.TargetEvent(close=pb.CloseSession(session_id=session_id)))
 
@@ -74,14 +99,19 @@ class DraftLink:
             self._outbox.put_nowait(event)
 
     async def run(self) -> None:
-        """Connect, serve, and reconnect forever (until cancelled)."""
+        """Connect, serve, and reconnect forever (until cancelled); never raises otherwise."""
         backoff = BACKOFF_FIRST_S
         while True:
             started = asyncio.get_running_loop().time()
-            await self._connect_once()
+            try:
+                await self._connect_once()
+            except Exception as error:  # a bug here must cost speculation, not the target process
+                log.exception("the link to draft %s failed; reconnecting", self.address)
+                self._lost(f"internal error: {error!r}")
             if asyncio.get_running_loop().time() - started > 10 * BACKOFF_MAX_S:
                 backoff = BACKOFF_FIRST_S  # it was up for a while: retry quickly
-            await asyncio.sleep(backoff * (0.5 + random.random()))
+            delay = INCOMPATIBLE_RETRY_S if self.state == "incompatible" else backoff * (0.5 + random.random())
+            await asyncio.sleep(delay)
             backoff = min(BACKOFF_MAX_S, backoff * 2)
 
     async def _connect_once(self) -> None:
@@ -90,19 +120,31 @@ class DraftLink:
                    if self.credentials else grpc.aio.insecure_channel(self.address, options=options))
         try:
             stub = pb_grpc.DraftStub(channel)
-            await self._handshake(stub)
-            await self._stream(stub)
+            if await self._handshake(stub):
+                await self._stream(stub)
         except grpc.aio.AioRpcError as error:
-            self._lost(f"{error.code().name}: {error.details()}", error.code())
-        except IncompatibleVocab as error:
-            self._lost(str(error), grpc.StatusCode.FAILED_PRECONDITION)
+            self._lost(f"{error.code().name}: {_clip(error.details() or '')}")
         finally:
             await channel.close()
 
-    async def _handshake(self, stub: pb_grpc.DraftStub) -> None:
-        reply = await stub.Handshake(self._hello, timeout=HANDSHAKE_TIMEOUT_S, wait_for_ready=False,
-                                     compression=grpc.Compression.Gzip)
-        check_compatible(self.vocab, wire.vocab_from_pb(reply.vocab))
+    async def _handshake(self, stub: pb_grpc.DraftStub) -> bool:
+        """Exchange vocabularies; False (and the state "incompatible") when either side refuses the pair."""
+        try:
+            reply = await stub.Handshake(self._hello, timeout=HANDSHAKE_TIMEOUT_S, wait_for_ready=False,
+                                         compression=grpc.Compression.Gzip)
+            if reply.protocol != wire.PROTOCOL:
+                raise IncompatibleVocab(f"the draft speaks protocol {_clip(reply.protocol)!r}, not {wire.PROTOCOL!r}: "
+                                        "run the same duo version on both sides")
+            check_compatible(self.vocab, wire.vocab_from_pb(reply.vocab))
+        except grpc.aio.AioRpcError as error:
+            if error.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                raise
+            self._refused(_clip(error.details() or "the draft refused this target"))
+            return False
+        except IncompatibleVocab as error:
+            self._refused(str(error))
+            return False
+        return True
 
     async def _stream(self, stub: pb_grpc.DraftStub) -> None:
         outbox: asyncio.Queue[pb.TargetEvent] = asyncio.Queue()
@@ -112,42 +154,67 @@ class DraftLink:
         self.state, self.last_error = "connected", ""
         self.connections += 1
         log.info("draft %s connected; speculating for %d running session(s)", self.address, len(self.sessions))
+        call = stub.Speculate()
+        sending = asyncio.create_task(_send_all(call, outbox))
         try:
-            async for event in stub.Speculate(_drain(outbox)):
-                kind = event.WhichOneof("event")
-                session = self.sessions.get(event.chunk.session_id if kind == "chunk" else event.error.session_id)
-                if session is None:
-                    continue
-                if kind == "chunk":
-                    try:
-                        session.on_chunk(event.chunk)
-                    except ValueError as error:  # the chain then has a gap and waits for a new epoch
-                        log.warning("dropped a malformed chunk for session %d: %s", session.session_id, error)
-                else:
-                    log.warning("draft refused session %d: %s", event.error.session_id, event.error.message)
+            async for event in call:
+                self._on_event(event)
         finally:
             self._outbox = None
+            # grpc leaves a request iterator of its own pending forever after a failed call, so the
+            # link writes its events itself and stops writing with the call.
+            sending.cancel()
+            call.cancel()
+            await asyncio.gather(sending, return_exceptions=True)  # its error is the call's, raised above
             for session in self.sessions.values():
                 session.on_draft_lost()
-        self._lost("the draft closed the stream", None)
+        self._lost("the draft closed the stream")
 
-    def _lost(self, reason: str, code: grpc.StatusCode | None) -> None:
-        was = self.state
-        if code == grpc.StatusCode.FAILED_PRECONDITION:
-            self.state = "incompatible"
-            log.error("draft %s refused this target: %s", self.address, reason)
-        else:
-            self.state = "disconnected"
-            if was == "connected":
-                log.warning("draft %s lost (%s); decoding alone until it is back", self.address, reason)
-        self.last_error = reason
+    def _on_event(self, event: pb.DraftEvent) -> None:
+        kind = event.WhichOneof("event")
+        if kind == "chunk":
+            session = self.sessions.get(event.chunk.session_id)
+            if session is not None:  # else a session that ended meanwhile
+                self._on_chunk(session, event.chunk)
+        elif kind == "error" and event.error.session_id in self.sessions:
+            self._fault(event.error.session_id, f"refused it: {_clip(event.error.message)}")
+
+    def _on_chunk(self, session: LinkedSession, message: pb.DraftChunk) -> None:
+        n_committed = len(session.committed)
+        bounds = wire.ChunkBounds(n_vocab=self.vocab.n_vocab, n_committed=n_committed, epoch=session.chain.epoch,
+                                  max_end=n_committed + session.max_ahead + LEAD_MARGIN)
+        chunk, rejection = wire.chunk_from_pb(message, bounds)
+        if rejection is not None:
+            for observer in self.observers:
+                observer.on_draft_rejected(rejection.reason, rejection.entries)
+            self._fault(session.session_id, f"sent {rejection.detail} ({rejection.reason}); "
+                                            f"dropped {rejection.entries} chain entries")
+        if chunk.tokens:
+            session.on_chunk(chunk)
+
+    def _fault(self, session_id: int, what: str) -> None:
+        """Log a draft's misbehaviour once per session: a faulty draft sends many chunks."""
+        if session_id not in self._faulted:
+            self._faulted.add(session_id)
+            log.warning("draft %s, session %d: %s; further faults of this session are not logged",
+                        self.address, session_id, what)
+
+    def _refused(self, reason: str) -> None:
+        if self.state != "incompatible" or reason != self.last_error:
+            log.error("draft %s is incompatible with this target, decoding alone (asking again every %.0f s): %s",
+                      self.address, INCOMPATIBLE_RETRY_S, reason)
+        self.state, self.last_error = "incompatible", reason
+
+    def _lost(self, reason: str) -> None:
+        if self.state == "connected":
+            log.warning("draft %s lost (%s); decoding alone until it is back", self.address, reason)
+        self.state, self.last_error = "disconnected", reason
 
 
-async def _drain(outbox: asyncio.Queue[pb.TargetEvent]) -> AsyncIterator[pb.TargetEvent]:
+async def _send_all(call: grpc.aio.StreamStreamCall, outbox: asyncio.Queue[pb.TargetEvent]) -> None:
     while True:
-        yield await outbox.get()
+        await call.write(await outbox.get())
 
 
-def incompatible_error(link: DraftLink) -> str:
-    return f"the draft at {link.address} is incompatible with this target: {link.last_error}"
-
+def _clip(text: str) -> str:
+    return text if len(text) <= MAX_LOGGED_CHARS else text[:MAX_LOGGED_CHARS] + "..."

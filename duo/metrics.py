@@ -15,12 +15,15 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from duo.target import GenerationStats, StepRecord
+from duo.wire import REJECTION_REASONS
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 # Seconds; spans a tiny model's milliseconds to a long generation on a CPU.
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0)
+# The draft link's states; "none": no --peer, or the model is still loading.
+DRAFT_STATES = ("connected", "disconnected", "incompatible", "none")
 
 
 class Metrics:
@@ -48,6 +51,13 @@ class Metrics:
                                              "From arrival (queueing included) to the first token.",
                                              buckets=TTFT_BUCKETS, registry=r)
         self.draft_connected = Gauge("duo:draft_connected", "1 while a draft is connected, else 0.", registry=r)
+        self.draft_state = Gauge("duo:draft_state", "1 for the draft link's current state, 0 for the others.",
+                                 ["state"], registry=r)
+        self.draft_rejected_entries = Counter(
+            "duo:draft_rejected_entries", "Chain entries from the draft dropped for breaking a bound, by reason "
+            "(epoch, position, lead, token, distribution, length).", ["reason"], registry=r)
+        for reason in REJECTION_REASONS:
+            self.draft_rejected_entries.labels(reason=reason)  # exported at 0 before the first one
         self.draft_len = Gauge("duo:spec_decode_draft_len",
                                "Draft tokens per step: the adaptive policy's current choice, or --draft-max.",
                                registry=r)
@@ -57,10 +67,12 @@ class Metrics:
                                              "Streaming clients dropped for reading nothing for --write-timeout.",
                                              registry=r)
 
-    def watch(self, *, draft_connected: Callable[[], float], draft_len: Callable[[], float],
+    def watch(self, *, draft_state: Callable[[], str], draft_len: Callable[[], float],
               running: Callable[[], float], waiting: Callable[[], float]) -> None:
         """Read the gauges from these functions at every scrape."""
-        self.draft_connected.set_function(draft_connected)
+        self.draft_connected.set_function(lambda: float(draft_state() == "connected"))
+        for state in DRAFT_STATES:
+            self.draft_state.labels(state=state).set_function(lambda state=state: float(draft_state() == state))
         self.draft_len.set_function(draft_len)
         self.requests_running.set_function(running)
         self.requests_waiting.set_function(waiting)
@@ -74,6 +86,10 @@ class Metrics:
         self.num_accepted_tokens.inc(record.n_accepted)
         for position in range(record.n_accepted):
             self.accepted_per_pos.labels(position=str(position)).inc()
+
+    # duo.link.DraftObserver
+    def on_draft_rejected(self, reason: str, entries: int) -> None:
+        self.draft_rejected_entries.labels(reason=reason).inc(entries)
 
     def request_finished(self, stats: GenerationStats, finish_reason: str | None) -> None:
         """Count one request that ran; `finish_reason` None: the client left before the end."""

@@ -21,8 +21,8 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from duo.admission import QueueFull
-from duo.completion import (BadRequest, ClientError, Completion, CompletionRequest, Completions, DraftIncompatible,
-                            NotReady, Piece, UnknownModel, stats_fields)
+from duo.completion import (BadRequest, ClientError, Completion, CompletionRequest, Completions, NotReady, Piece,
+                            UnknownModel, stats_fields)
 from duo.metrics import CONTENT_TYPE, Metrics
 from duo.model import ModelError
 from duo.openai_types import ChatBody, CompletionBody, GenerationBody
@@ -61,10 +61,8 @@ def api_error(error: ClientError | QueueFull) -> ApiError:
         return ApiError(400, str(error), param=error.param, code=error.code)
     if isinstance(error, QueueFull):
         return ApiError(503, str(error), type="server_error", code="queue_full", headers={"Retry-After": "1"})
-    if isinstance(error, NotReady):
-        return ApiError(503, str(error), type="server_error", code="model_loading", headers={"Retry-After": "1"})
-    assert isinstance(error, DraftIncompatible), error  # the last kind of ClientError
-    return ApiError(503, str(error), type="server_error", code="draft_incompatible")
+    assert isinstance(error, NotReady), error  # the last kind of ClientError
+    return ApiError(503, str(error), type="server_error", code="model_loading", headers={"Retry-After": "1"})
 
 
 def validation_message(error: RequestValidationError) -> ApiError:
@@ -180,7 +178,8 @@ class OpenAIApi:
         completions = self.completions
         link = completions.target.link if completions.target else None
         body = {"status": "ok" if completions.target else "loading", "model": completions.names[0],
-                "draft": completions.draft_state, "draft_sessions": len(link.sessions) if link else 0,
+                "draft": completions.draft_state, "draft_error": link.last_error if link else "",
+                "draft_sessions": len(link.sessions) if link else 0,
                 "requests_running": completions.admission.running,
                 "requests_waiting": completions.admission.waiting}
         return JSONResponse(body, status_code=200 if completions.target else 503)

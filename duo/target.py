@@ -13,7 +13,7 @@ import numpy as np
 
 from duo import wire
 from duo._proto import duo_pb2 as pb
-from duo.chain import DraftChain
+from duo.chain import ChainChunk, DraftChain
 from duo.link import DraftLink
 from duo.model import Context, Model, ModelError
 from duo.policy import Acceptance, AdaptivePolicy, StepCosts
@@ -160,9 +160,9 @@ class Generation:
                               sampling=wire.sampling_to_pb(self.request.params, self.request.seed),
                               max_ahead=self.max_ahead, p_min=self.settings.draft_p_min)
 
-    def on_chunk(self, chunk: pb.DraftChunk) -> None:
-        dists = [wire.dist_from_pb(d) for d in chunk.dists]
-        self.chain.receive(chunk.epoch, chunk.start, chunk.tokens, dists)
+    def on_chunk(self, chunk: ChainChunk) -> None:
+        """Chain tokens the link has checked against this session's bounds."""
+        self.chain.receive(chunk.epoch, chunk.start, chunk.tokens, chunk.dists)
         self.stats.draft_tokens_received = self.chain.received
         self.chunk_arrived.set()
 

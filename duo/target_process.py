@@ -150,13 +150,14 @@ async def serve(args: argparse.Namespace, path: Path, settings: SpecSettings) ->
         target.observers.append(metrics)
         completions.ready(target, min(args.ctx_size, model.n_ctx_train))
         admission = completions.admission
-        metrics.watch(draft_connected=lambda: float(completions.draft_connected),
+        metrics.watch(draft_state=lambda: completions.draft_state,
                       draft_len=lambda: target.draft_len,
                       running=lambda: admission.running, waiting=lambda: admission.waiting)
         log.info("model loaded in %.1f s: serving %s, %s", time.monotonic() - began, path.name,
                  f"drafts from {args.peer}" if link else "alone (no --peer)")
         await set_serving(health_servicer, True)
         if link:
+            link.observers.append(metrics)
             await link.run()
 
     endpoints = [f"gRPC on {args.listen}"] + ([f"HTTP on {args.http}"] if args.http else [])

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from duo._proto import duo_pb2 as pb
+from duo.chain import ChainChunk
 from duo.model import Vocab
 from duo.sampling import SamplingParams, SparseDist
 
@@ -40,10 +43,99 @@ def dist_to_pb(dist: SparseDist) -> pb.SparseDist:
     return pb.SparseDist(ids=dist.ids.tolist(), probs=dist.probs.tolist())
 
 
-def dist_from_pb(message: pb.SparseDist) -> SparseDist:
-    """The draft's q; ValueError when it is not a distribution (a draft must never make us guess)."""
+def dist_from_pb(message: pb.SparseDist, n_vocab: int) -> SparseDist:
+    """The draft's q; ValueError saying what is wrong when it is not a distribution over the target's
+    vocabulary (a draft must never make us guess)."""
     # float32 on the wire; renormalise in float64 so the rejection test uses a proper distribution.
+    ids = np.asarray(message.ids, dtype=np.int64)
     probs = np.asarray(message.probs, dtype=np.float64)
-    if len(message.ids) != probs.size or not np.all(np.isfinite(probs)) or np.any(probs < 0) or probs.sum() <= 0:
-        raise ValueError("a draft distribution needs as many ids as probabilities, finite, >= 0, summing above 0")
-    return SparseDist(ids=np.asarray(message.ids, dtype=np.int64), probs=probs / probs.sum())
+    if ids.size == 0 or ids.size != probs.size:
+        raise ValueError(f"a distribution has {ids.size} ids and {probs.size} probabilities")
+    if ids.min() < 0 or ids.max() >= n_vocab:
+        raise ValueError(f"a distribution names token {ids.min() if ids.min() < 0 else ids.max()}, "
+                         f"outside the vocabulary of {n_vocab}")
+    if np.unique(ids).size != ids.size:
+        raise ValueError("a distribution names a token twice")
+    if not np.all(np.isfinite(probs)) or np.any(probs < 0) or probs.sum() <= 0:
+        raise ValueError("a distribution's probabilities must be finite, >= 0 and sum above 0")
+    return SparseDist(ids=ids, probs=probs / probs.sum())
+
+
+@dataclass(frozen=True)
+class ChunkBounds:
+    """What one session accepts from the draft, as the target knows it."""
+
+    n_vocab: int      # token ids lie in [0, n_vocab)
+    n_committed: int  # a new chain starts at most here; epochs never exceed it (each one follows a commit)
+    epoch: int        # the session's current chain epoch: a larger one starts a new chain
+    max_end: int      # no chain token at this position or beyond: the lead the target allowed, plus a margin
+
+
+# Why the link drops the end of a draft's chunk (labels of duo:draft_rejected_entries_total).
+REJECTION_REASONS = ("epoch", "position", "lead", "token", "distribution", "length")
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """Why the end of a chunk was dropped."""
+
+    reason: str   # one of REJECTION_REASONS
+    detail: str   # for the log
+    entries: int  # token or distribution slots dropped
+
+
+def chunk_from_pb(message: pb.DraftChunk, bounds: ChunkBounds) -> tuple[ChainChunk, Rejection | None]:
+    """The longest prefix of a draft's chunk that breaks no bound, and why the rest was dropped.
+
+    A draft is a peer on another machine: a wrong model, a bug or malice must cost speculation only.
+    Example: with n_vocab 100, tokens [5, 7, 300, 8] keep [5, 7]; the rejection says "token" and 2.
+    """
+    n_entries = max(len(message.tokens), len(message.dists))
+    n_paired = min(len(message.tokens), len(message.dists)) if message.dists else len(message.tokens)
+    tokens: list[int] = []
+    dists: list[SparseDist] = []
+    try:
+        _check_header(message, bounds)
+        for i in range(n_paired):
+            dist = _checked_entry(message, i, bounds)
+            tokens.append(message.tokens[i])
+            if dist is not None:
+                dists.append(dist)
+        if n_paired < n_entries:
+            raise _Refused("length", f"{len(message.tokens)} tokens with {len(message.dists)} distributions")
+    except _Refused as refused:
+        rejection = Rejection(refused.reason, str(refused), n_entries - len(tokens))
+        return ChainChunk(message.epoch, message.start, tokens, dists), rejection
+    return ChainChunk(message.epoch, message.start, tokens, dists), None
+
+
+class _Refused(Exception):
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
+def _check_header(message: pb.DraftChunk, bounds: ChunkBounds) -> None:
+    if message.epoch > bounds.n_committed:
+        raise _Refused("epoch", f"epoch {message.epoch}, but only {bounds.n_committed} tokens are committed")
+    if message.epoch > bounds.epoch and message.start > bounds.n_committed:
+        raise _Refused("position", f"a new chain (epoch {message.epoch}) starting at {message.start}, beyond the "
+                                   f"{bounds.n_committed} committed tokens it must be drafted on")
+
+
+def _checked_entry(message: pb.DraftChunk, i: int, bounds: ChunkBounds) -> SparseDist | None:
+    """Entry i's distribution (None for greedy chunks), or _Refused saying what is wrong with the entry."""
+    position, token = message.start + i, message.tokens[i]
+    if position >= bounds.max_end:
+        raise _Refused("lead", f"a token at position {position}, beyond the lead allowed (up to {bounds.max_end})")
+    if not 0 <= token < bounds.n_vocab:
+        raise _Refused("token", f"token id {token}, outside the vocabulary of {bounds.n_vocab}")
+    if not message.dists:
+        return None
+    try:
+        dist = dist_from_pb(message.dists[i], bounds.n_vocab)
+    except ValueError as error:
+        raise _Refused("distribution", str(error)) from error
+    if not np.any((dist.ids == token) & (dist.probs > 0)):
+        raise _Refused("distribution", f"token {token} has no probability in the distribution it was drawn from")
+    return dist

@@ -238,9 +238,9 @@ def test_the_openai_client_raises_its_bad_request_error_with_the_message(served_
 def test_health_reports_the_model_the_draft_and_the_requests(served_alone, served_duo):
     alone = httpx.get(f"{served_alone.http_url}/health")
     assert alone.status_code == 200
-    assert alone.json() == {"status": "ok", "model": "tiny-target", "draft": "none", "draft_sessions": 0,
-                            "requests_running": 0, "requests_waiting": 0}
-    assert health(served_duo)["draft"] == "connected"
+    assert alone.json() == {"status": "ok", "model": "tiny-target", "draft": "none", "draft_error": "",
+                            "draft_sessions": 0, "requests_running": 0, "requests_waiting": 0}
+    assert health(served_duo)["draft"] == "connected" and health(served_duo)["draft_error"] == ""
 
 
 def scrape(process: Process) -> dict[tuple[str, tuple], float]:

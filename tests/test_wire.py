@@ -7,6 +7,8 @@ from duo import wire
 from duo._proto import duo_pb2 as pb
 from duo.sampling import SamplingParams, SparseDist
 
+N_VOCAB = 100
+
 
 def test_sampling_params_and_seed_survive_the_wire():
     params = SamplingParams(temperature=0.7, top_k=40, top_p=0.9, min_p=0.05)
@@ -20,11 +22,78 @@ def test_an_unset_top_p_means_no_nucleus_cut():
 
 
 def test_a_draft_distribution_is_renormalised_after_float32_rounding():
-    q = wire.dist_from_pb(wire.dist_to_pb(SparseDist(np.array([5, 9]), np.array([0.3, 0.7]))))
+    q = wire.dist_from_pb(wire.dist_to_pb(SparseDist(np.array([5, 9]), np.array([0.3, 0.7]))), N_VOCAB)
     assert q.ids.tolist() == [5, 9] and q.probs.sum() == pytest.approx(1.0, abs=1e-15)
 
 
-@pytest.mark.parametrize("ids, probs", [([1, 2], [0.5]), ([1], [float("nan")]), ([1], [-1.0]), ([1], [0.0])])
+@pytest.mark.parametrize("ids, probs", [([1, 2], [0.5]), ([], []), ([1], [float("nan")]), ([1], [float("inf")]),
+                                        ([1], [-1.0]), ([1], [0.0]), ([1, 1], [0.5, 0.5]), ([-1], [1.0]),
+                                        ([N_VOCAB], [1.0])])
 def test_a_malformed_draft_distribution_is_refused(ids, probs):
     with pytest.raises(ValueError, match="distribution"):
-        wire.dist_from_pb(pb.SparseDist(ids=ids, probs=probs))
+        wire.dist_from_pb(pb.SparseDist(ids=ids, probs=probs), N_VOCAB)
+
+
+# --- chunks from an untrusted draft -------------------------------------------------------------------------
+# A session with 10 committed tokens, chain epoch 2, that allows chain tokens up to position 20.
+BOUNDS = wire.ChunkBounds(n_vocab=N_VOCAB, n_committed=10, epoch=2, max_end=20)
+
+
+def dist(*ids: int) -> pb.SparseDist:
+    return pb.SparseDist(ids=list(ids), probs=[1.0] * len(ids))
+
+
+def test_a_valid_chunk_passes_whole_with_its_distributions():
+    chunk, rejection = wire.chunk_from_pb(pb.DraftChunk(epoch=3, start=10, tokens=[5, 7], dists=[dist(5, 6), dist(7)]),
+                                          BOUNDS)
+    assert rejection is None
+    assert (chunk.epoch, chunk.start, chunk.tokens) == (3, 10, [5, 7])
+    assert [d.ids.tolist() for d in chunk.dists] == [[5, 6], [7]] and chunk.dists[0].probs.tolist() == [0.5, 0.5]
+
+
+def test_a_greedy_chunk_continuing_its_chain_may_start_beyond_the_committed_tokens():
+    chunk, rejection = wire.chunk_from_pb(pb.DraftChunk(epoch=2, start=15, tokens=[5]), BOUNDS)
+    assert rejection is None and chunk.tokens == [5] and chunk.dists == []
+
+
+def test_valid_tokens_before_an_invalid_one_are_kept():
+    chunk, rejection = wire.chunk_from_pb(pb.DraftChunk(epoch=2, start=10, tokens=[5, 7, 300, 8]), BOUNDS)
+    assert chunk.tokens == [5, 7]
+    assert (rejection.reason, rejection.entries) == ("token", 2) and "300" in rejection.detail
+
+
+def test_a_sampled_chunk_keeps_the_prefix_before_a_bad_distribution_with_its_distributions():
+    nan = pb.SparseDist(ids=[8], probs=[float("nan")])
+    chunk, rejection = wire.chunk_from_pb(
+        pb.DraftChunk(epoch=2, start=10, tokens=[5, 7, 8, 9], dists=[dist(5), dist(7), nan, dist(9)]), BOUNDS)
+    assert chunk.tokens == [5, 7] and len(chunk.dists) == 2
+    assert (rejection.reason, rejection.entries) == ("distribution", 2)
+
+
+@pytest.mark.parametrize("message, kept, reason, dropped", [
+    (pb.DraftChunk(epoch=2, start=10, tokens=[5, -3]), [5], "token", 1),
+    (pb.DraftChunk(epoch=2, start=10, tokens=[N_VOCAB]), [], "token", 1),
+    (pb.DraftChunk(epoch=2, start=10, tokens=[5, 6], dists=[dist(5), dist(5)]), [5], "distribution", 1),
+    (pb.DraftChunk(epoch=2, start=10, tokens=[5], dists=[pb.SparseDist(ids=[5, 6], probs=[0.0, 1.0])]), [],
+     "distribution", 1),
+    (pb.DraftChunk(epoch=2, start=10, tokens=[5], dists=[dist(5, 5)]), [], "distribution", 1),
+    (pb.DraftChunk(epoch=2, start=10, tokens=[5], dists=[pb.SparseDist(ids=[5], probs=[-1.0])]), [],
+     "distribution", 1),
+    (pb.DraftChunk(epoch=2, start=10, tokens=[5, 6, 7], dists=[dist(5)]), [5], "length", 2),
+    (pb.DraftChunk(epoch=2, start=10, tokens=[5], dists=[dist(5), dist(6)]), [5], "length", 1),
+    (pb.DraftChunk(epoch=2, start=18, tokens=[1] * 200_000), [1, 1], "lead", 199_998),
+    (pb.DraftChunk(epoch=2, start=2 ** 32 - 1, tokens=[1]), [], "lead", 1),
+    (pb.DraftChunk(epoch=11, start=10, tokens=[5, 6]), [], "epoch", 2),
+    (pb.DraftChunk(epoch=2 ** 32 - 1, start=10, tokens=[5]), [], "epoch", 1),
+    (pb.DraftChunk(epoch=3, start=11, tokens=[5]), [], "position", 1),
+])
+def test_a_chunk_is_cut_at_its_first_entry_that_breaks_a_bound(message, kept, reason, dropped):
+    chunk, rejection = wire.chunk_from_pb(message, BOUNDS)
+    assert chunk.tokens == kept
+    assert (rejection.reason, rejection.entries) == (reason, dropped)
+    assert rejection.reason in wire.REJECTION_REASONS
+
+
+def test_a_stale_epoch_is_no_fault_of_the_draft():
+    chunk, rejection = wire.chunk_from_pb(pb.DraftChunk(epoch=1, start=15, tokens=[5]), BOUNDS)
+    assert rejection is None and chunk.tokens == [5]  # the chain discards it
