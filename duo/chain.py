@@ -1,10 +1,11 @@
-"""The target's view of one session's draft chain: which received draft tokens may still be verified."""
+"""The target's view of one session's draft chain and its branches: which received draft tokens may be verified."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from duo.branches import MAX_BRANCHES
 from duo.sampling import SparseDist
 
 
@@ -16,6 +17,35 @@ class ChainChunk:
     start: int
     tokens: list[int]
     dists: list[SparseDist]  # the distribution each token was drawn from; empty for greedy sessions
+    branch_of: int | None = None  # set on a branch's first chunk: the epoch of the chain it forks from
+
+
+@dataclass
+class Line:
+    """A chain or a branch: tokens of one epoch at positions start, start + 1, ..."""
+
+    epoch: int
+    start: int
+    tokens: list[int] = field(default_factory=list)
+    dists: list[SparseDist | None] = field(default_factory=list)
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.tokens)
+
+    def first_conflict(self, committed: Sequence[int]) -> int | None:
+        """The first position where this line contradicts a committed token, if any."""
+        for position in range(self.start, min(self.end, len(committed))):
+            if self.tokens[position - self.start] != committed[position]:
+                return position
+        return None
+
+    def drop_committed(self, n_committed: int) -> None:
+        """Forget tokens now committed: they are no longer needed for verification."""
+        overlap = min(self.end, n_committed) - self.start
+        if overlap > 0:
+            del self.tokens[:overlap], self.dists[:overlap]
+            self.start += overlap
 
 
 @dataclass
@@ -28,62 +58,108 @@ class DraftChain:
     plus one committed token 9) and a chain of epoch 2 starting at 2 holds [9, 4, 5]: 9 matches,
     so [4, 5] are pending at positions 3 and 4. Had it held [6, 4, 5], the chain would be dead
     until the draft starts epoch 3.
+
+    Branches (proto/duo.proto) wait beside the chain. Example: the chain of epoch 2 holds [4, 5, 6]
+    at positions 3..5 and a branch of epoch 3 forks at 4 with [8, 1, 2]. If the target rejects 5
+    and commits 8 at position 4, the branch becomes the chain and [1, 2] are pending at once; had
+    it committed anything else there, chain and branch would both be dead.
     """
 
     committed: list[int]
-    epoch: int = -1
-    start: int = 0
-    tokens: list[int] = field(default_factory=list)
-    dists: list[SparseDist | None] = field(default_factory=list)
-    alive: bool = False
+    main: Line | None = None
+    branches: dict[int, Line] = field(default_factory=dict)
+    newest_epoch: int = -1  # epochs only grow: a chunk of an older, unknown one is stale
+    died: tuple[int, int] | None = None  # (epoch, position) of the chain a commit contradicted last
     received: int = 0  # chain tokens that arrived (for stats), stale ones included
+    branch_hits: int = 0  # branches that took over the chain (for stats)
 
-    def receive(self, epoch: int, start: int, tokens: Sequence[int], dists: Sequence[SparseDist | None]) -> None:
-        """Take a chunk of chain `epoch` holding `tokens` at positions start, start+1, ..."""
+    @property
+    def epoch(self) -> int:
+        """The chain's epoch (-1: none)."""
+        return self.main.epoch if self.main else -1
+
+    def receive(self, epoch: int, start: int, tokens: Sequence[int], dists: Sequence[SparseDist | None],
+                branch_of: int | None = None) -> None:
+        """Take a chunk of line `epoch` holding `tokens` at positions start, start+1, ..."""
         self.received += len(tokens)
-        if epoch < self.epoch:
-            return  # drafted before the draft learned of a commit that contradicted it
-        if epoch > self.epoch:
-            self.epoch, self.start, self.tokens, self.dists = epoch, start, [], []
-            # A new chain is anchored at a committed position; one beyond it would be a protocol error.
-            self.alive = start <= len(self.committed)
-        elif start != self.end:
-            self.alive = False  # a gap within one epoch: the stream lost order; wait for a new epoch
-        if not self.alive:
+        entries = list(dists) if len(dists) == len(tokens) else [None] * len(tokens)
+        if branch_of is not None:
+            self._open_branch(Line(epoch, start, list(tokens), [None] + entries[1:]), branch_of)
+        elif self.main is not None and epoch == self.main.epoch:
+            self._extend(self.main, start, tokens, entries)
+        elif epoch in self.branches:
+            self._extend(self.branches[epoch], start, tokens, entries)
+        elif epoch > self.newest_epoch:
+            # The draft restarted its chain from the committed tokens: every older line is moot. A new
+            # chain is anchored at a committed position; one beyond it would be a protocol error.
+            self.newest_epoch, self.branches, self.died = epoch, {}, None
+            self.main = Line(epoch, start, list(tokens), entries) if start <= len(self.committed) else None
+        self.on_commit()
+
+    def _open_branch(self, branch: Line, parent: int) -> None:
+        """Keep a branch of the current chain that forks at an undecided position within it; or take
+        one that arrived just after the commit it assumed (it was on its way) as the chain."""
+        main = self.main
+        if branch.epoch <= self.newest_epoch:
             return
-        self.tokens.extend(tokens)
-        self.dists.extend(dists if len(dists) == len(tokens) else [None] * len(tokens))
-        self._check_against_committed()
+        if main is None and self.died == (parent, branch.start):
+            self.newest_epoch, self.died = branch.epoch, None
+            if branch.first_conflict(self.committed) is None:
+                self.main = branch
+                self.branch_hits += 1
+            return
+        if (main is None or parent != main.epoch or not len(self.committed) <= branch.start <= main.end
+                or len(self.branches) >= MAX_BRANCHES):
+            return
+        self.newest_epoch = branch.epoch
+        self.branches[branch.epoch] = branch
+
+    def _extend(self, line: Line, start: int, tokens: Sequence[int], dists: list[SparseDist | None]) -> None:
+        if start != line.end:  # a gap within one epoch: the stream lost order; wait for a new epoch
+            self._drop(line)
+            return
+        line.tokens.extend(tokens)
+        line.dists.extend(dists)
+
+    def _drop(self, line: Line) -> None:
+        if line is self.main:
+            self.main, self.branches = None, {}
+        else:
+            self.branches.pop(line.epoch, None)
 
     def on_commit(self) -> None:
-        """Call after `committed` grew: drop chain tokens now committed, or the chain if it was contradicted."""
-        if self.alive:
-            self._check_against_committed()
+        """Call after `committed` grew: drop what is now committed or contradicted; a branch that assumed
+        the committed token where the chain was wrong takes its place."""
+        n = len(self.committed)
+        if self.main is not None:
+            conflict = self.main.first_conflict(self.committed)
+            # A chain the commits ran past may also be continued by a branch forking at its end.
+            fork = conflict if conflict is not None else (self.main.end if self.main.end < n else None)
+            taken = self._survivor(fork) if fork is not None else None
+            if taken is not None:
+                self.main, self.branches = taken, {}
+                self.branch_hits += 1
+            elif conflict is not None:
+                self.died = (self.main.epoch, conflict)
+                self.main, self.branches = None, {}
+        if self.main is not None:
+            self.main.drop_committed(n)
+        # A branch whose fork is decided lost: the chain was right there, or another branch took over.
+        self.branches = {epoch: branch for epoch, branch in self.branches.items() if branch.start >= n}
+
+    def _survivor(self, fork: int) -> Line | None:
+        """The longest branch forking at `fork` that agrees with every committed token."""
+        agreeing = [branch for branch in self.branches.values()
+                    if branch.start == fork and branch.first_conflict(self.committed) is None]
+        return max(agreeing, key=lambda branch: len(branch.tokens), default=None)
 
     def reset(self) -> None:
         """Forget the chain (the draft went away); the next chunk of any epoch starts afresh."""
-        self.epoch, self.start, self.tokens, self.dists, self.alive = -1, 0, [], [], False
-
-    @property
-    def end(self) -> int:
-        return self.start + len(self.tokens)
+        self.main, self.branches, self.newest_epoch, self.died = None, {}, -1, None
 
     def pending(self) -> tuple[list[int], list[SparseDist | None]]:
         """Chain tokens at positions len(committed), len(committed)+1, ... that may be verified now."""
-        if not self.alive:
+        if self.main is None:
             return [], []
-        offset = len(self.committed) - self.start
-        return self.tokens[offset:], self.dists[offset:]
-
-    def _check_against_committed(self) -> None:
-        n_committed = len(self.committed)
-        overlap = min(self.end, n_committed) - self.start
-        if overlap <= 0:
-            return
-        if self.tokens[:overlap] != self.committed[self.start:self.start + overlap]:
-            self.alive = False
-            self.tokens, self.dists = [], []
-            return
-        # Tokens now committed are no longer needed for verification.
-        del self.tokens[:overlap], self.dists[:overlap]
-        self.start += overlap
+        offset = len(self.committed) - self.main.start
+        return self.main.tokens[offset:], self.main.dists[offset:]

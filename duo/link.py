@@ -181,7 +181,8 @@ class DraftLink:
 
     def _on_chunk(self, session: LinkedSession, message: pb.DraftChunk) -> None:
         n_committed = len(session.committed)
-        bounds = wire.ChunkBounds(n_vocab=self.vocab.n_vocab, n_committed=n_committed, epoch=session.chain.epoch,
+        bounds = wire.ChunkBounds(n_vocab=self.vocab.n_vocab, n_committed=n_committed,
+                                  epoch=session.chain.newest_epoch,
                                   max_end=n_committed + session.max_ahead + LEAD_MARGIN)
         chunk, rejection = wire.chunk_from_pb(message, bounds)
         if rejection is not None:

@@ -7,11 +7,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from duo._proto import duo_pb2 as pb
+from duo.branches import MAX_BRANCHES
 from duo.chain import ChainChunk
 from duo.model import Vocab
 from duo.sampling import SamplingParams, SparseDist
 
-PROTOCOL = "duo/1"
+PROTOCOL = "duo/2"  # 2: branches
 
 
 def sampling_to_pb(params: SamplingParams, seed: int | None) -> pb.SamplingParams:
@@ -66,8 +67,8 @@ class ChunkBounds:
     """What one session accepts from the draft, as the target knows it."""
 
     n_vocab: int      # token ids lie in [0, n_vocab)
-    n_committed: int  # a new chain starts at most here; epochs never exceed it (each one follows a commit)
-    epoch: int        # the session's current chain epoch: a larger one starts a new chain
+    n_committed: int  # a new chain starts at most here
+    epoch: int        # the newest epoch the session knows (chain or branch): a larger one starts a new line
     max_end: int      # no chain token at this position or beyond: the lead the target allowed, plus a margin
 
 
@@ -105,8 +106,19 @@ def chunk_from_pb(message: pb.DraftChunk, bounds: ChunkBounds) -> tuple[ChainChu
             raise _Refused("length", f"{len(message.tokens)} tokens with {len(message.dists)} distributions")
     except _Refused as refused:
         rejection = Rejection(refused.reason, str(refused), n_entries - len(tokens))
-        return ChainChunk(message.epoch, message.start, tokens, dists), rejection
-    return ChainChunk(message.epoch, message.start, tokens, dists), None
+        return _chunk(message, tokens, dists), rejection
+    return _chunk(message, tokens, dists), None
+
+
+def _chunk(message: pb.DraftChunk, tokens: list[int], dists: list[SparseDist]) -> ChainChunk:
+    branch_of = message.branch_of if message.HasField("branch_of") else None
+    return ChainChunk(message.epoch, message.start, tokens, dists, branch_of)
+
+
+def max_epoch(n_committed: int) -> int:
+    """The largest epoch an honest draft can have reached: it starts one per commit (a commit holds at
+    least one token) and at most MAX_BRANCHES branches between two commits."""
+    return (n_committed + 1) * (MAX_BRANCHES + 1)
 
 
 class _Refused(Exception):
@@ -116,9 +128,10 @@ class _Refused(Exception):
 
 
 def _check_header(message: pb.DraftChunk, bounds: ChunkBounds) -> None:
-    if message.epoch > bounds.n_committed:
+    if message.epoch > max_epoch(bounds.n_committed):
         raise _Refused("epoch", f"epoch {message.epoch}, but only {bounds.n_committed} tokens are committed")
-    if message.epoch > bounds.epoch and message.start > bounds.n_committed:
+    # A branch forks ahead of the committed tokens; a new chain starts from them.
+    if message.epoch > bounds.epoch and message.start > bounds.n_committed and not message.HasField("branch_of"):
         raise _Refused("position", f"a new chain (epoch {message.epoch}) starting at {message.start}, beyond the "
                                    f"{bounds.n_committed} committed tokens it must be drafted on")
 

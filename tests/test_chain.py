@@ -79,3 +79,80 @@ def test_reset_forgets_the_chain_and_counts_received_tokens():
     chain.receive(0, 2, [5], [])  # a reconnected draft starts again at epoch 0
     assert chain.pending()[0] == [5]
     assert chain.received == 3
+
+
+def chain_with_a_branch() -> DraftChain:
+    """Prompt [7, 8]; chain 0 holds [4, 5, 6] at positions 2..4; branch 1 forks at 3 assuming 9."""
+    chain = DraftChain([7, 8])
+    chain.receive(0, 2, [4, 5, 6], [])
+    chain.receive(1, 3, [9, 1], [], branch_of=0)
+    chain.receive(1, 5, [2], [])  # the branch grows
+    return chain
+
+
+def test_a_branch_forking_at_the_rejected_position_takes_over_with_its_drafts_pending():
+    chain = chain_with_a_branch()
+    chain.committed.extend([4, 9])  # 4 accepted, 5 rejected: the target committed 9 at position 3
+    chain.on_commit()
+    assert chain.pending()[0] == [1, 2] and chain.epoch == 1 and chain.branch_hits == 1
+
+
+def test_a_branch_that_assumed_another_token_dies_with_the_chain():
+    chain = chain_with_a_branch()
+    chain.committed.extend([4, 3])
+    chain.on_commit()
+    assert chain.pending()[0] == [] and chain.branch_hits == 0
+    chain.receive(1, 6, [3], [])  # more of the dead branch
+    assert chain.pending()[0] == []
+
+
+def test_a_branch_past_the_chains_end_continues_it_after_the_bonus_token():
+    chain = DraftChain([7, 8])
+    chain.receive(0, 2, [4, 5], [])
+    chain.receive(1, 4, [6, 1], [], branch_of=0)
+    chain.committed.extend([4, 5, 6])  # both drafts accepted, and the bonus token is the branch's
+    chain.on_commit()
+    assert chain.pending()[0] == [1] and chain.branch_hits == 1
+
+
+def test_a_commit_that_agrees_with_the_chain_at_the_fork_makes_the_branch_stale():
+    chain = chain_with_a_branch()
+    chain.committed.extend([4, 5])
+    chain.on_commit()
+    assert chain.pending()[0] == [6] and chain.branches == {}
+    chain.receive(1, 6, [3], [])  # the draft had not heard yet: its branch is ignored
+    assert chain.pending()[0] == [6]
+
+
+def test_a_newer_epoch_makes_every_branch_stale():
+    chain = chain_with_a_branch()
+    chain.committed.append(3)  # 4 rejected: neither chain nor branch can be right any more
+    chain.on_commit()
+    chain.receive(2, 3, [5], [])
+    assert chain.pending()[0] == [5] and chain.branches == {}
+
+
+def test_a_branch_arriving_just_after_the_commit_it_assumed_still_takes_over():
+    chain = DraftChain([7, 8])
+    chain.receive(0, 2, [4, 5, 6], [])
+    chain.committed.extend([4, 9])  # the chain died at position 3 ...
+    chain.on_commit()
+    chain.receive(1, 3, [9, 1, 2], [], branch_of=0)  # ... while the branch assuming 9 there was on its way
+    assert chain.pending()[0] == [1, 2] and chain.branch_hits == 1
+
+
+def test_a_branch_arriving_after_its_fork_was_decided_for_the_chain_is_ignored():
+    chain = DraftChain([7, 8])
+    chain.receive(0, 2, [4, 5, 6], [])
+    chain.committed.extend([4, 5])
+    chain.on_commit()
+    chain.receive(1, 3, [9, 1], [], branch_of=0)
+    assert chain.pending()[0] == [6] and chain.branches == {}
+
+
+def test_a_branch_of_another_chain_or_outside_it_is_ignored():
+    chain = DraftChain([7, 8])
+    chain.receive(0, 2, [4, 5], [])
+    chain.receive(1, 3, [9, 1], [], branch_of=5)  # no chain of epoch 5
+    chain.receive(2, 7, [9, 1], [], branch_of=0)  # forks beyond the chain's end
+    assert chain.branches == {}

@@ -76,7 +76,7 @@ def test_the_draft_link_works_over_mutual_tls(secured, pki):
 def test_a_target_without_a_client_certificate_is_refused_by_a_mutual_tls_draft(mtls_draft, pki):
     with grpc.secure_channel(mtls_draft.address, credentials(pki)) as channel:
         with pytest.raises(grpc.RpcError) as refused:
-            pb_grpc.DraftStub(channel).Handshake(pb.Hello(protocol="duo/1"), timeout=5)
+            pb_grpc.DraftStub(channel).Handshake(pb.Hello(protocol="duo/2"), timeout=5)
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
 
 

@@ -83,7 +83,7 @@ def test_a_sampled_chunk_keeps_the_prefix_before_a_bad_distribution_with_its_dis
     (pb.DraftChunk(epoch=2, start=10, tokens=[5], dists=[dist(5), dist(6)]), [5], "length", 1),
     (pb.DraftChunk(epoch=2, start=18, tokens=[1] * 200_000), [1, 1], "lead", 199_998),
     (pb.DraftChunk(epoch=2, start=2 ** 32 - 1, tokens=[1]), [], "lead", 1),
-    (pb.DraftChunk(epoch=11, start=10, tokens=[5, 6]), [], "epoch", 2),
+    (pb.DraftChunk(epoch=wire.max_epoch(10) + 1, start=10, tokens=[5, 6]), [], "epoch", 2),
     (pb.DraftChunk(epoch=2 ** 32 - 1, start=10, tokens=[5]), [], "epoch", 1),
     (pb.DraftChunk(epoch=3, start=11, tokens=[5]), [], "position", 1),
 ])
@@ -97,3 +97,10 @@ def test_a_chunk_is_cut_at_its_first_entry_that_breaks_a_bound(message, kept, re
 def test_a_stale_epoch_is_no_fault_of_the_draft():
     chunk, rejection = wire.chunk_from_pb(pb.DraftChunk(epoch=1, start=15, tokens=[5]), BOUNDS)
     assert rejection is None and chunk.tokens == [5]  # the chain discards it
+
+
+def test_a_branch_may_fork_ahead_of_the_committed_tokens_and_says_where_it_comes_from():
+    chunk, rejection = wire.chunk_from_pb(pb.DraftChunk(epoch=3, start=12, tokens=[5, 7], branch_of=2), BOUNDS)
+    assert rejection is None and (chunk.start, chunk.tokens, chunk.branch_of) == (12, [5, 7], 2)
+    plain, _ = wire.chunk_from_pb(pb.DraftChunk(epoch=2, start=10, tokens=[5]), BOUNDS)
+    assert plain.branch_of is None
