@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, Callable, Protocol, Sequence, TypeVar
 
 import numpy as np
 
 from duo import wire
 from duo._proto import duo_pb2 as pb
+from duo.branches import BRANCH_SEQ, Branch, Doubt, branch_length, choose_fork, doubt_of
 from duo.model import Context, Model, ModelError
 from duo.runtime import ModelWorker
 from duo.sampling import SamplingParams, SparseDist, distribution, sample
@@ -36,20 +38,70 @@ class DraftSession:
     epoch: int = 0
     paused: bool = False  # after a doubtful position (p_min) or an end of generation, until the next commit
     closed: bool = False
+    max_branches: int = 0     # branches drafted in spare time (0: none)
+    branch_len: int = 0       # tokens after a branch's assumed one (0: steered by max_ahead)
+    next_epoch: int = 1       # epochs number chains and branches alike, in the order they start
+    commits: int = 0          # commits applied: a step drafted before the latest one is stale
+    doubts: dict[int, Doubt] = field(default_factory=dict)  # chain position -> doubt (with branches only)
+    branches: list[Branch] = field(default_factory=list)    # of the current chain, in the order drafted
     kv_tokens: list[int] = field(default_factory=list)  # what the KV cache holds; model thread only
+    branch_kv: list[int] = field(default_factory=list)  # what sequence BRANCH_SEQ holds; model thread only
 
     def wants_to_draft(self) -> bool:
         return (not self.paused and not self.closed and len(self.chain) - self.committed < self.max_ahead
                 and len(self.chain) < self.context.n_ctx)
 
+    def wants_to_branch(self) -> bool:
+        """Whether the draft has spare time for this session's branches: the chain is as far ahead as
+        the target wants it, and a branch is unfinished or may start."""
+        if self.closed or self.wants_to_draft() or not self.max_branches or not self.current_branch_len():
+            return False
+        return self.growing_branch() is not None or self.next_fork() is not None
+
+    def current_branch_len(self) -> int:
+        return branch_length(self.max_ahead, self.branch_len)
+
+    def growing_branch(self) -> Branch | None:
+        return next((branch for branch in self.branches if not branch.finished), None)
+
+    def next_fork(self) -> int | None:
+        """Where the next branch forks: the least sure position after the committed ones whose prefix
+        the KV cache holds (the branch shares it), while fewer than max_branches exist."""
+        if len(self.branches) >= self.max_branches:
+            return None
+        synced = common_prefix_length(self.kv_tokens, self.chain)
+        return choose_fork(self.doubts, self.committed, min(synced + 1, len(self.chain)),
+                           {branch.fork for branch in self.branches})
+
+    def new_epoch(self) -> int:
+        epoch, self.next_epoch = self.next_epoch, self.next_epoch + 1
+        return epoch
+
     def apply_commit(self, start: int, tokens: Sequence[int]) -> None:
-        """Keep the chain where the target agreed with it, else restart it (a new epoch) from the commit."""
+        """Keep the chain where the target agreed with it; else take the branch that assumed what the
+        target committed, or restart the chain (a new epoch) from the commit."""
         end = start + len(tokens)
-        if self.chain[start:end] != list(tokens):
-            # The commit contradicted the chain or ran past it: restart from the committed sequence.
-            # Its KV entries stay where they match; the next step rolls the cache back to the fork.
-            self.chain = self.chain[:start] + list(tokens)
-            self.epoch += 1
+        self.commits += 1
+        agreed = common_prefix_length(self.chain[start:end], tokens)
+        if agreed == len(tokens):
+            self.branches = [branch for branch in self.branches if branch.fork >= end]  # the rest were wrong
+        else:
+            fork = start + agreed
+            taken = next((branch for branch in self.branches
+                          if branch.fork == fork and branch.tokens[:end - fork] == list(tokens[agreed:])), None)
+            if taken is not None:
+                # The target took this branch as its chain too (proto/duo.proto: branch).
+                self.chain = self.chain[:fork] + taken.tokens
+                self.epoch = taken.epoch
+                self.doubts.update((fork + i, doubt) for i, doubt in enumerate(taken.doubts) if doubt)
+            else:
+                # The commit contradicted the chain or ran past it: restart from the committed sequence.
+                # Its KV entries stay where they match; the next step rolls the cache back to the fork.
+                self.chain = self.chain[:start] + list(tokens)
+                self.epoch = self.new_epoch()
+            self.branches = []
+        self.doubts = {position: doubt for position, doubt in self.doubts.items()
+                       if end <= position < len(self.chain)}
         self.committed = end
         self.paused = False
 
@@ -87,9 +139,10 @@ def proposes(logits: np.ndarray, p_min: float) -> bool:
     return bool(1.0 / np.exp(shifted).sum() >= p_min)
 
 
-def draft_one(session: DraftSession, chain: list[int]) -> tuple[int, SparseDist] | None:
+def draft_one(session: DraftSession, chain: list[int]) -> tuple[int, SparseDist, Doubt | None] | None:
     """Decode what the KV cache lacks of `chain` and draw the next token with the distribution it was
-    drawn from, or None where the draft is too unsure to propose one (runs on the model thread)."""
+    drawn from (and its Doubt when the session drafts branches), or None where the draft is too unsure
+    to propose one (runs on the model thread)."""
     keep = common_prefix_length(session.kv_tokens, chain)
     keep = min(keep, len(chain) - 1)  # at least one token must be decoded to get fresh logits
     session.context.rollback(keep)
@@ -98,8 +151,35 @@ def draft_one(session: DraftSession, chain: list[int]) -> tuple[int, SparseDist]
     session.kv_tokens.extend(chain[keep:])
     if not proposes(logits, session.p_min):
         return None
+    return draw(session, logits)
+
+
+def draw(session: DraftSession, logits: np.ndarray) -> tuple[int, SparseDist, Doubt | None]:
     dist = distribution(logits, session.params)
-    return sample(dist, session.rng), dist
+    token = sample(dist, session.rng)
+    doubt = doubt_of(logits, token, dist, session.params.greedy) if session.max_branches else None
+    return token, dist, doubt
+
+
+def extend_branch(session: DraftSession, chain: list[int], fork: int,
+                  tokens: list[int]) -> tuple[int, SparseDist, Doubt | None]:
+    """Draw the token after chain[:fork] + tokens on the branch sequence (runs on the model thread).
+
+    The branch sequence shares the chain's cached prefix up to the fork (no recompute) and keeps
+    what it decoded, so growing a branch decodes one token a step, as the chain does.
+    """
+    want = chain[:fork] + tokens
+    keep = common_prefix_length(session.branch_kv, want)
+    if keep < fork:  # it holds another branch: share the chain's prefix instead
+        session.context.fork(BRANCH_SEQ, fork)
+        session.branch_kv = want[:fork]
+        keep = fork
+    keep = min(keep, len(want) - 1)
+    session.context.rollback(keep, seq=BRANCH_SEQ)
+    del session.branch_kv[keep:]
+    logits = session.context.decode(want[keep:], keep, seq=BRANCH_SEQ)[-1]
+    session.branch_kv.extend(want[keep:])
+    return draw(session, logits)
 
 
 def timed(fn: Callable[..., T], *args: Any) -> tuple[T, float]:
@@ -117,8 +197,10 @@ class Drafter:
     """
 
     def __init__(self, model: Model, worker: ModelWorker, n_ctx: int, top_k_cap: int,
-                 observer: DraftObserver | None = None) -> None:
+                 observer: DraftObserver | None = None, *, max_branches: int = 0, branch_len: int = 0) -> None:
         self.model = model
+        self.max_branches = max_branches
+        self.branch_len = branch_len
         self.worker = worker
         self.n_ctx = min(n_ctx, model.n_ctx_train)  # what a context gets (duo.model.Context caps it so)
         self.n_vocab = model.n_vocab
@@ -139,11 +221,13 @@ class Drafter:
     async def open(self, message: pb.OpenSession) -> DraftSession:
         """A session drafting after `message.committed`; InvalidEvent or ModelError when it cannot be."""
         params, seed = self._checked_open(message)
-        context = await self.worker.create(self.model.new_context, self.n_ctx)
+        n_seq = 2 if self.max_branches else 1  # the chain's sequence, and the branches'
+        context = await self.worker.create(partial(self.model.new_context, n_seq=n_seq), self.n_ctx)
         return DraftSession(
             session_id=message.session_id, chain=list(message.committed), committed=len(message.committed),
             params=params, rng=np.random.default_rng(None if seed is None else [seed, 1]),  # not the target's
-            max_ahead=message.max_ahead, p_min=message.p_min, context=context)
+            max_ahead=message.max_ahead, p_min=message.p_min, context=context,
+            max_branches=self.max_branches, branch_len=self.branch_len)
 
     def _checked_open(self, message: pb.OpenSession) -> tuple[SamplingParams, int | None]:
         if not message.committed:
@@ -209,13 +293,48 @@ class Drafter:
         if drawn is None:
             session.paused = True  # until the next commit moves the chain on
             return None
-        token, dist = drawn
+        token, dist, doubt = drawn
         session.chain.append(token)
+        if doubt is not None:
+            session.doubts[len(chain)] = doubt
         if self.model.is_end_of_generation(token):
             session.paused = True  # nothing follows an end of generation
-        dists = [] if session.params.greedy else [wire.dist_to_pb(dist)]
         return pb.DraftChunk(session_id=session.session_id, epoch=epoch, start=len(chain), tokens=[token],
-                             dists=dists)
+                             dists=self._dists(session, [dist]))
+
+    async def branch(self, session: DraftSession) -> pb.DraftChunk | None:
+        """Grow the session's unfinished branch by one token, or start one at the next fork; None when
+        a commit came meanwhile (the branch may be moot) or there is nothing to branch."""
+        growing = session.growing_branch()
+        fork = growing.fork if growing else session.next_fork()
+        if fork is None:
+            return None
+        assumed = growing.tokens if growing else [session.doubts[fork].alternative]
+        chain, commits = list(session.chain), session.commits
+        drawn, seconds = await self.worker.run(timed, extend_branch, session, chain, fork, assumed)
+        if self.observer is not None:
+            self.observer.on_step(seconds, True)
+        if session.closed or session.commits != commits:
+            return None
+        token, dist, doubt = drawn
+        if growing is None:
+            growing = Branch(session.new_epoch(), fork, assumed, [None])
+            session.branches.append(growing)
+            chunk = pb.DraftChunk(session_id=session.session_id, epoch=growing.epoch, start=fork,
+                                  tokens=[assumed[0], token], branch_of=session.epoch,
+                                  dists=self._dists(session, [session.doubts[fork].dist, dist]))
+        else:
+            chunk = pb.DraftChunk(session_id=session.session_id, epoch=growing.epoch, start=growing.end,
+                                  tokens=[token], dists=self._dists(session, [dist]))
+        growing.tokens.append(token)
+        growing.doubts.append(doubt)
+        growing.finished = (len(growing.tokens) > session.current_branch_len()
+                            or self.model.is_end_of_generation(token))
+        return chunk
+
+    @staticmethod
+    def _dists(session: DraftSession, dists: list[SparseDist | None]) -> list[pb.SparseDist]:
+        return [] if session.params.greedy else [wire.dist_to_pb(dist) for dist in dists if dist is not None]
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ import grpc
 from duo import wire
 from duo._proto import duo_pb2 as pb
 from duo._proto import duo_pb2_grpc as pb_grpc
+from duo.branches import MAX_BRANCHES
 from duo.draft import Drafter, DraftSession, InvalidEvent
 from duo.draft_metrics import DraftMetrics, MetricsServer, metrics_server
 from duo.hub import HubError, resolve_model
@@ -184,16 +185,19 @@ class Connection:
             await self._fail(session, error)
 
     async def _draft(self) -> None:
-        """Round-robin over sessions that want tokens; sleep until an event when none does."""
+        """Round-robin over sessions that want chain tokens; in spare time, over those that want branches;
+        sleep until an event when none does. A branch step takes one draft step, so a commit that
+        arrives meanwhile waits at most that long for its chain."""
         for turn in itertools.count():
             ready = [s for s in self.sessions.values() if s.wants_to_draft()]
-            if not ready:
+            branching = [] if ready else [s for s in self.sessions.values() if s.wants_to_branch()]
+            if not ready and not branching:
                 self.wake.clear()
                 await self.wake.wait()
                 continue
-            session = ready[turn % len(ready)]
+            session = (ready or branching)[turn % len(ready or branching)]
             try:
-                chunk = await self.drafter.step(session)
+                chunk = await (self.drafter.step(session) if ready else self.drafter.branch(session))
             except Exception as error:  # whatever it is, it concerns this session alone
                 await self._fail(session, error)
                 continue
@@ -237,6 +241,12 @@ def build_parser() -> argparse.ArgumentParser:
                              "beyond, a target decodes alone for the new one")
     parser.add_argument("--max-sessions-per-target", type=int, default=limits.per_target, metavar="N",
                         help="sessions drafted at once for one target connection")
+    parser.add_argument("--max-branches", type=int, default=MAX_BRANCHES, metavar="N",
+                        help="in spare time, draft up to N branches per chain: continuations for the target "
+                             "committing the draft's next-best token where it was least sure (0: none)")
+    parser.add_argument("--branch-len", type=int, default=0, metavar="N",
+                        help="tokens drafted after a branch's assumed token (default: the draft length the "
+                             "target's policy prefers)")
     parser.add_argument("--metrics", default=None, metavar="[HOST:]PORT",
                         help="serve Prometheus metrics at http://HOST:PORT/metrics (HOST: 127.0.0.1 unless given)")
     return parser
@@ -247,11 +257,14 @@ def check_flags(args: argparse.Namespace) -> None:
         raise ValueError("--tls-ca needs --tls-cert and --tls-key (mutual TLS is TLS first)")
     if args.max_sessions < 1 or args.max_sessions_per_target < 1:
         raise ValueError("--max-sessions and --max-sessions-per-target must be at least 1")
+    if not 0 <= args.max_branches <= MAX_BRANCHES or args.branch_len < 0:
+        raise ValueError(f"--max-branches must be between 0 and {MAX_BRANCHES} and --branch-len >= 0")
 
 
 async def serve(args: argparse.Namespace, model: Model, metrics: DraftMetrics,
                 http: tuple[MetricsServer, socket.socket] | None) -> None:
-    drafter = Drafter(model, ModelWorker(), args.ctx_size, max(1, args.top_k_cap), observer=metrics)
+    drafter = Drafter(model, ModelWorker(), args.ctx_size, max(1, args.top_k_cap), observer=metrics,
+                      max_branches=args.max_branches, branch_len=args.branch_len)
     limits = SessionLimits(total=args.max_sessions, per_target=args.max_sessions_per_target)
     server = grpc.aio.server(options=grpc_server_options())
     pb_grpc.add_DraftServicer_to_server(DraftServicer(drafter, limits, metrics), server)

@@ -214,10 +214,10 @@ class CountingModel:
     def __getattr__(self, name: str):
         return getattr(self._model, name)
 
-    def new_context(self, n_ctx: int) -> Context:
+    def new_context(self, n_ctx: int, **options: int) -> Context:
         self.creating.set()
         time.sleep(self.delay)
-        context = self._model.new_context(n_ctx)
+        context = self._model.new_context(n_ctx, **options)
         self.made += 1
         close, decode = context.close, context.decode
 

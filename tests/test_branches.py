@@ -1,0 +1,110 @@
+"""The draft's branches: where they fork, what they assume, how a commit takes or drops them."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from duo._proto import duo_pb2 as pb
+from duo.branches import Branch, Doubt, branch_length, choose_fork, doubt_of
+from duo.draft import Drafter, DraftSession
+from duo.model import Model
+from duo.runtime import ModelWorker
+from duo.sampling import SamplingParams, SparseDist
+
+PROMPT = [9707, 11, 1879]
+
+
+def test_a_greedy_doubt_offers_the_second_best_token():
+    logits = np.array([0.0, 3.0, 2.5, -1.0], dtype=np.float32)
+    doubt = doubt_of(logits, drawn=1, dist=SparseDist(np.array([1]), np.array([1.0])), greedy=True)
+    assert doubt.alternative == 2 and doubt.margin == pytest.approx(0.5)
+
+
+def test_a_sampled_doubt_offers_the_most_probable_other_token_the_draft_could_draw():
+    dist = SparseDist(np.array([4, 2, 7]), np.array([0.5, 0.3, 0.2]))
+    doubt = doubt_of(np.zeros(8, dtype=np.float32), drawn=4, dist=dist, greedy=False)
+    assert doubt.alternative == 2 and doubt.dist is dist
+    lone = SparseDist(np.array([4]), np.array([1.0]))  # top_k 1: nothing else was possible
+    assert doubt_of(np.zeros(8, dtype=np.float32), drawn=4, dist=lone, greedy=False).alternative is None
+
+
+def test_the_fork_is_the_least_sure_undecided_position_without_a_branch():
+    doubts = {5: Doubt(0.9, 1, None), 6: Doubt(0.4, 2, None), 7: Doubt(0.6, 3, None), 8: Doubt(0.1, None, None)}
+    assert choose_fork(doubts, start=5, stop=9, taken=set()) == 6
+    assert choose_fork(doubts, start=5, stop=9, taken={6}) == 7
+    assert choose_fork(doubts, start=7, stop=8, taken={7}) is None
+
+
+def test_branches_are_as_long_as_the_draft_length_the_target_steers_for():
+    assert branch_length(max_ahead=10, fixed=0) == 4  # max_ahead 2k + 2 for k = 4
+    assert branch_length(max_ahead=0, fixed=0) == 0   # the draft rests: no branches either
+    assert branch_length(max_ahead=10, fixed=3) == 3
+
+
+def session_with_chain(chain: list[int], committed: int) -> DraftSession:
+    return DraftSession(session_id=1, chain=chain, committed=committed, params=SamplingParams(),
+                        rng=np.random.default_rng(0), max_ahead=8, p_min=0.0, context=None, max_branches=2,
+                        next_epoch=3)
+
+
+def test_a_commit_of_the_token_a_branch_assumed_makes_the_branch_the_chain():
+    session = session_with_chain([7, 8, 4, 5, 6], committed=2)
+    session.branches = [Branch(epoch=3, fork=3, tokens=[9, 1, 2], doubts=[None, None, None]),
+                        Branch(epoch=4, fork=4, tokens=[1, 1], doubts=[None, None])]
+    session.apply_commit(2, [4, 9])
+    assert session.chain == [7, 8, 4, 9, 1, 2] and session.epoch == 3 and session.branches == []
+
+
+def test_a_commit_no_branch_assumed_restarts_the_chain_under_an_epoch_never_used():
+    session = session_with_chain([7, 8, 4, 5, 6], committed=2)
+    session.branches = [Branch(epoch=3, fork=3, tokens=[9, 1], doubts=[None, None])]
+    session.next_epoch = 4
+    session.apply_commit(2, [4, 3])
+    assert session.chain == [7, 8, 4, 3] and session.epoch == 4 and session.branches == []
+
+
+def test_a_commit_that_agrees_with_the_chain_drops_the_branches_it_decided():
+    session = session_with_chain([7, 8, 4, 5, 6], committed=2)
+    session.branches = [Branch(epoch=3, fork=3, tokens=[9, 1], doubts=[None, None]),
+                        Branch(epoch=4, fork=4, tokens=[2, 1], doubts=[None, None])]
+    session.apply_commit(2, [4, 5])
+    assert session.chain == [7, 8, 4, 5, 6] and [branch.epoch for branch in session.branches] == [4]
+
+
+@pytest.fixture(scope="module")
+def draft_model(tiny_draft):
+    model = Model(tiny_draft, device="cpu", threads=1)
+    yield model
+    model.close()
+
+
+def test_in_spare_time_the_draft_branches_at_its_least_sure_position_with_the_tokens_a_fresh_decode_gives(
+        draft_model):
+    async def run():
+        drafter = Drafter(draft_model, ModelWorker(), n_ctx=256, top_k_cap=10, max_branches=1, branch_len=2)
+        session = await drafter.open(pb.OpenSession(session_id=1, committed=PROMPT, max_ahead=4))
+        while session.wants_to_draft():
+            await drafter.step(session)
+        assert session.wants_to_branch()
+        chunks = [await drafter.branch(session) for _ in range(2)]
+        await drafter.close(session)
+        return session, chunks
+
+    session, (first, second) = asyncio.run(run())
+    fork = min(session.doubts, key=lambda position: session.doubts[position].margin)
+    assert first.HasField("branch_of") and first.branch_of == session.epoch == 0
+    assert (first.start, first.tokens[0]) == (fork, session.doubts[fork].alternative)
+    assert first.epoch > session.epoch and second.epoch == first.epoch and not second.HasField("branch_of")
+    assert second.start == fork + 2 and not session.wants_to_branch()  # the one branch is long enough
+    # The branch's drafts are what the draft model gives after the chain's prefix and the assumed token.
+    branch = session.chain[:fork] + [first.tokens[0]]
+    fresh = draft_model.new_context(256)
+    expected = []
+    for _ in range(2):
+        expected.append(int(np.argmax(fresh.decode(branch + expected, 0)[-1])))
+        fresh.rollback(0)
+    fresh.close()
+    assert [first.tokens[1], second.tokens[0]] == expected
