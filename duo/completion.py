@@ -75,7 +75,8 @@ def stats_fields(stats: GenerationStats, draft_connected: bool) -> dict[str, flo
             "draft_tokens_accepted": stats.draft_tokens_accepted, "verify_steps": stats.verify_steps,
             "tokens_per_second": stats.tokens_per_second, "time_to_first_token_s": stats.time_to_first_token or 0.0,
             "draft_connected": draft_connected, "batch_sizes": list(stats.batch_sizes),
-            "draft_rejections": stats.draft_rejections}
+            "draft_rejections": stats.draft_rejections, "branch_hits": stats.branch_hits, "waits": stats.waits,
+            "wait_seconds": stats.wait_seconds}
 
 
 class Completion:

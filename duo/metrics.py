@@ -32,6 +32,11 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        self.waits = Counter("duo:spec_decode_waits", "Steps that waited for drafts known to be coming instead of "
+                             "decoding alone.", registry=r)
+        self.wait_seconds = Counter("duo:spec_decode_wait_seconds", "Time those steps waited.", registry=r)
+        self.branch_hits = Counter("duo:spec_decode_branch_hits", "Rejections after which a branch of the draft's "
+                                   "held the committed token (its drafts verified at once).", registry=r)
         self.num_drafts = Counter("duo:spec_decode_num_drafts", "Verify steps that checked draft tokens.",
                                   registry=r)
         self.num_draft_tokens = Counter("duo:spec_decode_num_draft_tokens", "Draft tokens verified.", registry=r)
@@ -79,6 +84,9 @@ class Metrics:
 
     # duo.target.StepObserver
     def on_step(self, record: StepRecord) -> None:
+        if record.waited:
+            self.waits.inc()
+            self.wait_seconds.inc(record.waited)
         if record.n_verified == 0:
             return
         self.num_drafts.inc()
@@ -95,6 +103,7 @@ class Metrics:
         """Count one request that ran; `finish_reason` None: the client left before the end."""
         self.prompt_tokens.inc(stats.prompt_tokens)
         self.generation_tokens.inc(stats.generated_tokens)
+        self.branch_hits.inc(stats.branch_hits)
         if stats.time_to_first_token is not None:
             self.time_to_first_token.observe(stats.time_to_first_token)
         if finish_reason is not None:

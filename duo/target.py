@@ -16,7 +16,7 @@ from duo._proto import duo_pb2 as pb
 from duo.chain import ChainChunk, DraftChain
 from duo.link import DraftLink
 from duo.model import Context, Model, ModelError
-from duo.policy import Acceptance, AdaptivePolicy, StepCosts
+from duo.policy import Acceptance, AdaptivePolicy, DraftTiming, StepCosts
 from duo.runtime import ModelWorker
 from duo.sampling import SamplingParams, SparseDist, Verdict, verify
 
@@ -24,6 +24,9 @@ log = logging.getLogger("duo.target")
 
 T = TypeVar("T")
 
+# A waiting step gives up this much later than the drafts were expected: WAIT_SLACK x expected + WAIT_SLACK_S.
+WAIT_SLACK = 1.25
+WAIT_SLACK_S = 0.002
 # The synchronous mode gives up waiting for drafts after this long (a draft that paused on a
 # token it doubts, or stalled) and verifies what it has.
 SYNC_WAIT_S = 1.0
@@ -62,6 +65,9 @@ class GenerationStats:
     draft_tokens_verified: int = 0
     draft_tokens_accepted: int = 0
     draft_rejections: int = 0  # steps that rejected a draft token
+    branch_hits: int = 0       # rejections after which a branch held the committed token
+    waits: int = 0             # steps that waited for drafts known to be coming
+    wait_seconds: float = 0.0
     verify_steps: int = 0
     batch_sizes: list[int] = field(default_factory=list)  # [n]: steps that decoded n tokens at once
     started: float = field(default_factory=time.monotonic)
@@ -129,6 +135,7 @@ class StepRecord:
     n_accepted: int   # of which accepted: always a prefix of the chain
     n_committed: int  # tokens committed (accepted + recovered or bonus; fewer at a stop)
     seconds: float    # decode + verification time
+    waited: float = 0.0  # seconds this step waited for drafts before it (0: it did not wait)
 
 
 class StepObserver(Protocol):
@@ -140,7 +147,8 @@ class StepObserver(Protocol):
 class Generation:
     """One request on the target: the committed sequence grows by whatever each verify step accepts."""
 
-    def __init__(self, session_id: int, request: Request, model: Model, settings: SpecSettings) -> None:
+    def __init__(self, session_id: int, request: Request, model: Model, settings: SpecSettings,
+                 timing: DraftTiming | None = None) -> None:
         self.session_id = session_id
         self.request = request
         self.model = model
@@ -151,7 +159,13 @@ class Generation:
         self.rng = np.random.default_rng(request.seed)
         self.max_ahead = settings.max_ahead  # as last told to the draft
         self.policy: AdaptivePolicy | None = None  # this request's adaptive draft length, if adaptive
-        self.chunk_arrived = asyncio.Event()  # set when chain tokens arrive (the synchronous mode waits on it)
+        self.chunk_arrived = asyncio.Event()  # set when chain tokens arrive (waiting steps wait on it)
+        # How soon drafts come back after a commit, measured here for the waiting policy.
+        self.timing = timing or DraftTiming()
+        self.starved_since: float | None = None  # when a commit left this session without drafts
+        self.last_commit_at = 0.0
+        self.last_chunk_at = 0.0
+        self.draft_silent = False  # a wait found nothing: wait no more until the draft sends again
 
     # The draft link calls these.
     def open_message(self) -> pb.OpenSession:
@@ -162,9 +176,23 @@ class Generation:
 
     def on_chunk(self, chunk: ChainChunk) -> None:
         """Chain tokens the link has checked against this session's bounds."""
-        self.chain.receive(chunk.epoch, chunk.start, chunk.tokens, chunk.dists)
+        self.chain.receive(chunk.epoch, chunk.start, chunk.tokens, chunk.dists, chunk.branch_of)
         self.stats.draft_tokens_received = self.chain.received
+        self.stats.branch_hits = self.chain.branch_hits
+        self._time_chunk(len(chunk.tokens))
+        self.draft_silent = False
         self.chunk_arrived.set()
+
+    def _time_chunk(self, n_tokens: int) -> None:
+        """Learn the draft's latency after a commit that starved this session, and its pace per token
+        while it drafts without a commit in between (so that no rest is counted)."""
+        now = time.monotonic()
+        if self.starved_since is not None and self.chain.pending()[0]:
+            self.timing.latency.add(now - self.starved_since)
+            self.starved_since = None
+        elif self.last_chunk_at > self.last_commit_at and n_tokens:
+            self.timing.per_token.add((now - self.last_chunk_at) / n_tokens)
+        self.last_chunk_at = now
 
     def on_draft_lost(self) -> None:
         self.chain.reset()
@@ -199,6 +227,9 @@ class Generation:
                 break
         self.committed.extend(tokens)
         self.chain.on_commit()
+        self.last_commit_at = time.monotonic()
+        self.starved_since = None if self.chain.pending()[0] else self.last_commit_at
+        self.stats.branch_hits = self.chain.branch_hits
         self.stats.generated_tokens += len(tokens)
         self.stats.verify_steps += 1
         sizes = self.stats.batch_sizes
@@ -225,6 +256,7 @@ class Target:
         self.costs = StepCosts()
         self.acceptance_by_mode = {greedy: Acceptance.prior(settings.draft_max) for greedy in (True, False)}
         self.draft_len = settings.draft_max  # the latest request's preferred draft length (metrics)
+        self.draft_timing = DraftTiming()  # one draft serves every request
         self.observers: list[StepObserver] = []
         self._ids = itertools.count(1)
 
@@ -232,7 +264,7 @@ class Target:
         """Yield the committed tokens step by step; the draft only ever changes the speed."""
         if not request.prompt_tokens:
             raise ModelError("the prompt is empty")
-        generation = Generation(next(self._ids), request, self.model, self.settings)
+        generation = Generation(next(self._ids), request, self.model, self.settings, self.draft_timing)
         if self.settings.adaptive:
             generation.policy = AdaptivePolicy(self.settings.draft_max, self.costs,
                                                self.acceptance_by_mode[request.params.greedy])
@@ -277,10 +309,39 @@ class Target:
             except asyncio.TimeoutError:
                 return
 
+    async def _wait_if_worth_it(self, generation: Generation, policy: AdaptivePolicy) -> float:
+        """With no drafts pending, wait for drafts known to be coming when that is faster in expectation
+        than decoding alone (policy.wait_for); the seconds waited."""
+        if (generation.starved_since is None or generation.draft_silent or generation.chain.pending()[0]
+                or not (self.link and self.link.connected)):
+            return 0.0
+        began = time.monotonic()
+        k, expected = policy.wait_for(generation.timing, began - generation.starved_since)
+        if not k:
+            return 0.0
+        # A little slack past the expectation: the estimate is an average, and one late token should
+        # not send the step off alone just before it arrives.
+        deadline = asyncio.get_running_loop().time() + expected * WAIT_SLACK + WAIT_SLACK_S
+        while len(generation.chain.pending()[0]) < k:
+            generation.chunk_arrived.clear()
+            remaining = deadline - asyncio.get_running_loop().time()
+            try:
+                await asyncio.wait_for(generation.chunk_arrived.wait(), timeout=max(remaining, 0))
+            except asyncio.TimeoutError:
+                break
+        generation.draft_silent = not generation.chain.pending()[0]  # stalled or paused: stop waiting on it
+        waited = time.monotonic() - began
+        generation.stats.waits += 1
+        generation.stats.wait_seconds += waited
+        return waited
+
     async def _step(self, generation: Generation, context: Context) -> Step:
+        policy = generation.policy
+        waited = 0.0
         if self.settings.sync:
             await self._await_drafts(generation, self.settings.sync)
-        policy = generation.policy
+        elif policy is not None:
+            waited = await self._wait_if_worth_it(generation, policy)
         batch, n_rows, drafts, dists = generation.plan(context.n_ctx - context.n_past, policy)
         start = len(generation.committed)
         # Timed on the model thread: the wait behind other requests' steps is not this step's cost.
@@ -291,7 +352,7 @@ class Target:
             self.link.send(pb.TargetEvent(commit=pb.Commit(session_id=generation.session_id, start=start,
                                                            tokens=step.tokens)))
         record = StepRecord(batch_size=len(batch), n_verified=len(drafts), n_accepted=verdict.n_accepted,
-                            n_committed=len(step.tokens), seconds=seconds)
+                            n_committed=len(step.tokens), seconds=seconds, waited=waited)
         for observer in self.observers:
             observer.on_step(record)
         if policy is not None:
