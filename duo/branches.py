@@ -84,9 +84,18 @@ def choose_fork(doubts: dict[int, Doubt], start: int, stop: int, taken: set[int]
     return min(candidates)[1] if candidates else None
 
 
+def preferred_draft_len(max_ahead: int) -> int:
+    """The draft length k the target's policy prefers: it steers max_ahead to 2k + 2 (0: the draft rests)."""
+    return max(1, (max_ahead - 2) // 2) if max_ahead > 0 else 0
+
+
 def branch_length(max_ahead: int, fixed: int) -> int:
-    """Tokens to draft after a branch's assumed token: `fixed`, or by default the draft length the
-    target's policy prefers, which it steers max_ahead to 2k + 2 for."""
+    """Tokens to draft after a branch's assumed token: `fixed`, or by default half the draft length the
+    target prefers (at least 2). Half: a hit only needs to fill the step after the rejection (its
+    first drafts matter most: E(k) grows by a1...ak per draft), and short branches leave time for
+    a second fork.
+    """
     if fixed:
         return fixed
-    return max(2, (max_ahead - 2) // 2) if max_ahead > 0 else 0
+    k = preferred_draft_len(max_ahead)
+    return max(2, (k + 1) // 2) if k else 0

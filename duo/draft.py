@@ -11,12 +11,16 @@ import numpy as np
 
 from duo import wire
 from duo._proto import duo_pb2 as pb
-from duo.branches import BRANCH_SEQ, Branch, Doubt, branch_length, choose_fork, doubt_of
+from duo.branches import BRANCH_SEQ, Branch, Doubt, branch_length, choose_fork, doubt_of, preferred_draft_len
 from duo.model import Context, Model, ModelError
 from duo.runtime import ModelWorker
 from duo.sampling import SamplingParams, SparseDist, distribution, sample
 
 T = TypeVar("T")
+
+
+# DraftSession.next_work's priorities.
+CHAIN_NEEDED, BRANCH, CHAIN_AHEAD = 0, 1, 2
 
 
 class InvalidEvent(ValueError):
@@ -51,12 +55,34 @@ class DraftSession:
         return (not self.paused and not self.closed and len(self.chain) - self.committed < self.max_ahead
                 and len(self.chain) < self.context.n_ctx)
 
-    def wants_to_branch(self) -> bool:
-        """Whether the draft has spare time for this session's branches: the chain is as far ahead as
-        the target wants it, and a branch is unfinished or may start."""
-        if self.closed or self.wants_to_draft() or not self.max_branches or not self.current_branch_len():
+    def next_work(self) -> int | None:
+        """What the draft should do next for this session, as a priority (lower first), or None:
+        CHAIN_NEEDED while the chain holds fewer drafts than the target's next verify step wants,
+        then BRANCH for the likeliest rejection within that step, then CHAIN_AHEAD up to max_ahead,
+        then more branches.
+
+        A branch at a doubtful position inside the next verify step pays when the target rejects
+        there (it then skips a step decoded alone), which is likelier than the far end of the chain
+        being needed before the draft could draft it anyway.
+        """
+        if self.closed:
+            return None
+        needed = preferred_draft_len(self.max_ahead) + 1
+        if self.wants_to_draft() and len(self.chain) - self.committed < needed:
+            return CHAIN_NEEDED
+        # One branch for the next step comes first; more only once the chain is as far ahead as
+        # allowed: each costs the chain a few tokens of lead, and the steps after the next want those.
+        if (not self.branches or self.growing_branch()) and self.wants_to_branch(needed):
+            return BRANCH
+        if self.wants_to_draft():
+            return CHAIN_AHEAD
+        return BRANCH if self.wants_to_branch(len(self.chain) - self.committed) else None
+
+    def wants_to_branch(self, within: int) -> bool:
+        """Whether a branch is unfinished, or may start among the first `within` undecided positions."""
+        if not self.max_branches or not self.current_branch_len():
             return False
-        return self.growing_branch() is not None or self.next_fork() is not None
+        return self.growing_branch() is not None or self.next_fork(within) is not None
 
     def current_branch_len(self) -> int:
         return branch_length(self.max_ahead, self.branch_len)
@@ -64,13 +90,13 @@ class DraftSession:
     def growing_branch(self) -> Branch | None:
         return next((branch for branch in self.branches if not branch.finished), None)
 
-    def next_fork(self) -> int | None:
-        """Where the next branch forks: the least sure position after the committed ones whose prefix
-        the KV cache holds (the branch shares it), while fewer than max_branches exist."""
+    def next_fork(self, within: int) -> int | None:
+        """Where the next branch forks: the least sure of the first `within` undecided positions whose
+        prefix the KV cache holds (the branch shares it), while fewer than max_branches exist."""
         if len(self.branches) >= self.max_branches:
             return None
         synced = common_prefix_length(self.kv_tokens, self.chain)
-        return choose_fork(self.doubts, self.committed, min(synced + 1, len(self.chain)),
+        return choose_fork(self.doubts, self.committed, min(synced + 1, len(self.chain), self.committed + within),
                            {branch.fork for branch in self.branches})
 
     def new_epoch(self) -> int:
@@ -306,7 +332,7 @@ class Drafter:
         """Grow the session's unfinished branch by one token, or start one at the next fork; None when
         a commit came meanwhile (the branch may be moot) or there is nothing to branch."""
         growing = session.growing_branch()
-        fork = growing.fork if growing else session.next_fork()
+        fork = growing.fork if growing else session.next_fork(preferred_draft_len(session.max_ahead) + 1)
         if fork is None:
             return None
         assumed = growing.tokens if growing else [session.doubts[fork].alternative]

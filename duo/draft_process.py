@@ -17,7 +17,7 @@ from duo import wire
 from duo._proto import duo_pb2 as pb
 from duo._proto import duo_pb2_grpc as pb_grpc
 from duo.branches import MAX_BRANCHES
-from duo.draft import Drafter, DraftSession, InvalidEvent
+from duo.draft import BRANCH, Drafter, DraftSession, InvalidEvent
 from duo.draft_metrics import DraftMetrics, MetricsServer, metrics_server
 from duo.hub import HubError, resolve_model
 from duo.model import IncompatibleVocab, Model, ModelError, check_compatible
@@ -185,19 +185,21 @@ class Connection:
             await self._fail(session, error)
 
     async def _draft(self) -> None:
-        """Round-robin over sessions that want chain tokens; in spare time, over those that want branches;
-        sleep until an event when none does. A branch step takes one draft step, so a commit that
-        arrives meanwhile waits at most that long for its chain."""
+        """Round-robin over the sessions whose next work comes first (DraftSession.next_work); sleep until
+        an event when none has any. A branch step takes one draft step, so a commit that arrives
+        meanwhile waits at most that long for its chain."""
         for turn in itertools.count():
-            ready = [s for s in self.sessions.values() if s.wants_to_draft()]
-            branching = [] if ready else [s for s in self.sessions.values() if s.wants_to_branch()]
-            if not ready and not branching:
+            work = [(priority, session) for session in self.sessions.values()
+                    if (priority := session.next_work()) is not None]
+            if not work:
                 self.wake.clear()
                 await self.wake.wait()
                 continue
-            session = (ready or branching)[turn % len(ready or branching)]
+            first = min(priority for priority, _ in work)
+            ready = [session for priority, session in work if priority == first]
+            session = ready[turn % len(ready)]
             try:
-                chunk = await (self.drafter.step(session) if ready else self.drafter.branch(session))
+                chunk = await (self.drafter.branch(session) if first == BRANCH else self.drafter.step(session))
             except Exception as error:  # whatever it is, it concerns this session alone
                 await self._fail(session, error)
                 continue
@@ -245,8 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="in spare time, draft up to N branches per chain: continuations for the target "
                              "committing the draft's next-best token where it was least sure (0: none)")
     parser.add_argument("--branch-len", type=int, default=0, metavar="N",
-                        help="tokens drafted after a branch's assumed token (default: the draft length the "
-                             "target's policy prefers)")
+                        help="tokens drafted after a branch's assumed token (default: half the draft length "
+                             "the target's policy prefers, at least 2)")
     parser.add_argument("--metrics", default=None, metavar="[HOST:]PORT",
                         help="serve Prometheus metrics at http://HOST:PORT/metrics (HOST: 127.0.0.1 unless given)")
     return parser

@@ -23,6 +23,11 @@ EXPLORE_EVERY = 16
 PROBE_LEAD = 5
 
 
+# A step never waits longer than this share of a step alone: where waiting pays (a draft many times
+# faster than the target), the wait is a small fraction of it anyway.
+MAX_WAIT_OF_A_STEP = 0.5
+
+
 @dataclass
 class _Average:
     value: float
@@ -166,22 +171,38 @@ class AdaptivePolicy:
         """With no drafts pending: (k, seconds) to wait for k drafts known to be coming, or (0, 0.0)
         when decoding alone now is faster in expectation.
 
-        Waiting w seconds, then verifying k drafts, commits E(k) tokens in w + T(k + 1); decoding
-        alone commits 1 in T(1). Example: T(1) = 140 ms and T(4) = 180 ms (a memory-bound target),
-        drafts 35 ms after the commit then every 35 ms, a = 0.8: waiting 105 ms for 3 drafts gives
-        2.95 tokens in 285 ms, 10.4 tokens/s against 7.1 alone. With a compute-bound target
-        (T(4) = 4 T(1)) or a slow draft, alone wins and nothing waits.
+        Waiting w seconds, then verifying k drafts, commits E(k) tokens in w + T(k + 1). Decoding
+        alone does not idle the draft: the fair rival is a step alone, then a step verifying the m
+        drafts that arrived during it. The first of them must equal the token decoded alone (chance
+        a1), else that step is alone too: 1 + a1 E(m - 1) + (1 - a1) tokens in
+        T(1) + a1 T(m) + (1 - a1) T(1). Example, a = 0.8, T(n) = 140 ms (1 + 0.04 (n - 1)): a draft
+        35 ms after the commit then every 35 ms (4x the target's pace) does not pay a wait (12.1
+        tokens/s alone-then-verify against at best 11.3 waiting); one 10 ms after and every 5 ms
+        does (18.8 tokens/s waiting 45 ms for 8 drafts against 14.8).
         """
         if not timing.measured:
             return 0, 0.0
-        alone = self.expected_rate(0)
-        best = (0, 0.0, alone)
+        best = (0, 0.0, self._rate_after_a_step_alone(timing, since_commit))
         for k in range(1, self.max_draft + 1):
             wait = timing.seconds_until(k, since_commit)
+            if wait > MAX_WAIT_OF_A_STEP * self.costs.batch_seconds(1):
+                break  # a long wait rests on a long extrapolation of the draft's pace: not worth the risk
             rate = self.expected_tokens(k) / (wait + self.costs.batch_seconds(k + 1))
             if rate > best[2]:
                 best = (k, wait, rate)
         return best[0], best[1]
+
+    def _rate_after_a_step_alone(self, timing: DraftTiming, since_commit: float) -> float:
+        """Tokens per second of a step alone now, then a step verifying what the draft sent meanwhile."""
+        alone = self.costs.batch_seconds(1)
+        arrived = [n for n in range(1, self.max_draft + 2) if timing.seconds_until(n, since_commit) <= alone]
+        m = max(arrived, default=0)
+        if m < 2:
+            return 1.0 / alone
+        a1 = self.acceptance.rates[0].value
+        tokens = 1.0 + a1 * self.expected_tokens(m - 1) + (1.0 - a1)
+        seconds = alone + a1 * self.costs.batch_seconds(m) + (1.0 - a1) * alone
+        return tokens / seconds
 
     def expected_tokens(self, k: int) -> float:
         """E(k): tokens a step verifying k drafts commits on average (the bonus or recovered token included)."""

@@ -27,6 +27,9 @@ T = TypeVar("T")
 # A waiting step gives up this much later than the drafts were expected: WAIT_SLACK x expected + WAIT_SLACK_S.
 WAIT_SLACK = 1.25
 WAIT_SLACK_S = 0.002
+# Chunks that arrive closer together than this were sent apart but delivered together (the stream
+# coalesces writes): their gap says nothing of the draft's pace.
+COALESCED_S = 0.0005
 # The synchronous mode gives up waiting for drafts after this long (a draft that paused on a
 # token it doubts, or stalled) and verifies what it has.
 SYNC_WAIT_S = 1.0
@@ -179,7 +182,8 @@ class Generation:
         self.chain.receive(chunk.epoch, chunk.start, chunk.tokens, chunk.dists, chunk.branch_of)
         self.stats.draft_tokens_received = self.chain.received
         self.stats.branch_hits = self.chain.branch_hits
-        self._time_chunk(len(chunk.tokens))
+        if chunk.epoch == self.chain.epoch and chunk.branch_of is None:  # the draft's pace on its chain
+            self._time_chunk(len(chunk.tokens))
         self.draft_silent = False
         self.chunk_arrived.set()
 
@@ -190,7 +194,7 @@ class Generation:
         if self.starved_since is not None and self.chain.pending()[0]:
             self.timing.latency.add(now - self.starved_since)
             self.starved_since = None
-        elif self.last_chunk_at > self.last_commit_at and n_tokens:
+        elif self.last_chunk_at > self.last_commit_at and n_tokens and now - self.last_chunk_at > COALESCED_S:
             self.timing.per_token.add((now - self.last_chunk_at) / n_tokens)
         self.last_chunk_at = now
 

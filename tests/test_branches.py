@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from duo._proto import duo_pb2 as pb
 from duo.branches import Branch, Doubt, branch_length, choose_fork, doubt_of
-from duo.draft import Drafter, DraftSession
+from duo.draft import BRANCH, CHAIN_AHEAD, CHAIN_NEEDED, Drafter, DraftSession
 from duo.model import Model
 from duo.runtime import ModelWorker
 from duo.sampling import SamplingParams, SparseDist
@@ -38,15 +39,33 @@ def test_the_fork_is_the_least_sure_undecided_position_without_a_branch():
     assert choose_fork(doubts, start=7, stop=8, taken={7}) is None
 
 
-def test_branches_are_as_long_as_the_draft_length_the_target_steers_for():
-    assert branch_length(max_ahead=10, fixed=0) == 4  # max_ahead 2k + 2 for k = 4
+def test_branches_are_half_as_long_as_the_draft_length_the_target_steers_for():
+    assert branch_length(max_ahead=18, fixed=0) == 4  # max_ahead 2k + 2 for k = 8
+    assert branch_length(max_ahead=6, fixed=0) == 2   # at least 2
     assert branch_length(max_ahead=0, fixed=0) == 0   # the draft rests: no branches either
     assert branch_length(max_ahead=10, fixed=3) == 3
 
 
+def test_the_chain_the_next_step_needs_comes_before_branches_and_branches_before_the_rest_of_the_chain():
+    session = session_with_chain([7, 8, 4], committed=2)  # max_ahead 8: the target prefers k = 3
+    session.doubts = {2: Doubt(0.5, 9, None)}
+    assert session.next_work() == CHAIN_NEEDED
+    session.chain += [5, 6, 1]
+    session.doubts.update({3: Doubt(0.1, 9, None), 4: Doubt(0.2, 9, None), 5: Doubt(0.3, 9, None)})
+    session.kv_tokens = session.chain[:-1]
+    assert session.next_work() == BRANCH and session.next_fork(within=4) == 3
+    session.branches = [Branch(epoch=3, fork=3, tokens=[9, 1, 2], doubts=[None] * 3, finished=True)]
+    assert session.next_work() == CHAIN_AHEAD  # one branch for the next step, then the chain's lead
+    session.chain += [1, 2, 3, 4]  # max_ahead reached
+    session.kv_tokens = session.chain[:-1]
+    assert session.next_work() == BRANCH and session.next_fork(within=8) == 4
+    session.branches.append(Branch(epoch=4, fork=4, tokens=[9, 1, 2], doubts=[None] * 3, finished=True))
+    assert session.next_work() is None  # max_branches reached
+
+
 def session_with_chain(chain: list[int], committed: int) -> DraftSession:
     return DraftSession(session_id=1, chain=chain, committed=committed, params=SamplingParams(),
-                        rng=np.random.default_rng(0), max_ahead=8, p_min=0.0, context=None, max_branches=2,
+                        rng=np.random.default_rng(0), max_ahead=8, p_min=0.0, context=SimpleNamespace(n_ctx=256), max_branches=2,
                         next_epoch=3)
 
 
@@ -88,17 +107,17 @@ def test_in_spare_time_the_draft_branches_at_its_least_sure_position_with_the_to
         session = await drafter.open(pb.OpenSession(session_id=1, committed=PROMPT, max_ahead=4))
         while session.wants_to_draft():
             await drafter.step(session)
-        assert session.wants_to_branch()
+        assert session.next_work() == BRANCH
         chunks = [await drafter.branch(session) for _ in range(2)]
         await drafter.close(session)
         return session, chunks
 
     session, (first, second) = asyncio.run(run())
-    fork = min(session.doubts, key=lambda position: session.doubts[position].margin)
+    fork = min(range(3, 5), key=lambda position: session.doubts[position].margin)  # the next step's 2
     assert first.HasField("branch_of") and first.branch_of == session.epoch == 0
     assert (first.start, first.tokens[0]) == (fork, session.doubts[fork].alternative)
     assert first.epoch > session.epoch and second.epoch == first.epoch and not second.HasField("branch_of")
-    assert second.start == fork + 2 and not session.wants_to_branch()  # the one branch is long enough
+    assert second.start == fork + 2 and session.next_work() is None  # the one branch is long enough
     # The branch's drafts are what the draft model gives after the chain's prefix and the assumed token.
     branch = session.chain[:fork] + [first.tokens[0]]
     fresh = draft_model.new_context(256)

@@ -96,8 +96,15 @@ def test_sampled_tokens_through_duo_follow_the_target_distribution(duo, alone):
         a = [t[position] for t in through_duo if len(t) > position]
         b = [t[position] for t in reference if len(t) > position]
         assert homogeneity_p_value(a, b) > 1e-3, f"position {position} differs"
-    _, last = generate(duo.address, "Once upon a time", max_tokens=32, temperature=1.0, seed=1)
-    assert last.stats.draft_tokens_verified > 0
+    # The draft took part in sampled generations (a tiny target is as fast as its draft: a single short
+    # generation may find no draft in time on a busy machine, so a few are tried).
+    verified = 0
+    for seed in range(8):
+        _, last = generate(duo.address, "Once upon a time", max_tokens=64, temperature=1.0, seed=seed)
+        verified += last.stats.draft_tokens_verified
+        if verified:
+            break
+    assert verified > 0
 
 
 def test_killing_the_draft_mid_generation_completes_the_request_with_the_same_output(

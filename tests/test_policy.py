@@ -137,19 +137,23 @@ def timing(latency: float, per_token: float) -> DraftTiming:
     return measured
 
 
-def test_a_slow_memory_bound_target_waits_for_drafts_from_a_fast_draft():
+def test_a_slow_memory_bound_target_waits_for_drafts_from_a_much_faster_draft():
     policy = AdaptivePolicy(max_draft=8)
     teach(policy, cost=lambda n: 0.140 * (1 + 0.04 * (n - 1)), acceptance=0.8)
-    k, wait = policy.wait_for(timing(latency=0.035, per_token=0.035), since_commit=0.0)
-    assert k >= 2 and wait == pytest.approx(0.035 * k)
-    assert policy.wait_for(timing(latency=0.035, per_token=0.035), since_commit=0.030)[1] == pytest.approx(
-        0.005 + 0.035 * (k - 1))
+    k, wait = policy.wait_for(timing(latency=0.010, per_token=0.005), since_commit=0.0)
+    assert k >= 4 and wait == pytest.approx(0.010 + 0.005 * (k - 1))
+    later_k, later_wait = policy.wait_for(timing(latency=0.010, per_token=0.005), since_commit=0.008)
+    assert later_wait == pytest.approx(0.002 + 0.005 * (later_k - 1))
 
 
-def test_a_fast_target_or_a_slow_draft_does_not_wait():
+def test_a_fast_target_or_a_draft_only_a_few_times_faster_does_not_wait():
     fast_target = AdaptivePolicy(max_draft=8)
     teach(fast_target, cost=lambda n: 0.010 * n, acceptance=0.8)
     assert fast_target.wait_for(timing(latency=0.035, per_token=0.035), since_commit=0.0) == (0, 0.0)
+    # A draft 4x faster than the target: a step alone loses nothing, its drafts arrive meanwhile.
+    near = AdaptivePolicy(max_draft=8)
+    teach(near, cost=lambda n: 0.140 * (1 + 0.04 * (n - 1)), acceptance=0.8)
+    assert near.wait_for(timing(latency=0.035, per_token=0.035), since_commit=0.0) == (0, 0.0)
     slow_draft = AdaptivePolicy(max_draft=8)
     teach(slow_draft, cost=lambda n: 0.140 * (1 + 0.04 * (n - 1)), acceptance=0.8)
     assert slow_draft.wait_for(timing(latency=0.5, per_token=0.3), since_commit=0.0) == (0, 0.0)
