@@ -46,7 +46,7 @@ class SpecSettings:
 
     draft_max: int = 16     # most chain tokens verified in one target batch
     draft_min: int = 0      # fewer pending tokens than this: decode alone
-    draft_p_min: float = 0.0  # the draft pauses after a token it gives less probability than this
+    draft_p_min: float = 0.0  # the draft proposes nothing where its top-1 probability is below this
     max_ahead: int = 32     # how far beyond the committed tokens the draft may run (fixed mode)
     adaptive: bool = True
     # > 0: the classic synchronous loop, for comparison: each step waits for this many drafts, and
@@ -201,6 +201,17 @@ class Generation:
     def on_draft_lost(self) -> None:
         self.chain.reset()
 
+    async def wait_for_drafts(self, enough: Callable[[list[int]], bool], seconds: float) -> None:
+        """Wait until enough(pending drafts) holds or `seconds` have passed, checking at each chunk."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while not enough(self.chain.pending()[0]):
+            self.chunk_arrived.clear()
+            try:
+                await asyncio.wait_for(self.chunk_arrived.wait(), timeout=max(deadline - loop.time(), 0))
+            except asyncio.TimeoutError:
+                return
+
     def plan(self, room: int, policy: AdaptivePolicy | None) -> tuple[list[int], int, list[int], list[SparseDist | None]]:
         """Choose this step's batch: (batch tokens, logits rows, tokens to verify, their distributions).
 
@@ -301,17 +312,11 @@ class Target:
 
     async def _await_drafts(self, generation: Generation, want: int) -> None:
         """Synchronous mode: wait until `want` drafts are pending, the draft stopped, or it is gone."""
-        deadline = asyncio.get_running_loop().time() + SYNC_WAIT_S
-        while self.link and self.link.connected:
-            pending, _ = generation.chain.pending()
-            if len(pending) >= want or (pending and self.model.is_end_of_generation(pending[-1])):
-                return
-            generation.chunk_arrived.clear()
-            remaining = deadline - asyncio.get_running_loop().time()
-            try:
-                await asyncio.wait_for(generation.chunk_arrived.wait(), timeout=max(remaining, 0))
-            except asyncio.TimeoutError:
-                return
+        def enough(pending: list[int]) -> bool:
+            return (not (self.link and self.link.connected) or len(pending) >= want
+                    or bool(pending and self.model.is_end_of_generation(pending[-1])))
+
+        await generation.wait_for_drafts(enough, SYNC_WAIT_S)
 
     async def _wait_if_worth_it(self, generation: Generation, policy: AdaptivePolicy) -> float:
         """With no drafts pending, wait for drafts known to be coming when that is faster in expectation
@@ -325,14 +330,7 @@ class Target:
             return 0.0
         # A little slack past the expectation: the estimate is an average, and one late token should
         # not send the step off alone just before it arrives.
-        deadline = asyncio.get_running_loop().time() + expected * WAIT_SLACK + WAIT_SLACK_S
-        while len(generation.chain.pending()[0]) < k:
-            generation.chunk_arrived.clear()
-            remaining = deadline - asyncio.get_running_loop().time()
-            try:
-                await asyncio.wait_for(generation.chunk_arrived.wait(), timeout=max(remaining, 0))
-            except asyncio.TimeoutError:
-                break
+        await generation.wait_for_drafts(lambda pending: len(pending) >= k, expected * WAIT_SLACK + WAIT_SLACK_S)
         generation.draft_silent = not generation.chain.pending()[0]  # stalled or paused: stop waiting on it
         waited = time.monotonic() - began
         generation.stats.waits += 1

@@ -45,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     spec.add_argument("--draft-min", type=int, default=defaults.draft_min, metavar="N",
                       help="verify no draft tokens while fewer than N are pending")
     spec.add_argument("--draft-p-min", type=float, default=defaults.draft_p_min, metavar="P",
-                      help="the draft pauses after a token it gives less probability than P")
+                      help="the draft proposes nothing, until the next commit, where its most probable token has "
+                           "less probability than P (a rule that never looks at the token drawn: sampling stays exact)")
     spec.add_argument("--max-ahead", type=int, default=None, metavar="N",
                       help="let the draft run at most N tokens ahead of the committed ones; turns the adaptive "
                            "policy off (default: steered adaptively; 2 x --draft-max when that is given)")

@@ -1,4 +1,4 @@
-"""The target's steps as its adaptive policy sees them: the model work alone."""
+"""The target's steps as its adaptive policy sees them: the model work alone, and waits that pay."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import pytest
 from duo.model import Model
 from duo.runtime import ModelWorker
 from duo.sampling import SamplingParams
-from duo.target import Request, SpecSettings, StepRecord, Target
+from duo.chain import ChainChunk
+from duo.policy import AdaptivePolicy
+from duo.target import Generation, Request, SpecSettings, StepRecord, Target
 
 BLOCK_S = 0.15  # another request's work on the model thread, in front of every step
 
@@ -50,3 +52,47 @@ def test_a_step_is_timed_without_the_wait_behind_other_work_on_the_model_thread(
     # The policy learnt the same model-only cost.
     assert target.costs.batch_seconds(1) < BLOCK_S / 2
 
+
+
+class ConnectedLink:
+    connected = True
+
+
+def waiting_target_and_generation() -> tuple[Target, Generation, AdaptivePolicy]:
+    """A slow target (T(n) = 140 ms) whose draft answers a commit in 10 ms and then drafts every 5 ms."""
+    target = Target(None, ModelWorker(), ConnectedLink(), n_ctx=256, settings=SpecSettings())
+    for n in range(1, 18):
+        target.costs.observe(n, 0.140)
+    target.draft_timing.latency.add(0.010)
+    target.draft_timing.per_token.add(0.005)
+    generation = Generation(1, Request([1, 2, 3], SamplingParams()), None, SpecSettings(), target.draft_timing)
+    generation.starved_since = time.monotonic()
+    return target, generation, AdaptivePolicy(16, target.costs)
+
+
+def test_with_a_much_faster_draft_the_target_waits_for_the_drafts_it_knows_are_coming():
+    target, generation, policy = waiting_target_and_generation()
+
+    async def run() -> float:
+        async def draft() -> None:
+            for i in range(16):
+                await asyncio.sleep(0.005)
+                generation.on_chunk(ChainChunk(epoch=0, start=3 + i, tokens=[100 + i], dists=[]))
+        drafting = asyncio.ensure_future(draft())
+        waited = await target._wait_if_worth_it(generation, policy)
+        await drafting
+        return waited
+
+    waited = asyncio.run(run())
+    assert 0.005 < waited < 0.070  # half a step at the most
+    assert generation.stats.waits == 1 and generation.stats.wait_seconds == pytest.approx(waited)
+    assert len(generation.chain.pending()[0]) >= 2
+
+
+def test_a_wait_that_finds_nothing_is_not_repeated_until_the_draft_sends_again():
+    target, generation, policy = waiting_target_and_generation()
+    first = asyncio.run(target._wait_if_worth_it(generation, policy))
+    assert first > 0 and generation.draft_silent
+    assert asyncio.run(target._wait_if_worth_it(generation, policy)) == 0.0
+    generation.on_chunk(ChainChunk(epoch=0, start=3, tokens=[7], dists=[]))
+    assert not generation.draft_silent
