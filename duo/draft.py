@@ -78,6 +78,17 @@ class DraftSession:
             return CHAIN_AHEAD
         return BRANCH if self.wants_to_branch(len(self.chain) - self.committed) else None
 
+    def planned_branch(self) -> tuple[Branch | None, int | None]:
+        """(the branch to grow, or None for a new one; the fork), as next_work planned it: the growing
+        branch, else a fork in the next step's positions, else, with the chain full, in all of them."""
+        growing = self.growing_branch()
+        if growing is not None:
+            return growing, growing.fork
+        fork = self.next_fork(preferred_draft_len(self.max_ahead) + 1)
+        if fork is None and not self.wants_to_draft():
+            fork = self.next_fork(len(self.chain) - self.committed)
+        return None, fork
+
     def wants_to_branch(self, within: int) -> bool:
         """Whether a branch is unfinished, or may start among the first `within` undecided positions."""
         if not self.max_branches or not self.current_branch_len():
@@ -331,8 +342,7 @@ class Drafter:
     async def branch(self, session: DraftSession) -> pb.DraftChunk | None:
         """Grow the session's unfinished branch by one token, or start one at the next fork; None when
         a commit came meanwhile (the branch may be moot) or there is nothing to branch."""
-        growing = session.growing_branch()
-        fork = growing.fork if growing else session.next_fork(preferred_draft_len(session.max_ahead) + 1)
+        growing, fork = session.planned_branch()
         if fork is None:
             return None
         assumed = growing.tokens if growing else [session.doubts[fork].alternative]

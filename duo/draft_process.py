@@ -206,6 +206,10 @@ class Connection:
             if chunk is not None:
                 self.outbox.put_nowait(pb.DraftEvent(chunk=chunk))
                 self.metrics.chunks_sent.inc()
+            else:
+                # Nothing was drafted (a commit came meanwhile): let the reader apply it before the
+                # next turn, so that a turn with no work can never keep the event loop to itself.
+                await asyncio.sleep(0)
 
     async def _fail(self, session: DraftSession, error: Exception) -> None:
         """End an open session with a SessionError and free its context."""

@@ -58,7 +58,10 @@ def test_the_chain_the_next_step_needs_comes_before_branches_and_branches_before
     assert session.next_work() == CHAIN_AHEAD  # one branch for the next step, then the chain's lead
     session.chain += [1, 2, 3, 4]  # max_ahead reached
     session.kv_tokens = session.chain[:-1]
-    assert session.next_work() == BRANCH and session.next_fork(within=8) == 4
+    assert session.next_work() == BRANCH and session.planned_branch() == (None, 4)
+    session.doubts = {6: Doubt(0.1, 9, None)}  # beyond the next step's positions: found with the chain full
+    assert session.next_work() == BRANCH and session.planned_branch() == (None, 6)
+    session.doubts = {4: Doubt(0.2, 9, None)}
     session.branches.append(Branch(epoch=4, fork=4, tokens=[9, 1, 2], doubts=[None] * 3, finished=True))
     assert session.next_work() is None  # max_branches reached
 
