@@ -160,12 +160,18 @@ def test_the_same_seed_gives_the_same_sample_on_a_target_without_a_draft(served_
 def test_with_a_draft_a_sampled_completion_is_still_complete_and_speculated(served_duo):
     # With a draft the sample also depends on when draft tokens arrive, so the same seed need not
     # give the same text; the text still follows the target's distribution (tests/test_duo.py).
-    response = client(served_duo).completions.create(model=model_name(served_duo), prompt=PROMPTS[1],
-                                                     max_tokens=48, temperature=1.0, seed=3)
-    assert response.choices[0].finish_reason == "length"
-    assert response.usage.completion_tokens == 48 and response.choices[0].text
-    stats = response.model_extra["duo_stats"]
-    assert stats["draft_connected"] and stats["draft_tokens_verified"] > 0
+    # The tiny target is as fast as its draft: on a busy machine one sampled completion may find no
+    # draft in time, so a few are tried until one was speculated.
+    for seed in range(3, 11):
+        response = client(served_duo).completions.create(model=model_name(served_duo), prompt=PROMPTS[1],
+                                                         max_tokens=48, temperature=1.0, seed=seed)
+        assert response.choices[0].finish_reason == "length"
+        assert response.usage.completion_tokens == 48 and response.choices[0].text
+        stats = response.model_extra["duo_stats"]
+        assert stats["draft_connected"]
+        if stats["draft_tokens_verified"] > 0:
+            break
+    assert stats["draft_tokens_verified"] > 0
 
 
 def test_models_lists_the_served_model_and_an_unknown_one_is_not_found(served_alone, tiny_target):
