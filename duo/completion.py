@@ -153,7 +153,7 @@ class Completions:
 
     def prepare(self, request: CompletionRequest) -> Request:
         """The target's Request, or BadRequest saying what to fix."""
-        target = self._loaded()
+        self._loaded()  # NotReady while the model loads
         try:
             request.params.validate()
         except ValueError as error:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any, Callable, Protocol, Sequence, TypeVar
+from typing import Protocol, Sequence
 
 import numpy as np
 
@@ -13,11 +12,8 @@ from duo import wire
 from duo._proto import duo_pb2 as pb
 from duo.branches import BRANCH_SEQ, Branch, Doubt, branch_length, choose_fork, doubt_of, preferred_draft_len
 from duo.model import Context, Model, ModelError
-from duo.runtime import ModelWorker
+from duo.runtime import ModelWorker, timed
 from duo.sampling import SamplingParams, SparseDist, distribution, sample
-
-T = TypeVar("T")
-
 
 # DraftSession.next_work's priorities.
 CHAIN_NEEDED, BRANCH, CHAIN_AHEAD = 0, 1, 2
@@ -177,18 +173,24 @@ def proposes(logits: np.ndarray, p_min: float) -> bool:
 
 
 def draft_one(session: DraftSession, chain: list[int]) -> tuple[int, SparseDist, Doubt | None] | None:
-    """Decode what the KV cache lacks of `chain` and draw the next token with the distribution it was
-    drawn from (and its Doubt when the session drafts branches), or None where the draft is too unsure
-    to propose one (runs on the model thread)."""
-    keep = common_prefix_length(session.kv_tokens, chain)
-    keep = min(keep, len(chain) - 1)  # at least one token must be decoded to get fresh logits
-    session.context.rollback(keep)
-    del session.kv_tokens[keep:]
-    logits = session.context.decode(chain[keep:], keep)[-1]
-    session.kv_tokens.extend(chain[keep:])
+    """Draw the token after `chain` with the distribution it was drawn from (and its Doubt when the
+    session drafts branches), or None where the draft is too unsure to propose one (runs on the model
+    thread)."""
+    logits = next_logits(session.context, session.kv_tokens, chain, seq=0)
     if not proposes(logits, session.p_min):
         return None
     return draw(session, logits)
+
+
+def next_logits(context: Context, cached: list[int], tokens: list[int], seq: int) -> np.ndarray:
+    """The logits after `tokens` on sequence `seq`, which holds `cached` (updated in place): roll back
+    to where the two part and decode the rest, at least the last token (for fresh logits)."""
+    keep = min(common_prefix_length(cached, tokens), len(tokens) - 1)
+    context.rollback(keep, seq=seq)
+    del cached[keep:]
+    logits = context.decode(tokens[keep:], keep, seq=seq)[-1]
+    cached.extend(tokens[keep:])
+    return logits
 
 
 def draw(session: DraftSession, logits: np.ndarray) -> tuple[int, SparseDist, Doubt | None]:
@@ -206,24 +208,10 @@ def extend_branch(session: DraftSession, chain: list[int], fork: int,
     what it decoded, so growing a branch decodes one token a step, as the chain does.
     """
     want = chain[:fork] + tokens
-    keep = common_prefix_length(session.branch_kv, want)
-    if keep < fork:  # it holds another branch: share the chain's prefix instead
+    if common_prefix_length(session.branch_kv, want) < fork:  # it holds another branch: share the chain's prefix
         session.context.fork(BRANCH_SEQ, fork)
         session.branch_kv = want[:fork]
-        keep = fork
-    keep = min(keep, len(want) - 1)
-    session.context.rollback(keep, seq=BRANCH_SEQ)
-    del session.branch_kv[keep:]
-    logits = session.context.decode(want[keep:], keep, seq=BRANCH_SEQ)[-1]
-    session.branch_kv.extend(want[keep:])
-    return draw(session, logits)
-
-
-def timed(fn: Callable[..., T], *args: Any) -> tuple[T, float]:
-    """fn(*args) and the seconds it took (called on the model thread, so no waiting is counted)."""
-    began = time.perf_counter()
-    result = fn(*args)
-    return result, time.perf_counter() - began
+    return draw(session, next_logits(session.context, session.branch_kv, want, seq=BRANCH_SEQ))
 
 
 class Drafter:

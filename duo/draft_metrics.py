@@ -9,13 +9,12 @@ DraftChunk message sent to a target.
 from __future__ import annotations
 
 import socket
-from contextlib import AbstractContextManager, nullcontext
 from typing import Callable
 
 import uvicorn
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_asgi_app
 
-from duo.runtime import listen_socket
+from duo.runtime import HttpServer, listen_socket
 
 # Seconds per step: a tiny model's tenth of a millisecond to a large draft on a CPU.
 STEP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
@@ -63,16 +62,8 @@ class DraftMetrics:
         self.sessions_refused.labels(reason=reason).inc()
 
 
-class MetricsServer(uvicorn.Server):
-    """uvicorn on the caller's event loop, without uvicorn's own signal handling: duo.runtime.run_server
-    stops it together with the gRPC server."""
-
-    def capture_signals(self) -> AbstractContextManager[None]:
-        return nullcontext()
-
-
-def metrics_server(metrics: DraftMetrics, address: str) -> tuple[MetricsServer, socket.socket]:
+def metrics_server(metrics: DraftMetrics, address: str) -> tuple[HttpServer, socket.socket]:
     """The server of /metrics and its listening socket on [HOST:]PORT (127.0.0.1 unless HOST says otherwise),
     ready for duo.runtime.run_server's `http`."""
     config = uvicorn.Config(make_asgi_app(metrics.registry), lifespan="off", log_config=None, access_log=False)
-    return MetricsServer(config), listen_socket(address)
+    return HttpServer(config), listen_socket(address)

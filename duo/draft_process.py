@@ -18,10 +18,11 @@ from duo._proto import duo_pb2 as pb
 from duo._proto import duo_pb2_grpc as pb_grpc
 from duo.branches import MAX_BRANCHES
 from duo.draft import BRANCH, Drafter, DraftSession, InvalidEvent
-from duo.draft_metrics import DraftMetrics, MetricsServer, metrics_server
+from duo.draft_metrics import DraftMetrics, metrics_server
 from duo.hub import HubError, resolve_model
 from duo.model import IncompatibleVocab, Model, ModelError, check_compatible
-from duo.runtime import ModelWorker, add_process_arguments, grpc_server_options, run_async, run_server, setup_logging
+from duo.runtime import (HttpServer, ModelWorker, add_process_arguments, grpc_server_options, run_async, run_server,
+                         setup_logging)
 from duo.tls import check_pair, server_credentials
 
 log = logging.getLogger("duo.draft")
@@ -268,7 +269,7 @@ def check_flags(args: argparse.Namespace) -> None:
 
 
 async def serve(args: argparse.Namespace, model: Model, metrics: DraftMetrics,
-                http: tuple[MetricsServer, socket.socket] | None) -> None:
+                http: tuple[HttpServer, socket.socket] | None) -> None:
     drafter = Drafter(model, ModelWorker(), args.ctx_size, max(1, args.top_k_cap), observer=metrics,
                       max_branches=args.max_branches, branch_len=args.branch_len)
     limits = SessionLimits(total=args.max_sessions, per_target=args.max_sessions_per_target)

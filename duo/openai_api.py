@@ -10,7 +10,7 @@ import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AbstractContextManager, aclosing, nullcontext, suppress
+from contextlib import aclosing, suppress
 from typing import Any, TypeVar
 
 import uvicorn
@@ -26,7 +26,7 @@ from duo.completion import (BadRequest, ClientError, Completion, CompletionReque
 from duo.metrics import CONTENT_TYPE, Metrics
 from duo.model import ModelError
 from duo.openai_types import ChatBody, CompletionBody, GenerationBody
-from duo.runtime import WRITE_TIMEOUT_S, WriteTimeout, write_within
+from duo.runtime import WRITE_TIMEOUT_S, HttpServer, WriteTimeout, write_within
 
 log = logging.getLogger("duo.http")
 
@@ -370,14 +370,6 @@ def add_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ModelError, on_model_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(HTTPException, on_http_error)
-
-
-class HttpServer(uvicorn.Server):
-    """uvicorn on the caller's event loop, without uvicorn's own signal handling: duo.runtime.run_server
-    stops it together with the gRPC server."""
-
-    def capture_signals(self) -> AbstractContextManager[None]:
-        return nullcontext()
 
 
 def http_server(app: ASGIApp, *, tls_cert: str | None, tls_key: str | None, debug: bool) -> HttpServer:

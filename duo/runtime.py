@@ -1,4 +1,4 @@
-"""Process plumbing shared by duo-draft and duo-target: common flags, the model thread, gRPC options, event loop, logging."""
+"""Process plumbing shared by duo-draft and duo-target: flags, the model thread, gRPC and HTTP serving, logging."""
 
 from __future__ import annotations
 
@@ -8,10 +8,13 @@ import logging
 import signal
 import socket
 import sys
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
 import grpc
+import uvicorn
 
 from duo.model import DEVICES
 
@@ -89,6 +92,14 @@ def _log_close_failure(closing: Future[None]) -> None:
         log.error("closing a resource nobody waited for failed", exc_info=closing.exception())
 
 
+def timed(fn: Callable[..., T], *args: Any) -> tuple[T, float]:
+    """fn(*args) and the seconds it took; run it on the model thread (ModelWorker.run(timed, fn, ...))
+    so that the wait behind other model calls is not counted."""
+    began = time.perf_counter()
+    result = fn(*args)
+    return result, time.perf_counter() - began
+
+
 class WriteTimeout(Exception):
     """The peer took none of a message for the write timeout: it stopped reading."""
 
@@ -143,17 +154,17 @@ def grpc_channel_options() -> list[tuple[str, int]]:
     ]
 
 
-class HttpServing(Protocol):
-    """What run_server needs of an HTTP server (uvicorn.Server)."""
+class HttpServer(uvicorn.Server):
+    """uvicorn on the caller's event loop, without uvicorn's own signal handling: run_server stops it
+    together with the gRPC server."""
 
-    should_exit: bool
-
-    async def serve(self, sockets: list[socket.socket] | None = None) -> None: ...
+    def capture_signals(self) -> AbstractContextManager[None]:
+        return nullcontext()
 
 
 async def run_server(server: grpc.aio.Server, address: str, banner: str, *,
                      credentials: grpc.ServerCredentials | None = None,
-                     http: tuple[HttpServing, socket.socket] | None = None,
+                     http: tuple[HttpServer, socket.socket] | None = None,
                      background: Callable[[], Awaitable[None]] | None = None) -> None:
     """Start `server` on `address` (TLS with `credentials`) and the (server, listening socket) pair
     `http` on this same event loop, run `background` beside them, and stop them all cleanly on

@@ -7,7 +7,7 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable, Protocol, TypeVar
+from typing import AsyncIterator, Callable, Protocol
 
 import numpy as np
 
@@ -17,12 +17,10 @@ from duo.chain import ChainChunk, DraftChain
 from duo.link import DraftLink
 from duo.model import Context, Model, ModelError
 from duo.policy import Acceptance, AdaptivePolicy, DraftTiming, StepCosts
-from duo.runtime import ModelWorker
+from duo.runtime import ModelWorker, timed
 from duo.sampling import SamplingParams, SparseDist, Verdict, verify
 
 log = logging.getLogger("duo.target")
-
-T = TypeVar("T")
 
 # A waiting step gives up this much later than the drafts were expected: WAIT_SLACK x expected + WAIT_SLACK_S.
 WAIT_SLACK = 1.25
@@ -120,13 +118,6 @@ def verify_step(context: Context, batch: list[int], n_rows: int, drafts: list[in
     # Cache entries are right up to the last accepted draft that was in the batch.
     context.rollback(start + min(verdict.n_accepted, n_rows - 1))
     return verdict
-
-
-def timed(fn: Callable[..., T], *args: Any) -> tuple[T, float]:
-    """fn(*args) and the seconds it took."""
-    began = time.perf_counter()
-    result = fn(*args)
-    return result, time.perf_counter() - began
 
 
 @dataclass(frozen=True)
