@@ -106,3 +106,18 @@ def served_duo(tiny_target: Path, served_draft, process_logs: Path):
     wait_for_draft(process.address)
     yield process
     process.stop()
+
+
+@pytest.fixture(scope="session")
+def served_sync(tiny_target: Path, served_draft, process_logs: Path):
+    """duo-target in the synchronous mode (--sync 4) beside the same draft: each step waits for the
+    draft's tokens, so every generation verifies some whatever the machine's load. Tests that must
+    see the draft take part use it (the adaptive and --draft-max targets never wait for a tiny draft
+    that is no faster than its tiny target)."""
+    from processes import start, wait_for_draft
+
+    process = start("duo.target_process", ["--model", str(tiny_target), "--peer", served_draft.address, "--sync", "4"],
+                    process_logs, http=True)
+    wait_for_draft(process.address)
+    yield process
+    process.stop()
