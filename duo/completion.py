@@ -67,7 +67,7 @@ class Piece:
     draft_connected: bool
 
 
-def stats_fields(stats: GenerationStats, draft_connected: bool) -> dict[str, float | int | bool | list[int]]:
+def stats_fields(stats: GenerationStats, draft_connected: bool) -> dict[str, float | int | bool | str | list[int]]:
     """A request's stats under the names of proto/duo.proto's Stats message (also used in HTTP's duo_stats)."""
     return {"prompt_tokens": stats.prompt_tokens, "generated_tokens": stats.generated_tokens,
             "draft_tokens_received": stats.draft_tokens_received,
@@ -76,7 +76,7 @@ def stats_fields(stats: GenerationStats, draft_connected: bool) -> dict[str, flo
             "tokens_per_second": stats.tokens_per_second, "time_to_first_token_s": stats.time_to_first_token or 0.0,
             "draft_connected": draft_connected, "batch_sizes": list(stats.batch_sizes),
             "draft_rejections": stats.draft_rejections, "branch_hits": stats.branch_hits, "waits": stats.waits,
-            "wait_seconds": stats.wait_seconds}
+            "wait_seconds": stats.wait_seconds, "verification": stats.verification, "seed": stats.seed}
 
 
 class Completion:

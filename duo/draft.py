@@ -13,7 +13,7 @@ from duo._proto import duo_pb2 as pb
 from duo.branches import BRANCH_SEQ, Branch, Doubt, branch_length, choose_fork, doubt_of, preferred_draft_len
 from duo.model import Context, Model, ModelError
 from duo.runtime import ModelWorker, timed
-from duo.sampling import SamplingParams, SparseDist, distribution, sample
+from duo.sampling import SamplingParams, SparseDist, coupled_ranking, distribution, sample
 
 # DraftSession.next_work's priorities.
 CHAIN_NEEDED, BRANCH, CHAIN_AHEAD = 0, 1, 2
@@ -35,6 +35,7 @@ class DraftSession:
     max_ahead: int
     p_min: float
     context: Context
+    coupled_seed: int | None = None  # COUPLED sessions: propose the coupled sample with this seed's noise
     epoch: int = 0
     paused: bool = False  # after a doubtful position (p_min) or an end of generation, until the next commit
     closed: bool = False
@@ -46,6 +47,11 @@ class DraftSession:
     branches: list[Branch] = field(default_factory=list)    # of the current chain, in the order drafted
     kv_tokens: list[int] = field(default_factory=list)  # what the KV cache holds; model thread only
     branch_kv: list[int] = field(default_factory=list)  # what sequence BRANCH_SEQ holds; model thread only
+
+    @property
+    def rejection_sampled(self) -> bool:
+        """Whether the target verifies this session's tokens with their q (RESIDUAL), so they travel."""
+        return not self.params.greedy and self.coupled_seed is None
 
     def wants_to_draft(self) -> bool:
         return (not self.paused and not self.closed and len(self.chain) - self.committed < self.max_ahead
@@ -172,14 +178,14 @@ def proposes(logits: np.ndarray, p_min: float) -> bool:
     return bool(1.0 / np.exp(shifted).sum() >= p_min)
 
 
-def draft_one(session: DraftSession, chain: list[int]) -> tuple[int, SparseDist, Doubt | None] | None:
+def draft_one(session: DraftSession, chain: list[int]) -> tuple[int, SparseDist | None, Doubt | None] | None:
     """Draw the token after `chain` with the distribution it was drawn from (and its Doubt when the
     session drafts branches), or None where the draft is too unsure to propose one (runs on the model
     thread)."""
     logits = next_logits(session.context, session.kv_tokens, chain, seq=0)
     if not proposes(logits, session.p_min):
         return None
-    return draw(session, logits)
+    return draw(session, logits, len(chain))
 
 
 def next_logits(context: Context, cached: list[int], tokens: list[int], seq: int) -> np.ndarray:
@@ -193,15 +199,30 @@ def next_logits(context: Context, cached: list[int], tokens: list[int], seq: int
     return logits
 
 
-def draw(session: DraftSession, logits: np.ndarray) -> tuple[int, SparseDist, Doubt | None]:
+def draw(session: DraftSession, logits: np.ndarray, position: int) -> tuple[int, SparseDist | None, Doubt | None]:
+    """The token at `position` after these logits, the distribution it was drawn from (None where the
+    target needs none: coupled sessions) and, when the session drafts branches, its Doubt."""
     dist = distribution(logits, session.params)
+    if session.coupled_seed is not None:
+        return draw_coupled(session, dist, position)
     token = sample(dist, session.rng)
     doubt = doubt_of(logits, token, dist, session.params.greedy) if session.max_branches else None
     return token, dist, doubt
 
 
+def draw_coupled(session: DraftSession, dist: SparseDist, position: int) -> tuple[int, None, Doubt | None]:
+    """The draft's coupled sample: the winner of the race that decides the target's token, run with
+    q instead of p. Its runner-up is the branch's alternative: when the target's race ends otherwise,
+    the token that came second with q is the likeliest winner with p."""
+    ids, keys = coupled_ranking(dist, session.coupled_seed, position, n=2 if session.max_branches else 1)
+    if not session.max_branches:
+        return int(ids[0]), None, None
+    alternative = int(ids[1]) if ids.size > 1 else None
+    return int(ids[0]), None, Doubt(float(keys[0] - keys[1]) if ids.size > 1 else np.inf, alternative, None)
+
+
 def extend_branch(session: DraftSession, chain: list[int], fork: int,
-                  tokens: list[int]) -> tuple[int, SparseDist, Doubt | None]:
+                  tokens: list[int]) -> tuple[int, SparseDist | None, Doubt | None]:
     """Draw the token after chain[:fork] + tokens on the branch sequence (runs on the model thread).
 
     The branch sequence shares the chain's cached prefix up to the fork (no recompute) and keeps
@@ -211,7 +232,7 @@ def extend_branch(session: DraftSession, chain: list[int], fork: int,
     if common_prefix_length(session.branch_kv, want) < fork:  # it holds another branch: share the chain's prefix
         session.context.fork(BRANCH_SEQ, fork)
         session.branch_kv = want[:fork]
-    return draw(session, next_logits(session.context, session.branch_kv, want, seq=BRANCH_SEQ))
+    return draw(session, next_logits(session.context, session.branch_kv, want, seq=BRANCH_SEQ), len(want))
 
 
 class Drafter:
@@ -233,7 +254,8 @@ class Drafter:
         self.observer = observer
 
     def draft_params(self, params: SamplingParams) -> SamplingParams:
-        """The session's sampling, further truncated to the draft's top-k cap.
+        """The session's sampling, further truncated to the draft's top-k cap (residual sessions only:
+        coupled ones send no q, so their drafts come from the whole distribution).
 
         Any q is lossless as long as the target is told the q a token was really drawn from, and a
         narrow q keeps each message small (a full-vocabulary q is 1 MB per token). llama.cpp's
@@ -245,16 +267,18 @@ class Drafter:
 
     async def open(self, message: pb.OpenSession) -> DraftSession:
         """A session drafting after `message.committed`; InvalidEvent or ModelError when it cannot be."""
-        params, seed = self._checked_open(message)
+        params, seed, coupled = self._checked_open(message)
         n_seq = 2 if self.max_branches else 1  # the chain's sequence, and the branches'
         context = await self.worker.create(partial(self.model.new_context, n_seq=n_seq), self.n_ctx)
         return DraftSession(
             session_id=message.session_id, chain=list(message.committed), committed=len(message.committed),
-            params=params, rng=np.random.default_rng(None if seed is None else [seed, 1]),  # not the target's
+            params=params if coupled else self.draft_params(params),
+            rng=np.random.default_rng(None if seed is None else [seed, 1]),  # not the target's
             max_ahead=message.max_ahead, p_min=message.p_min, context=context,
-            max_branches=self.max_branches, branch_len=self.branch_len)
+            coupled_seed=seed if coupled else None, max_branches=self.max_branches, branch_len=self.branch_len)
 
-    def _checked_open(self, message: pb.OpenSession) -> tuple[SamplingParams, int | None]:
+    def _checked_open(self, message: pb.OpenSession) -> tuple[SamplingParams, int | None, bool]:
+        """The session's sampling, its seed, and whether it is COUPLED (a sampled session with a seed)."""
         if not message.committed:
             raise InvalidEvent("a session needs at least one committed token (the prompt)")
         self._check_tokens(message.committed)
@@ -269,7 +293,12 @@ class Drafter:
             params.validate()
         except ValueError as error:
             raise InvalidEvent(str(error)) from error
-        return self.draft_params(params), seed
+        if message.verification not in (pb.RESIDUAL, pb.COUPLED):
+            raise InvalidEvent(f"unknown verification {message.verification} (this draft speaks {wire.PROTOCOL})")
+        coupled = message.verification == pb.COUPLED and not params.greedy
+        if coupled and seed is None:
+            raise InvalidEvent("a COUPLED session needs sampling.seed: the noise both sides share derives from it")
+        return params, seed, coupled
 
     def commit(self, session: DraftSession, start: int, tokens: Sequence[int]) -> None:
         """Apply the target's commit of `tokens` at positions [start, start + len(tokens))."""
@@ -358,7 +387,7 @@ class Drafter:
 
     @staticmethod
     def _dists(session: DraftSession, dists: list[SparseDist | None]) -> list[pb.SparseDist]:
-        return [] if session.params.greedy else [wire.dist_to_pb(dist) for dist in dists if dist is not None]
+        return [wire.dist_to_pb(dist) for dist in dists if dist is not None] if session.rejection_sampled else []
 
 
 @dataclass(frozen=True)

@@ -239,7 +239,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="duo-draft", description=__doc__)
     add_process_arguments(parser, listen="127.0.0.1:7070", serves="targets", per="session")
     parser.add_argument("--top-k-cap", type=int, default=10,
-                        help="when sampling, draft among at most this many tokens (output stays exact)")
+                        help="when sampling with residual verification, draft among at most this many tokens, whose "
+                             "probabilities travel to the target (output stays exact; coupled sessions send none "
+                             "and draft from the whole distribution)")
     parser.add_argument("--tls-ca", default=None, metavar="PEM",
                         help="mutual TLS: accept only targets presenting a certificate signed by this PEM CA")
     limits = SessionLimits()

@@ -46,6 +46,13 @@ class Metrics:
                                         "Draft tokens accepted at each chain position of a step.", ["position"],
                                         registry=r)
         self.generation_tokens = Counter("duo:generation_tokens", "Tokens generated.", registry=r)
+        # Per verification mode (greedy, coupled, residual), to compare their acceptance in production.
+        self.requests_by_verification = Counter("duo:requests_by_verification", "Requests that ran, by how their "
+                                                "drafts were verified.", ["verification"], registry=r)
+        self.verified_by_verification = Counter("duo:draft_tokens_verified_by_verification", "Draft tokens "
+                                                "verified, by verification mode.", ["verification"], registry=r)
+        self.accepted_by_verification = Counter("duo:draft_tokens_accepted_by_verification", "Draft tokens "
+                                                "accepted, by verification mode.", ["verification"], registry=r)
         self.prompt_tokens = Counter("duo:prompt_tokens", "Prompt tokens processed.", registry=r)
         self.request_success = Counter("duo:request_success", "Requests that finished, by finish reason.",
                                        ["finish_reason"], registry=r)
@@ -104,6 +111,9 @@ class Metrics:
         self.prompt_tokens.inc(stats.prompt_tokens)
         self.generation_tokens.inc(stats.generated_tokens)
         self.branch_hits.inc(stats.branch_hits)
+        self.requests_by_verification.labels(verification=stats.verification).inc()
+        self.verified_by_verification.labels(verification=stats.verification).inc(stats.draft_tokens_verified)
+        self.accepted_by_verification.labels(verification=stats.verification).inc(stats.draft_tokens_accepted)
         if stats.time_to_first_token is not None:
             self.time_to_first_token.observe(stats.time_to_first_token)
         if finish_reason is not None:

@@ -19,6 +19,9 @@ _CANDIDATE_GROWTH = 16
 # sample from p instead of renormalising noise.
 _MIN_RESIDUAL_MASS = 1e-12
 
+# How a request's chain is verified (proto/duo.proto: Verification; Stats.verification).
+GREEDY, COUPLED, RESIDUAL = "greedy", "coupled", "residual"
+
 # The wire's limits (proto/duo.proto's SamplingParams: float and int32 fields).
 _INT32_MAX = 2**31 - 1
 _FLOAT32_TINY = float(np.finfo(np.float32).tiny)  # the smallest normal float32, ~1.2e-38
@@ -256,10 +259,16 @@ def verify(
     target_logits: np.ndarray,
     params: SamplingParams,
     rng: np.random.Generator,
+    coupled_seed: int | None = None,
+    start: int = 0,
 ) -> Verdict:
-    """Verify a drafted chain: greedy when params.greedy (draft_dists unused), else stochastic."""
+    """Verify a drafted chain whose first token is at position `start`: greedy when params.greedy,
+    coupled with `coupled_seed`'s noise when given (draft_dists unused in both), else by residual
+    rejection sampling with the rng."""
     if params.greedy:
         return verify_greedy(draft_tokens, target_logits)
+    if coupled_seed is not None:
+        return verify_coupled(draft_tokens, target_logits, params, coupled_seed, start)
     if draft_dists is None:
         raise ValueError("stochastic verification (temperature > 0) needs the draft distributions")
     return verify_stochastic(draft_tokens, draft_dists, target_logits, params, rng)
@@ -365,3 +374,75 @@ def _sample_residual(p: SparseDist, q: SparseDist, rng: np.random.Generator) -> 
         return sample(p, rng)
     kept = residual > 0  # _sample_weights needs positive weights
     return _sample_weights(p.ids[kept], residual[kept], rng)
+
+
+# --- Coupled sampling: one shared noise per (seed, position, token) -------------------------------
+#
+# Gumbel-max coupling: with g(i) i.i.d. standard Gumbel, argmax_i log p(i) + g(i) is an exact sample
+# from p. Equivalently (the form computed here), with E(i) = -ln u(i) i.i.d. standard exponential and
+# g = -ln E, the token is argmax_i p(i) / E(i): the first arrival of an exponential race with rates
+# p(i). The target's token at a position is that argmax over its own truncated distribution, so it
+# is a function of (seed, position, target logits) alone; the draft proposes the argmax over its own
+# q with the same noise, and the target keeps a draft token when it equals its own. Whatever the
+# draft does, the output is the target's sample: lossless and reproducible by construction.
+#
+# The noise is part of the protocol (proto/duo.proto, COUPLED, where it is specified), built on
+# SplitMix64 (Steele, Lea and Flood 2014): u(seed, position, id) = ((splitmix(key, id + 1) >> 11)
+# + 0.5) / 2^53 with key = splitmix(mix(seed), position + 1), exact in float64; E = -ln u.
+_GOLDEN = 0x9E3779B97F4A7C15
+_MIX1, _MIX2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+_MASK64 = 2**64 - 1
+
+
+def _mix(z: int) -> int:
+    z = ((z ^ (z >> 30)) * _MIX1) & _MASK64
+    z = ((z ^ (z >> 27)) * _MIX2) & _MASK64
+    return z ^ (z >> 31)
+
+
+def _splitmix_many(state: int, ns: np.ndarray) -> np.ndarray:
+    """splitmix(state, n) for every n (uint64 array arithmetic wraps mod 2^64, as the spec wants)."""
+    z = ns.astype(np.uint64) * np.uint64(_GOLDEN) + np.uint64(state)
+    z ^= z >> np.uint64(30)
+    z *= np.uint64(_MIX1)
+    z ^= z >> np.uint64(27)
+    z *= np.uint64(_MIX2)
+    z ^= z >> np.uint64(31)
+    return z
+
+
+def noise_key(seed: int, position: int) -> int:
+    return _mix((_mix(seed & _MASK64) + (position + 1) * _GOLDEN) & _MASK64)
+
+
+def uniforms(seed: int, position: int, ids: np.ndarray) -> np.ndarray:
+    """u(seed, position, id) for every id: the protocol's shared noise, in (0, 1)."""
+    bits = _splitmix_many(noise_key(seed, position), np.asarray(ids, dtype=np.int64) + 1)
+    return ((bits >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
+
+
+def coupled_ranking(dist: SparseDist, seed: int, position: int, n: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """The n winners of the exponential race over dist's support, best first, with their keys
+    ln(p / E) = log p + g. The first is the coupled sample at `position`. About 4 ms over a whole
+    151936-token vocabulary on one core (one hash and one log per token); truncated supports cost little."""
+    race = dist.probs / -np.log(uniforms(seed, position, dist.ids))
+    best = np.array([np.argmax(race)]) if n == 1 else _leading_ids(race, min(n, race.size))
+    return dist.ids[best], np.log(race[best])
+
+
+def coupled_sample(dist: SparseDist, seed: int, position: int) -> int:
+    return int(coupled_ranking(dist, seed, position)[0][0])
+
+
+def verify_coupled(draft_tokens: Sequence[int], target_logits: np.ndarray, params: SamplingParams, seed: int,
+                   start: int) -> Verdict:
+    """Accept draft tokens while each is the target's own coupled sample at its position (row i is
+    position start + i); then the target's sample where they part, or the bonus one."""
+    target_logits = _check_rows(draft_tokens, target_logits)
+    tokens: list[int] = []
+    for i, row in enumerate(target_logits):
+        own = coupled_sample(distribution(row, params), seed, start + i)
+        if i == len(draft_tokens) or draft_tokens[i] != own:
+            return Verdict(len(tokens), tokens + [own])
+        tokens.append(own)
+    return Verdict(len(tokens), tokens)

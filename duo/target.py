@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable, Protocol
@@ -18,7 +19,7 @@ from duo.link import DraftLink
 from duo.model import Context, Model, ModelError
 from duo.policy import Acceptance, AdaptivePolicy, DraftTiming, StepCosts
 from duo.runtime import ModelWorker, timed
-from duo.sampling import SamplingParams, SparseDist, Verdict, verify
+from duo.sampling import COUPLED, GREEDY, RESIDUAL, SamplingParams, SparseDist, Verdict, verify
 
 log = logging.getLogger("duo.target")
 
@@ -50,6 +51,9 @@ class SpecSettings:
     # > 0: the classic synchronous loop, for comparison: each step waits for this many drafts, and
     # the draft, allowed no further ahead, idles while the target verifies.
     sync: int = 0
+    # How sampled requests without a seed are verified (seeded ones are always coupled, so that the
+    # seed alone decides the output): COUPLED with a seed the target draws, or RESIDUAL.
+    unseeded: str = RESIDUAL
 
 
 @dataclass
@@ -69,6 +73,8 @@ class GenerationStats:
     branch_hits: int = 0       # rejections after which a branch held the committed token
     waits: int = 0             # steps that waited for drafts known to be coming
     wait_seconds: float = 0.0
+    verification: str = GREEDY  # GREEDY, COUPLED or RESIDUAL (duo.sampling)
+    seed: int = 0               # a sampled request's seed, drawn by the target when the client gave none
     verify_steps: int = 0
     batch_sizes: list[int] = field(default_factory=list)  # [n]: steps that decoded n tokens at once
     started: float = field(default_factory=time.monotonic)
@@ -96,6 +102,14 @@ class Request:
     arrived: float = field(default_factory=time.monotonic)  # for the time to first token
 
 
+def verification_of(request: Request, unseeded: str) -> str:
+    """GREEDY at temperature 0; COUPLED for a seeded request (the same seed gives the same text, draft
+    or not); `unseeded` for the others."""
+    if request.params.greedy:
+        return GREEDY
+    return COUPLED if request.seed is not None else unseeded
+
+
 @dataclass(frozen=True)
 class Step:
     """Tokens committed by one target step; `finish_reason` is set on the last step."""
@@ -104,8 +118,8 @@ class Step:
     finish_reason: str | None = None
 
 
-def verify_step(context: Context, batch: list[int], n_rows: int, drafts: list[int],
-                dists: list[SparseDist | None], params: SamplingParams, rng: np.random.Generator) -> Verdict:
+def verify_step(context: Context, batch: list[int], n_rows: int, drafts: list[int], dists: list[SparseDist | None],
+                params: SamplingParams, rng: np.random.Generator, coupled_seed: int | None = None) -> Verdict:
     """Decode `batch` at the end of the KV cache, verify `drafts` against its last `n_rows` logits,
     and drop the cache entries of rejected drafts.
 
@@ -114,7 +128,7 @@ def verify_step(context: Context, batch: list[int], n_rows: int, drafts: list[in
     """
     start = context.n_past + 1  # the position of the first draft
     logits = context.decode(batch, context.n_past, logits_for=range(len(batch) - n_rows, len(batch)))
-    verdict = verify(drafts, None if params.greedy else dists, logits, params, rng)
+    verdict = verify(drafts, dists, logits, params, rng, coupled_seed, start)
     # Cache entries are right up to the last accepted draft that was in the batch.
     context.rollback(start + min(verdict.n_accepted, n_rows - 1))
     return verdict
@@ -149,8 +163,13 @@ class Generation:
         self.settings = settings
         self.committed = list(request.prompt_tokens)
         self.chain = DraftChain(self.committed)
-        self.stats = GenerationStats(prompt_tokens=len(request.prompt_tokens), arrived=request.arrived)
-        self.rng = np.random.default_rng(request.seed)
+        self.verification = verification_of(request, settings.unseeded)
+        # Coupled: the output is a function of this seed; residual: it seeds the target's own numbers.
+        self.seed = request.seed if request.seed is not None else secrets.randbits(63)
+        self.rng = np.random.default_rng(self.seed)
+        self.stats = GenerationStats(prompt_tokens=len(request.prompt_tokens), arrived=request.arrived,
+                                     verification=self.verification,
+                                     seed=0 if self.verification == GREEDY else self.seed)
         self.max_ahead = settings.max_ahead  # as last told to the draft
         self.policy: AdaptivePolicy | None = None  # this request's adaptive draft length, if adaptive
         self.chunk_arrived = asyncio.Event()  # set when chain tokens arrive (waiting steps wait on it)
@@ -165,8 +184,9 @@ class Generation:
     def open_message(self) -> pb.OpenSession:
         self.chain.reset()  # a (re)connected draft starts its epochs afresh
         return pb.OpenSession(session_id=self.session_id, committed=self.committed,
-                              sampling=wire.sampling_to_pb(self.request.params, self.request.seed),
-                              max_ahead=self.max_ahead, p_min=self.settings.draft_p_min)
+                              sampling=wire.sampling_to_pb(self.request.params, self.seed),
+                              max_ahead=self.max_ahead, p_min=self.settings.draft_p_min,
+                              verification=pb.COUPLED if self.verification == COUPLED else pb.RESIDUAL)
 
     def on_chunk(self, chunk: ChainChunk) -> None:
         """Chain tokens the link has checked against this session's bounds."""
@@ -209,7 +229,7 @@ class Generation:
         `room` is how many positions the context has left; the batch never runs past it.
         """
         pending, dists = self.chain.pending()
-        if not self.request.params.greedy and None in dists:
+        if self.verification == RESIDUAL and None in dists:
             pending = pending[:dists.index(None)]  # rejection sampling needs the q each token came from
         n_batch = min(len(pending), self.settings.draft_max, room - 1)
         if policy is not None:
@@ -258,9 +278,10 @@ class Target:
         self.n_ctx = n_ctx
         self.settings = settings
         # The adaptive policy: step costs shared by all requests (one model, one machine), acceptance
-        # learnt per request, each starting from the estimate of its sampling mode (greedy or not).
+        # learnt per request, each starting from the estimate of its verification mode (they accept
+        # differently: greedy, coupled, residual).
         self.costs = StepCosts()
-        self.acceptance_by_mode = {greedy: Acceptance.prior(settings.draft_max) for greedy in (True, False)}
+        self.acceptance_by_mode = {mode: Acceptance.prior(settings.draft_max) for mode in (GREEDY, COUPLED, RESIDUAL)}
         self.draft_len = settings.draft_max  # the latest request's preferred draft length (metrics)
         self.draft_timing = DraftTiming()  # one draft serves every request
         self.observers: list[StepObserver] = []
@@ -273,7 +294,7 @@ class Target:
         generation = Generation(next(self._ids), request, self.model, self.settings, self.draft_timing)
         if self.settings.adaptive:
             generation.policy = AdaptivePolicy(self.settings.draft_max, self.costs,
-                                               self.acceptance_by_mode[request.params.greedy])
+                                               self.acceptance_by_mode[generation.verification])
         # Cancellation-safe: a client that leaves at any moment leaves no context behind.
         context = await self.worker.create(self.model.new_context, self.n_ctx)
         try:
@@ -339,7 +360,8 @@ class Target:
         start = len(generation.committed)
         # Timed on the model thread: the wait behind other requests' steps is not this step's cost.
         verdict, seconds = await self.worker.run(timed, verify_step, context, batch, n_rows, drafts, dists,
-                                                 generation.request.params, generation.rng)
+                                                 generation.request.params, generation.rng,
+                                                 generation.seed if generation.verification == COUPLED else None)
         step = generation.commit(verdict, len(drafts), len(batch))
         if self.link and step.tokens:
             self.link.send(pb.TargetEvent(commit=pb.Commit(session_id=generation.session_id, start=start,

@@ -22,6 +22,7 @@ from duo.model import Model, ModelError
 from duo.openai_api import create_app, http_server
 from duo.runtime import (WRITE_TIMEOUT_S, ModelWorker, add_process_arguments, listen_socket, run_async, run_server,
                          setup_logging)
+from duo.sampling import COUPLED, RESIDUAL
 from duo.target import SpecSettings, Target
 from duo.tls import channel_credentials, check_pair, server_credentials
 
@@ -53,6 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
     spec.add_argument("--sync", type=int, default=0, metavar="K",
                       help="for comparison only: llama.cpp's classic synchronous loop (draft K tokens, then verify "
                            "them, the two models taking turns) instead of duo's; turns the adaptive policy off")
+    spec.add_argument("--unseeded", choices=[RESIDUAL, COUPLED], default=defaults.unseeded,
+                      help="how sampled requests without a seed are verified: residual rejection sampling (the "
+                           "draft sends each token's q; the best acceptance measured, see README) or coupled "
+                           "sampling with a seed the target draws. Requests with a seed are always coupled: the "
+                           "seed alone decides their text, with or without a draft (default: %(default)s)")
     clients = parser.add_argument_group("clients")
     clients.add_argument("--http", default=None, metavar="[HOST:]PORT",
                          help="also serve the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, "
@@ -86,13 +92,13 @@ def settings_from(args: argparse.Namespace) -> SpecSettings:
         raise ValueError("--sync must be >= 0")
     if args.sync:
         return SpecSettings(draft_max=args.sync, draft_min=args.draft_min, draft_p_min=args.draft_p_min,
-                            max_ahead=args.sync, adaptive=False, sync=args.sync)
+                            max_ahead=args.sync, adaptive=False, sync=args.sync, unseeded=args.unseeded)
     adaptive = args.draft_max is None and args.max_ahead is None
     draft_max = defaults.draft_max if args.draft_max is None else args.draft_max
     max_ahead = args.max_ahead if args.max_ahead is not None else (
         2 if adaptive else 2 * draft_max)
     return SpecSettings(draft_max=draft_max, draft_min=args.draft_min, draft_p_min=args.draft_p_min,
-                        max_ahead=max(1, max_ahead), adaptive=adaptive)
+                        max_ahead=max(1, max_ahead), adaptive=adaptive, unseeded=args.unseeded)
 
 
 def check_client_flags(args: argparse.Namespace) -> None:

@@ -12,7 +12,7 @@ from duo.chain import ChainChunk
 from duo.model import Vocab
 from duo.sampling import SamplingParams, SparseDist
 
-PROTOCOL = "duo/2"  # 2: branches
+PROTOCOL = "duo/3"  # 2: branches; 3: coupled sampling (OpenSession.verification)
 
 
 def sampling_to_pb(params: SamplingParams, seed: int | None) -> pb.SamplingParams:

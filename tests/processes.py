@@ -97,9 +97,10 @@ def is_serving(address: str, credentials: grpc.ChannelCredentials | None = None)
 
 
 def generate(address: str, prompt: str, *, max_tokens: int = 32, temperature: float = 0.0,
-             seed: int | None = None, top_k: int = 0, timeout: float = 120) -> tuple[list[int], pb.GenerateResponse]:
+             seed: int | None = None, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
+             timeout: float = 120) -> tuple[list[int], pb.GenerateResponse]:
     """One generation; returns the completion's token ids and the final message (stats, finish reason)."""
-    sampling = pb.SamplingParams(temperature=temperature, top_k=top_k)
+    sampling = pb.SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     if seed is not None:
         sampling.seed = seed
     request = pb.GenerateRequest(prompt=prompt, max_tokens=max_tokens, sampling=sampling)

@@ -130,8 +130,8 @@ def test_sampled_tokens_with_draft_p_min_follow_the_target_distribution(tiny_tar
                                             "--draft-p-min", "0.45"], process_logs)
         try:
             wait_for_draft(sync.address)
-            verified = sum(generate(sync.address, "Once upon a time", max_tokens=6, temperature=1.0,
-                                    seed=seed)[1].stats.draft_tokens_verified for seed in range(2))
+            verified = sum(generate(sync.address, "Once upon a time", max_tokens=6,
+                                    temperature=1.0)[1].stats.draft_tokens_verified for _ in range(2))
         finally:
             sync.stop()
         assert verified > 0

@@ -69,13 +69,15 @@ def test_greedy_output_through_duo_equals_the_target_alone(duo, duo_sync, alone)
     assert accepted > 0, "the draft took no part"
 
 
-def sample_positions(address: str, n: int, n_tokens: int) -> list[list[int]]:
-    """n generations at temperature 1 with seeds 0..n-1, run 4 at a time; their token ids."""
+def sample_positions(address: str, n: int, n_tokens: int, *, seeded: bool = False, **truncation: float) -> list[list[int]]:
+    """n generations at temperature 1, run 4 at a time; their token ids. Unseeded, the target verifies by
+    residual rejection sampling (its default --unseeded); seeded (seeds 0..n-1), by coupled sampling."""
     results: list[list[int]] = [[] for _ in range(n)]
 
     def work(offset: int) -> None:
-        for seed in range(offset, n, 4):
-            results[seed], _ = generate(address, "Once upon a time", max_tokens=n_tokens, temperature=1.0, seed=seed)
+        for i in range(offset, n, 4):
+            results[i], _ = generate(address, "Once upon a time", max_tokens=n_tokens, temperature=1.0,
+                                     seed=i if seeded else None, **truncation)
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
     for thread in threads:
@@ -108,7 +110,8 @@ def test_sampled_tokens_through_duo_follow_the_target_distribution(duo, duo_sync
         assert homogeneity_p_value(a, b) > 1e-3, f"position {position} differs"
     # The draft takes part in sampled generations: a target that waits for it at each step verifies
     # its tokens and their distributions (the targets above need not wait for a tiny draft).
-    _, last = generate(duo_sync.address, "Once upon a time", max_tokens=32, temperature=1.0, seed=1)
+    _, last = generate(duo_sync.address, "Once upon a time", max_tokens=32, temperature=1.0)
+    assert last.stats.verification == "residual"
     assert last.stats.draft_tokens_verified > 0 and last.stats.draft_tokens_accepted > 0
 
 
@@ -135,12 +138,14 @@ def test_killing_the_draft_mid_generation_completes_the_request_with_the_same_ou
         draft.stop()
 
 
-def stream_and_interrupt(address: str, prompt: str, max_tokens: int, interrupt) -> tuple[list[int], int]:
-    """Stream a greedy generation, calling `interrupt` once 10% of it has arrived with draft help."""
+def stream_and_interrupt(address: str, prompt: str, max_tokens: int, interrupt, temperature: float = 0.0,
+                         seed: int | None = None) -> tuple[list[int], int]:
+    """Stream a generation (greedy by default), calling `interrupt` once 10% of it has arrived with draft help."""
     from duo._proto import duo_pb2 as pb
     from duo._proto import duo_pb2_grpc as pb_grpc
 
-    request = pb.GenerateRequest(prompt=prompt, max_tokens=max_tokens)
+    request = pb.GenerateRequest(prompt=prompt, max_tokens=max_tokens,
+                                 sampling=pb.SamplingParams(temperature=temperature, seed=seed))
     tokens, received_at_interrupt = [], 0
     with grpc.insecure_channel(address) as channel:
         for response in pb_grpc.TargetStub(channel).Generate(request, timeout=120):

@@ -1,10 +1,18 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class Verification(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RESIDUAL: _ClassVar[Verification]
+    COUPLED: _ClassVar[Verification]
+RESIDUAL: Verification
+COUPLED: Verification
 
 class Hello(_message.Message):
     __slots__ = ("protocol", "model", "vocab")
@@ -59,18 +67,20 @@ class TargetEvent(_message.Message):
     def __init__(self, open: _Optional[_Union[OpenSession, _Mapping]] = ..., commit: _Optional[_Union[Commit, _Mapping]] = ..., steer: _Optional[_Union[Steer, _Mapping]] = ..., close: _Optional[_Union[CloseSession, _Mapping]] = ...) -> None: ...
 
 class OpenSession(_message.Message):
-    __slots__ = ("session_id", "committed", "sampling", "max_ahead", "p_min")
+    __slots__ = ("session_id", "committed", "sampling", "max_ahead", "p_min", "verification")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     MAX_AHEAD_FIELD_NUMBER: _ClassVar[int]
     P_MIN_FIELD_NUMBER: _ClassVar[int]
+    VERIFICATION_FIELD_NUMBER: _ClassVar[int]
     session_id: int
     committed: _containers.RepeatedScalarFieldContainer[int]
     sampling: SamplingParams
     max_ahead: int
     p_min: float
-    def __init__(self, session_id: _Optional[int] = ..., committed: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_ahead: _Optional[int] = ..., p_min: _Optional[float] = ...) -> None: ...
+    verification: Verification
+    def __init__(self, session_id: _Optional[int] = ..., committed: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_ahead: _Optional[int] = ..., p_min: _Optional[float] = ..., verification: _Optional[_Union[Verification, str]] = ...) -> None: ...
 
 class Commit(_message.Message):
     __slots__ = ("session_id", "start", "tokens")
@@ -171,7 +181,7 @@ class GenerateResponse(_message.Message):
     def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., stats: _Optional[_Union[Stats, _Mapping]] = ...) -> None: ...
 
 class Stats(_message.Message):
-    __slots__ = ("prompt_tokens", "generated_tokens", "draft_tokens_received", "draft_tokens_verified", "draft_tokens_accepted", "verify_steps", "tokens_per_second", "time_to_first_token_s", "draft_connected", "batch_sizes", "draft_rejections", "branch_hits", "waits", "wait_seconds")
+    __slots__ = ("prompt_tokens", "generated_tokens", "draft_tokens_received", "draft_tokens_verified", "draft_tokens_accepted", "verify_steps", "tokens_per_second", "time_to_first_token_s", "draft_connected", "batch_sizes", "draft_rejections", "branch_hits", "waits", "wait_seconds", "verification", "seed")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKENS_RECEIVED_FIELD_NUMBER: _ClassVar[int]
@@ -186,6 +196,8 @@ class Stats(_message.Message):
     BRANCH_HITS_FIELD_NUMBER: _ClassVar[int]
     WAITS_FIELD_NUMBER: _ClassVar[int]
     WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    VERIFICATION_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     generated_tokens: int
     draft_tokens_received: int
@@ -200,7 +212,9 @@ class Stats(_message.Message):
     branch_hits: int
     waits: int
     wait_seconds: float
-    def __init__(self, prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., draft_tokens_received: _Optional[int] = ..., draft_tokens_verified: _Optional[int] = ..., draft_tokens_accepted: _Optional[int] = ..., verify_steps: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., time_to_first_token_s: _Optional[float] = ..., draft_connected: _Optional[bool] = ..., batch_sizes: _Optional[_Iterable[int]] = ..., draft_rejections: _Optional[int] = ..., branch_hits: _Optional[int] = ..., waits: _Optional[int] = ..., wait_seconds: _Optional[float] = ...) -> None: ...
+    verification: str
+    seed: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., draft_tokens_received: _Optional[int] = ..., draft_tokens_verified: _Optional[int] = ..., draft_tokens_accepted: _Optional[int] = ..., verify_steps: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., time_to_first_token_s: _Optional[float] = ..., draft_connected: _Optional[bool] = ..., batch_sizes: _Optional[_Iterable[int]] = ..., draft_rejections: _Optional[int] = ..., branch_hits: _Optional[int] = ..., waits: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., verification: _Optional[str] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
     __slots__ = ("prompt", "messages")

@@ -1,0 +1,243 @@
+"""Coupled sampling: the noise function, its exactness, and the same seed giving the same text with a draft."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+from scipy.stats import chisquare
+
+from duo import sampling
+from duo._proto import duo_pb2 as pb
+from duo.draft import Drafter, InvalidEvent
+from duo.model import Model
+from duo.runtime import ModelWorker
+from duo.sampling import SamplingParams, coupled_sample, distribution, noise_key, uniforms, verify_coupled
+from processes import generate, start, wait_for_draft
+from test_duo import PROMPTS, homogeneity_p_value, sample_positions, stream_and_interrupt
+from test_http_api import client, model_name
+
+MASK = 2**64 - 1
+
+
+def reference_u(seed: int, position: int, token: int) -> float:
+    """proto/duo.proto's COUPLED noise, written out from its text in plain Python integers."""
+    def mix(z: int) -> int:
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
+        return z ^ (z >> 31)
+
+    def splitmix(state: int, n: int) -> int:
+        return mix((state + n * 0x9E3779B97F4A7C15) & MASK)
+
+    key = splitmix(mix(seed), position + 1)
+    return ((splitmix(key, token + 1) >> 11) + 0.5) / 2**53
+
+
+def test_the_noise_function_is_pinned():
+    # SplitMix64's first output from state 0 is 0xE220A8397B1DCDAF (mix(0) = 0, so this is the key at 0, 0).
+    assert noise_key(0, 0) == 0xE220A8397B1DCDAF
+    assert noise_key(42, 7) == 2820384354626331986
+    assert noise_key(MASK, 100000) == 14649325440931314773
+    assert uniforms(42, 7, np.array([0, 1, 2, 151935])).tolist() == [
+        0.8130366761818051, 0.9134455418061547, 0.05753058695658314, 0.9476293396680735]
+    assert uniforms(2**63 + 5, 0, np.array([0, 99])).tolist() == [0.4523485204771483, 0.8234852702700983]
+
+
+def test_the_noise_follows_the_protocols_text_bit_for_bit():
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        seed, position = int(rng.integers(0, 2**63)) * 2 + int(rng.integers(0, 2)), int(rng.integers(0, 1 << 20))
+        ids = rng.integers(0, 151936, size=16)
+        assert uniforms(seed, position, ids).tolist() == [reference_u(seed, position, int(i)) for i in ids]
+
+
+LOGITS = np.random.default_rng(3).normal(0, 1.5, size=40).astype(np.float32)
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=1.0),
+    SamplingParams(temperature=0.7, top_k=6),
+    SamplingParams(temperature=1.0, top_p=0.8),
+    SamplingParams(temperature=1.3, min_p=0.1),
+])
+def test_coupled_samples_follow_the_distribution_over_seeds_and_over_positions(params):
+    dist = distribution(LOGITS, params)
+    expected = dict(zip(dist.ids.tolist(), dist.probs))
+    for draws in ([coupled_sample(dist, seed, 5) for seed in range(4000)],
+                  [coupled_sample(dist, 11, position) for position in range(4000)]):
+        assert set(draws) <= set(expected), "a token outside the truncated support"
+        counts = np.array([draws.count(t) for t in expected])
+        assert chisquare(counts, np.array(list(expected.values())) * len(draws)).pvalue > 1e-3
+
+
+def test_the_coupled_sample_is_a_function_of_seed_position_and_logits():
+    dist = distribution(LOGITS, SamplingParams(temperature=1.0))
+    assert [coupled_sample(dist, 9, p) for p in range(50)] == [coupled_sample(dist, 9, p) for p in range(50)]
+    assert [coupled_sample(dist, 9, p) for p in range(50)] != [coupled_sample(dist, 10, p) for p in range(50)]
+
+
+def test_coupled_verification_outputs_the_targets_own_samples_whatever_the_drafts():
+    rng = np.random.default_rng(1)
+    params, seed, start = SamplingParams(temperature=1.0, top_k=8), 77, 30
+    rows = rng.normal(0, 1, size=(5, 40)).astype(np.float32)
+    own = [coupled_sample(distribution(row, params), seed, start + i) for i, row in enumerate(rows)]
+    verdict = verify_coupled(own[:4], rows, params, seed, start)  # the target's own picks: all kept, and a bonus
+    assert (verdict.n_accepted, verdict.tokens) == (4, own)
+    for _ in range(30):
+        drafts = [t if rng.random() < 0.6 else int(rng.integers(0, 40)) for t in own[:4]]
+        verdict = verify_coupled(drafts, rows, params, seed, start)
+        agreed = next((i for i, (d, t) in enumerate(zip(drafts, own)) if d != t), 4)
+        assert verdict.n_accepted == agreed and verdict.tokens == own[:agreed + 1]
+
+
+def test_verify_takes_the_coupled_path_only_with_a_seed():
+    rows = np.random.default_rng(2).normal(0, 1, size=(2, 40)).astype(np.float32)
+    params = SamplingParams(temperature=1.0)
+    coupled = sampling.verify([5], None, rows, params, np.random.default_rng(), coupled_seed=3, start=9)
+    assert coupled.tokens == verify_coupled([5], rows, params, 3, 9).tokens
+    with pytest.raises(ValueError, match="draft distributions"):
+        sampling.verify([5], None, rows, params, np.random.default_rng())  # residual needs q
+
+
+@pytest.fixture(scope="module")
+def draft_model(tiny_draft):
+    model = Model(tiny_draft, device="cpu", threads=1)
+    yield model
+    model.close()
+
+
+def open_message(verification: int, seed: int | None = 5, **sampling_fields) -> pb.OpenSession:
+    sampling_pb = pb.SamplingParams(temperature=1.0, **sampling_fields)
+    if seed is not None:
+        sampling_pb.seed = seed
+    return pb.OpenSession(session_id=1, committed=[1, 2, 3], max_ahead=4, sampling=sampling_pb,
+                          verification=verification)
+
+
+def test_a_coupled_draft_proposes_the_coupled_sample_of_its_whole_distribution_and_sends_no_q(draft_model):
+    async def first_chunk() -> tuple[pb.DraftChunk, SamplingParams]:
+        drafter = Drafter(draft_model, ModelWorker(), n_ctx=64, top_k_cap=10)
+        session = await drafter.open(open_message(pb.COUPLED))
+        chunk = await drafter.step(session)
+        await drafter.close(session)
+        return chunk, session.params
+
+    chunk, params = asyncio.run(first_chunk())
+    assert params.top_k == 0, "coupled sessions send no q, so nothing caps their distribution"
+    context = draft_model.new_context(64)
+    logits = context.decode([1, 2, 3], 0)[-1]
+    context.close()
+    assert list(chunk.tokens) == [coupled_sample(distribution(logits, SamplingParams(temperature=1.0)), 5, 3)]
+    assert not chunk.dists
+
+
+@pytest.mark.parametrize("message, words", [
+    (open_message(pb.COUPLED, seed=None), "needs sampling.seed"),
+    (open_message(7), "unknown verification 7"),
+])
+def test_a_draft_refuses_a_coupled_session_it_cannot_follow(draft_model, message, words):
+    async def open_it() -> None:
+        await Drafter(draft_model, ModelWorker(), n_ctx=64, top_k_cap=10).open(message)
+
+    with pytest.raises(InvalidEvent, match=words):
+        asyncio.run(open_it())
+
+
+# --- through the processes ----------------------------------------------------------------------------
+
+TRUNCATIONS = [{}, {"top_k": 5}, {"top_p": 0.8}, {"min_p": 0.1}]
+
+
+@pytest.mark.parametrize("truncation", TRUNCATIONS)
+def test_the_same_seed_gives_the_same_tokens_with_and_without_a_draft(served_alone, served_duo, served_sync,
+                                                                      truncation):
+    verified = 0
+    for seed in (0, 1, 2):
+        expected, alone = generate(served_alone.address, PROMPTS[1], max_tokens=40, temperature=1.0, seed=seed,
+                                   **truncation)
+        assert alone.stats.verification == "coupled" and alone.stats.seed == seed
+        for duo in (served_duo, served_sync):
+            tokens, last = generate(duo.address, PROMPTS[1], max_tokens=40, temperature=1.0, seed=seed, **truncation)
+            assert tokens == expected, (duo.address, seed)
+            verified += last.stats.draft_tokens_verified
+    assert verified > 0  # the synchronous target verified drafts at every step
+
+
+def test_the_same_seed_gives_the_same_tokens_with_the_draft_killed_mid_generation(tiny_target, tiny_draft,
+                                                                                    served_alone, process_logs):
+    draft = start("duo.draft_process", ["--model", str(tiny_draft)], process_logs)
+    target = start("duo.target_process", ["--model", str(tiny_target), "--peer", draft.address, "--sync", "4"],
+                   process_logs)
+    try:
+        wait_for_draft(target.address)
+        expected, _ = generate(served_alone.address, PROMPTS[0], max_tokens=200, temperature=0.9, seed=42)
+        tokens, received_at_kill = stream_and_interrupt(target.address, PROMPTS[0], 200, draft.kill,
+                                                        temperature=0.9, seed=42)
+        assert received_at_kill > 0 and tokens == expected
+    finally:
+        target.stop()
+        draft.stop()
+
+
+def test_four_concurrent_requests_each_get_their_seeds_tokens(served_alone, served_duo):
+    seeds = [7, 7, 8, 9]
+    expected = {seed: generate(served_alone.address, PROMPTS[2], max_tokens=40, temperature=0.8, seed=seed)[0]
+                for seed in set(seeds)}
+    results: list[list[int]] = [[] for _ in seeds]
+
+    def work(i: int) -> None:
+        results[i] = generate(served_duo.address, PROMPTS[2], max_tokens=40, temperature=0.8, seed=seeds[i])[0]
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(seeds))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == [expected[seed] for seed in seeds]
+
+
+@pytest.mark.parametrize("truncation", [{}, {"top_k": 5, "top_p": 0.9, "min_p": 0.05}])
+def test_coupled_samples_through_duo_follow_the_target_distribution(served_sync, served_alone, truncation):
+    """Seeded requests through a target that verifies drafts at every step, against independent
+    (unseeded) samples of the target alone."""
+    n, n_tokens = 400, 4
+    through_duo = sample_positions(served_sync.address, n, n_tokens, seeded=True, **truncation)
+    reference = sample_positions(served_alone.address, n, n_tokens, **truncation)
+    assert len({tuple(t) for t in through_duo}) > 20, "the samples barely vary: the test would be weak"
+    for position in range(n_tokens):
+        a = [t[position] for t in through_duo if len(t) > position]
+        b = [t[position] for t in reference if len(t) > position]
+        assert homogeneity_p_value(a, b) > 1e-3, f"position {position} differs"
+
+
+def test_the_openai_clients_seed_check_passes_with_a_draft_attached(served_alone, served_duo):
+    """Same seed, same text: through the draft or not, streamed or not, completion or chat."""
+    def text(process, stream: bool = False, chat: bool = False) -> str:
+        api, name = client(process), model_name(process)
+        common = {"model": name, "max_tokens": 32, "temperature": 0.9, "seed": 42, "stream": stream}
+        if chat:
+            response = api.chat.completions.create(messages=[{"role": "user", "content": "hello"}], **common)
+            return "".join(c.choices[0].delta.content or "" for c in response if c.choices) if stream \
+                else response.choices[0].message.content
+        response = api.completions.create(prompt=PROMPTS[1], **common)
+        return "".join(c.choices[0].text for c in response) if stream else response.choices[0].text
+
+    assert text(served_duo) == text(served_duo) == text(served_duo, stream=True) == text(served_alone)
+    assert text(served_duo, chat=True) == text(served_duo, chat=True, stream=True) == text(served_alone, chat=True)
+
+
+def test_unseeded_requests_use_the_configured_mode_and_report_a_seed_that_replays_them(tiny_target, served_draft,
+                                                                                      process_logs):
+    target = start("duo.target_process", ["--model", str(tiny_target), "--peer", served_draft.address,
+                                          "--unseeded", "coupled"], process_logs)
+    try:
+        wait_for_draft(target.address)
+        tokens, last = generate(target.address, PROMPTS[1], max_tokens=32, temperature=1.0)
+        assert last.stats.verification == "coupled"
+        assert generate(target.address, PROMPTS[1], max_tokens=32, temperature=1.0, seed=last.stats.seed)[0] == tokens
+        assert generate(target.address, PROMPTS[1], max_tokens=8)[1].stats.verification == "greedy"
+    finally:
+        target.stop()
