@@ -1,4 +1,4 @@
-"""Benchmark duo against its peers side by side, in one run: the target alone, synchronous speculation, duo.
+r"""Benchmark duo against its peers side by side, in one run: the target alone, synchronous speculation, duo.
 
 Modes, alternated within each repetition so that machine noise hits all of them alike:
   alone-tcores   duo-target without a draft, on the target's cores            (a)
@@ -6,22 +6,37 @@ Modes, alternated within each repetition so that machine noise hits all of them 
   sync-split     llama.cpp's classic loop (draft K, verify), draft and target
                  on their own cores, taking turns                             (b)
   sync-shared    the same loop, both models using all cores                   (b')
-  duo            duo-draft and duo-target, each pinned to its own cores       (c)
+  duo            duo-draft and duo-target, each pinned to its own cores,
+                 duo-target verifying sampled drafts by residual rejection
+                 sampling (--unseeded residual)                               (c)
+  duo-coupled    the same, by coupled sampling (--unseeded coupled)           (c')
   duo@REV        duo as of git revision REV (--baseline-rev), run from a temporary worktree
+                 (its duo-target's default verification: no --unseeded)
 --link-delay-ms D1 D2 ... runs the modes that talk over the target-draft link (sync-split, duo,
-duo@REV) once per one-way delay, through scripts/delay_proxy.py (0: a direct connection): a
-network between the two machines, as in duo's mission (a fast draft, a slow target).
+duo-coupled, duo@REV) once per one-way delay, through scripts/delay_proxy.py (0: a direct
+connection): a network between the two machines, as in duo's mission (a fast draft, a slow target).
+
+Requests carry no seed (but the warm-up's), so each duo-target verifies sampled requests as its
+--unseeded says (a seeded request is always coupled); each run records the verification the target
+reports and the seed it drew.
 
 It also measures the target's verify cost curve T(n) (a batch of n tokens) on the target's cores
 and, per speculative mode, the ideal bound max_k E[tokens per verify](k) / T(k+1) from that mode's
 measured acceptance, and the share of it reached. Per mode: tok/s, per-token acceptance, tokens per
 verify step, the share of steps decoded alone, the branch hit rate after rejections, the target's
-waits for the draft. Writes bench.json and bench.png to --out, prints a table per temperature.
+waits for the draft. Where duo and duo-coupled both ran, each temperature's table ends with
+"coupled/residual acceptance: ..., tok/s: ..." per link delay: coupled's numbers, residual's and
+their ratio. Writes bench.json and bench.png to --out, prints a table per temperature.
 
 Example (2 cores: draft on core 0, target on core 1; F32 target = a slow, memory-bound target):
   python scripts/bench.py --target qwen2.5-coder-1.5b-instruct-f32 --draft qwen2.5-coder-0.5b-instruct \
       --draft-cores 0 --target-cores 1 --prompts code --temperatures 0 0.7 --reps 2 \
       --link-delay-ms 0 5 20 --baseline-rev main
+
+Coupled against residual verification of sampled drafts (greedy is the same in both):
+  python scripts/bench.py --target qwen2.5-coder-1.5b-instruct-f32 --draft qwen2.5-coder-0.5b-instruct \
+      --draft-cores 0 --target-cores 1 --modes alone-tcores duo duo-coupled --prompts all \
+      --temperatures 0.7 1.0 --reps 3
 """
 
 from __future__ import annotations
@@ -40,7 +55,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench_cluster import Cluster, Code, baseline_worktree, generate, start_variant, wait_ready  # noqa: E402
+from bench_cluster import UNSEEDED, Cluster, Code, baseline_worktree, generate, start_variant, wait_ready  # noqa: E402
 from bench_report import UNDELAYED_MODES, Run, Variant, plot, print_table, run_from_stats, summarise  # noqa: E402
 
 from duo import hub  # noqa: E402
@@ -51,12 +66,12 @@ PROMPTS = {
     "chat": ["Explain, in a few paragraphs, why the sky is blue and why sunsets are red.",
              "Describe the history of the printing press and its effect on Europe."],
 }
-MODES = ("alone-tcores", "alone-all", "sync-split", "sync-shared", "duo")
+MODES = ("alone-tcores", "alone-all", "sync-split", "sync-shared", "duo", "duo-coupled")
 
 
 def plan_variants(modes: list[str], delays: list[float], baseline_mode: str | None) -> list[Variant]:
     """What to run, in table order: the modes without a delayed link once, then at each link delay
-    the modes that use it (sync-split, duo, and the baseline's duo after duo)."""
+    the modes that use it (sync-split, duo, duo-coupled, and the baseline's duo after them)."""
     linked = [m for m in modes if m not in UNDELAYED_MODES]
     if baseline_mode:
         linked.append(baseline_mode)
@@ -106,7 +121,8 @@ def machine_info(args: argparse.Namespace) -> dict:
 
 def measure(clusters: list[Cluster], args: argparse.Namespace, prompts: list[str]) -> list[Run]:
     """Every prompt at every temperature on every cluster, the clusters taking turns within each
-    repetition so that machine noise hits all of them alike."""
+    repetition so that machine noise hits all of them alike. Requests carry no seed: each target
+    verifies sampled ones as its --unseeded says."""
     for cluster in clusters:
         wait_ready(cluster)
         generate(cluster.address, prompts[0], 0.0, 16, 0)  # warm caches
@@ -115,12 +131,17 @@ def measure(clusters: list[Cluster], args: argparse.Namespace, prompts: list[str
         for temperature in args.temperatures:
             for prompt in prompts:
                 for cluster in clusters:
-                    last, seconds, ttft = generate(cluster.address, prompt, temperature, args.max_tokens, seed=rep)
+                    last, seconds, ttft = generate(cluster.address, prompt, temperature, args.max_tokens)
                     run = run_from_stats(cluster.variant, prompt, temperature, rep, last.stats, seconds, ttft)
                     runs.append(run)
-                    print(f"rep {rep} T={temperature} {run.label:<24} {run.tokens_per_second:6.2f} tok/s "
-                          f"({run.tokens} tokens, accepted {run.draft_accepted}/{run.draft_verified}) "
-                          f"{prompt[:40]}", file=sys.stderr)
+                    print(f"rep {rep} T={temperature} {run.label:<24} {run.verification or '-':<8} "
+                          f"{run.tokens_per_second:6.2f} tok/s ({run.tokens} tokens, accepted "
+                          f"{run.draft_accepted}/{run.draft_verified}) {prompt[:40]}", file=sys.stderr)
+                    mode = cluster.variant.mode
+                    expected = (UNSEEDED[mode] if temperature > 0 else "greedy") if mode in UNSEEDED else None
+                    if expected and run.verification != expected:
+                        print(f"  warning: {run.label} verified {run.verification or 'without saying how'}, "
+                              f"not {expected}", file=sys.stderr)
     return runs
 
 
@@ -141,7 +162,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--link-delay-ms", type=float, nargs="+", default=[0.0], metavar="MS",
-                        help="one-way delays of the target-draft link: sync-split and duo (and the baseline) "
+                        help="one-way delays of the target-draft link: sync-split, duo, duo-coupled (and the baseline) "
                              "run at each, through a delay proxy (0: a direct connection)")
     parser.add_argument("--baseline-rev", default=None, metavar="REV",
                         help="also run duo as of this git revision (mode duo@REV), from a temporary worktree")

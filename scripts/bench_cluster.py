@@ -2,6 +2,8 @@
 
 A baseline (`--baseline-rev REV`) is a git worktree of REV in a temporary folder; its processes run
 with that folder first on their module path, with this venv's packages (llama-cpp-python, grpc).
+duo and duo-coupled start this tree's duo-target with `--unseeded residual` and `--unseeded coupled`;
+the baseline's gets no such flag (revisions before coupled sampling do not know it).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from duo.demo import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 DELAY_PROXY = Path(__file__).resolve().parent / "delay_proxy.py"
+# How each mode's duo-target verifies sampled requests without a seed (the bench sends none).
+UNSEEDED = {"duo": "residual", "duo-coupled": "coupled"}
 
 
 @dataclass(frozen=True)
@@ -121,15 +125,21 @@ def start_variant(variant: Variant, code: Code, models: tuple[Path, Path], cores
         processes.append(spawn([sys.executable, str(DELAY_PROXY), "--listen", peer, "--upstream", draft_address,
                                 "--delay-ms", str(variant.link_delay_ms)], all_cores, logs / f"{name}-proxy.log", code))
     extra = ["--sync", str(sync_k)] if variant.mode.startswith("sync") else []
+    if variant.mode in UNSEEDED:
+        extra += ["--unseeded", UNSEEDED[variant.mode]]
     processes.append(spawn(_duo(code.target_module, [*target_args, "--peer", peer, *extra], target_cores),
                            target_cores, logs / f"{name}-target.log", code))
     return Cluster(variant, address, processes, speculative=True)
 
 
 def generate(address: str, prompt: str, temperature: float, max_tokens: int,
-             seed: int) -> tuple[pb.GenerateResponse, float, float]:
-    """One chat generation; (last message, seconds, time to first token) measured by the client."""
-    request = pb.GenerateRequest(max_tokens=max_tokens, sampling=pb.SamplingParams(temperature=temperature, seed=seed))
+             seed: int | None = None) -> tuple[pb.GenerateResponse, float, float]:
+    """One chat generation; (last message, seconds, time to first token) measured by the client.
+    Without a seed, the target draws one, and verifies a sampled request as its --unseeded says."""
+    sampling = pb.SamplingParams(temperature=temperature)
+    if seed is not None:
+        sampling.seed = seed
+    request = pb.GenerateRequest(max_tokens=max_tokens, sampling=sampling)
     request.messages.append(pb.ChatMessage(role="user", content=prompt))
     started = time.perf_counter()
     first = None

@@ -4,6 +4,9 @@ Vocabulary (as vLLM's): a *verify step* is one target decode, of the chain token
 *acceptance* is per draft token: accepted / (accepted + rejections), since verification stops at
 the first rejection; *tokens per step* counts every committed token, the bonus or corrected one
 included; a step *decoded alone* had no draft token to verify (a batch of 1).
+*verification* is how the target checked sampled drafts (Stats.verification): "residual" (rejection
+sampling against the draft's q), "coupled" (shared Gumbel noise) or "greedy"; duo runs residual,
+duo-coupled coupled, and per temperature the two are compared at each link delay.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from typing import Any
 # Modes whose target talks to a draft over the link: these run once per --link-delay-ms.
 # sync-shared puts both models on the same cores, one machine: it runs with a direct link only.
 UNDELAYED_MODES = ("alone-tcores", "alone-all", "sync-shared")
+# The same duo, its sampled requests verified by coupled sampling rather than residual rejection sampling.
+COUPLED_MODE, RESIDUAL_MODE = "duo-coupled", "duo"
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,8 @@ class Run:
     branch_hits: int  # rejections whose next step found a branch ready for the corrected token
     waits: int  # steps where the target waited for the draft instead of decoding alone
     wait_seconds: float
+    verification: str = ""  # "greedy", "coupled" or "residual"; "" from revisions before coupled sampling
+    seed: int = 0  # the sampled request's seed (the target draws it: the bench sends none)
 
     @property
     def label(self) -> str:
@@ -64,11 +71,13 @@ class Run:
 def run_from_stats(variant: Variant, prompt: str, temperature: float, rep: int, stats: Any,
                    seconds: float, ttft: float) -> Run:
     """A Run from a Generate's final Stats. Fields a target's revision lacks (branch_hits, waits,
-    wait_seconds came with issue 10) read as 0, so the bench measures older revisions too."""
+    wait_seconds came with issue 10; verification and seed with coupled sampling) read as 0 or "",
+    so the bench measures older revisions too."""
     return Run(variant.mode, variant.link_delay_ms, prompt, temperature, rep, stats.generated_tokens,
                seconds, ttft, stats.verify_steps, stats.draft_tokens_received, stats.draft_tokens_verified,
                stats.draft_tokens_accepted, stats.draft_rejections, list(stats.batch_sizes),
-               getattr(stats, "branch_hits", 0), getattr(stats, "waits", 0), getattr(stats, "wait_seconds", 0.0))
+               getattr(stats, "branch_hits", 0), getattr(stats, "waits", 0), getattr(stats, "wait_seconds", 0.0),
+               getattr(stats, "verification", ""), getattr(stats, "seed", 0))
 
 
 def ideal_rate(acceptance: float, costs: dict[int, float]) -> tuple[float, int]:
@@ -108,6 +117,8 @@ def summarise_variant(runs: list[Run], costs: dict[int, float]) -> dict:
     entry = {
         "mode": runs[0].mode,
         "link_delay_ms": runs[0].link_delay_ms,
+        # As the target reported it; several joined by "/" (not expected), None when it reported none.
+        "verification": "/".join(sorted({r.verification for r in runs if r.verification})) or None,
         "tokens_per_second": tokens / sum(r.seconds for r in runs),
         "decode_tokens_per_second": sum(r.tokens - 1 for r in runs) / sum(r.seconds - r.ttft for r in runs),
         "acceptance_rate": _ratio(accepted, verified),
@@ -134,16 +145,37 @@ def summarise_variant(runs: list[Run], costs: dict[int, float]) -> dict:
 
 def duo_ratios(by_label: dict[str, dict]) -> dict[str, float]:
     """duo's tok/s over every other variant it can be compared with: those at its own link delay,
-    and those that run without a delayed link (the target alone, sync-shared)."""
+    and those that run without a delayed link (the target alone, sync-shared). duo-coupled is left
+    to coupled_vs_residual."""
     ratios = {}
     for label, duo in by_label.items():
         if duo["mode"] != "duo":
             continue
         for other_label, other in by_label.items():
             comparable = other["link_delay_ms"] == duo["link_delay_ms"] or other["mode"] in UNDELAYED_MODES
-            if other["mode"] != "duo" and comparable:
+            if other["mode"] not in ("duo", COUPLED_MODE) and comparable:
                 ratios[f"{label} / {other_label}"] = duo["tokens_per_second"] / other["tokens_per_second"]
     return ratios
+
+
+def coupled_vs_residual(by_label: dict[str, dict]) -> list[dict]:
+    """duo-coupled against duo at each link delay where both ran: their per-token acceptance and
+    tok/s, and coupled's over residual's."""
+    pairs = []
+    for coupled_label, coupled in by_label.items():
+        if coupled["mode"] != COUPLED_MODE:
+            continue
+        residual_label, residual = next(((label, v) for label, v in by_label.items() if v["mode"] == RESIDUAL_MODE
+                                         and v["link_delay_ms"] == coupled["link_delay_ms"]), (None, None))
+        if residual is None:
+            continue
+        pair: dict[str, Any] = {"coupled": coupled_label, "residual": residual_label,
+                                "verification": [coupled["verification"], residual["verification"]]}
+        for key in ("token_acceptance", "tokens_per_second"):
+            pair[key] = {"coupled": coupled[key], "residual": residual[key],
+                         "ratio": None if coupled[key] is None or not residual[key] else coupled[key] / residual[key]}
+        pairs.append(pair)
+    return pairs
 
 
 def summarise(runs: list[Run], variants: list[Variant], costs: dict[int, float]) -> dict[str, dict]:
@@ -155,7 +187,8 @@ def summarise(runs: list[Run], variants: list[Variant], costs: dict[int, float])
             mine = [r for r in runs if r.label == variant.label and r.temperature == temperature]
             if mine:
                 by_label[variant.label] = summarise_variant(mine, costs)
-        summary[str(temperature)] = {"modes": by_label, "ratios": duo_ratios(by_label)}
+        summary[str(temperature)] = {"modes": by_label, "ratios": duo_ratios(by_label),
+                                     "coupled_vs_residual": coupled_vs_residual(by_label)}
     return summary
 
 
@@ -163,16 +196,23 @@ def _cell(value: float | None, form: str) -> str:
     return "-" if value is None else format(value, form)
 
 
+def _compared(numbers: dict) -> str:
+    """coupled/residual = ratio, for one of coupled_vs_residual's numbers."""
+    ratio = "-" if numbers["ratio"] is None else f"{numbers['ratio']:.2f}x"
+    return f"{_cell(numbers['coupled'], '.2f')}/{_cell(numbers['residual'], '.2f')} = {ratio}"
+
+
 def print_table(summary: dict[str, dict], costs: dict[int, float], machine: dict) -> None:
     print(f"\nmachine: {machine['cpu']}, {machine['cores']} cores; target on cores {machine['target_cores']}, "
           f"draft on cores {machine['draft_cores']}")
     for temperature, entry in summary.items():
         print(f"\n== temperature {temperature} ==")
-        print(f"{'mode':<24}{'tok/s':>7}{'decode':>8}{'alpha':>7}{'tok/step':>9}{'alone':>7}{'branch':>8}"
-              f"{'waits':>7}{'wait s':>8}{'ideal':>7}{'ttft':>6}   per prompt tok/s")
+        print(f"{'mode':<24}{'verify':>9}{'tok/s':>7}{'decode':>8}{'alpha':>7}{'tok/step':>9}{'alone':>7}"
+              f"{'branch':>8}{'waits':>7}{'wait s':>8}{'ideal':>7}{'ttft':>6}   per prompt tok/s")
         for label, v in entry["modes"].items():
             prompts = "  ".join(f"{t:.2f}" for t in v["per_prompt"].values())
-            print(f"{label:<24}{v['tokens_per_second']:>7.2f}{v['decode_tokens_per_second']:>8.2f}"
+            verification = v.get("verification") or "-"
+            print(f"{label:<24}{verification:>9}{v['tokens_per_second']:>7.2f}{v['decode_tokens_per_second']:>8.2f}"
                   f"{_cell(v['token_acceptance'], '.2f'):>7}{_cell(v['mean_accepted_length'], '.2f'):>9}"
                   f"{_cell(v['alone_share'], '.0%'):>7}{_cell(v['branch_hit_rate'], '.0%'):>8}"
                   f"{v['waits']:>7}{v['wait_seconds']:>8.2f}{_cell(v.get('ideal', {}).get('fraction'), '.0%'):>7}"
@@ -183,9 +223,14 @@ def print_table(summary: dict[str, dict], costs: dict[int, float], machine: dict
                 print(f"  {label}: verify batch sizes (tokens:steps) {sizes}")
         for name, ratio in entry["ratios"].items():
             print(f"  {name:<44} {ratio:.2f}x")
-    print("\nalpha: per-token acceptance; tok/step: tokens committed per verify step; alone: share of steps "
-          "decoded alone;\nbranch: share of rejections whose next step found a branch; ideal: share of "
-          "max_k E(k)/T(k+1) reached (decode rate)")
+        for pair in entry.get("coupled_vs_residual", []):
+            kinds = "/".join(k or "-" for k in pair["verification"])
+            note = "" if kinds == "coupled/residual" else f", verified {kinds}"
+            print(f"  coupled/residual acceptance: {_compared(pair['token_acceptance'])}, "
+                  f"tok/s: {_compared(pair['tokens_per_second'])}   ({pair['coupled']} / {pair['residual']}{note})")
+    print("\nverify: how the target verified sampled drafts; alpha: per-token acceptance; tok/step: tokens "
+          "committed per verify step;\nalone: share of steps decoded alone; branch: share of rejections whose next "
+          "step found a branch;\nideal: share of max_k E(k)/T(k+1) reached (decode rate)")
     if costs:
         t1 = costs[1]
         print("verify cost T(n)/T(1): " + "  ".join(f"{n}:{t / t1:.2f}" for n, t in costs.items())
@@ -195,6 +240,8 @@ def print_table(summary: dict[str, dict], costs: dict[int, float], machine: dict
 def _annotation(v: dict) -> str:
     """The per-variant numbers the chart writes beside its bar."""
     parts = [f"{v['tokens_per_second']:.2f} tok/s"]
+    if v.get("verification") in ("coupled", "residual"):
+        parts.append(v["verification"])
     if v["token_acceptance"] is not None:
         parts += [f"α {v['token_acceptance']:.2f}", f"{v['mean_accepted_length']:.2f} tok/step",
                   f"alone {v['alone_share']:.0%}", f"branch {_cell(v['branch_hit_rate'], '.0%')}",

@@ -13,16 +13,17 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
 import bench  # noqa: E402
+import bench_cluster  # noqa: E402
 from bench_cluster import Code, baseline_worktree, spawn  # noqa: E402
 from bench_report import Run, Variant, run_from_stats, summarise  # noqa: E402
 
 
 def _run(mode: str, delay: float = 0.0, temperature: float = 0.0, *, tokens: int = 100, seconds: float = 10.0,
          steps: int = 50, alone_steps: int = 20, accepted: int = 60, rejections: int = 20, branch_hits: int = 5,
-         waits: int = 3, wait_seconds: float = 0.25) -> Run:
+         waits: int = 3, wait_seconds: float = 0.25, verification: str = "") -> Run:
     batch_sizes = [0, alone_steps, steps - alone_steps]
     return Run(mode, delay, "Write a snake game.", temperature, 0, tokens, seconds, 1.0, steps, 90, 80, accepted,
-               rejections, batch_sizes, branch_hits, waits, wait_seconds)
+               rejections, batch_sizes, branch_hits, waits, wait_seconds, verification)
 
 
 def test_linked_modes_run_at_every_delay_and_the_others_once():
@@ -33,6 +34,62 @@ def test_linked_modes_run_at_every_delay_and_the_others_once():
         "sync-split +5ms", "duo +5ms", "duo@abc +5ms",
         "sync-split +20ms", "duo +20ms", "duo@abc +20ms",
     ]
+
+
+def test_duo_coupled_runs_at_every_delay_beside_duo():
+    variants = bench.plan_variants(["alone-tcores", "duo", "duo-coupled"], [0, 5], "duo@abc")
+    assert [v.label for v in variants] == [
+        "alone-tcores", "duo", "duo-coupled", "duo@abc", "duo +5ms", "duo-coupled +5ms", "duo@abc +5ms"]
+    assert "duo-coupled" in bench.MODES
+
+
+def test_duo_targets_say_how_to_verify_unseeded_requests_and_the_baseline_does_not(tmp_path, monkeypatch):
+    commands = {}
+
+    def spawn(command, cores, log, code):
+        commands[log.name] = command
+        return SimpleNamespace()
+
+    monkeypatch.setattr(bench_cluster, "spawn", spawn)
+    models, cores = (Path("t.gguf"), Path("d.gguf")), ({1}, {0})
+    for variant in (Variant("duo"), Variant("duo-coupled", 5), Variant("duo@abc"), Variant("sync-split")):
+        bench_cluster.start_variant(variant, Code.at(bench_cluster.ROOT), models, cores, 4, tmp_path)
+
+    def unseeded(log: str) -> str | None:
+        command = commands[log]
+        return command[command.index("--unseeded") + 1] if "--unseeded" in command else None
+
+    assert unseeded("duo-target.log") == "residual"
+    assert unseeded("duo-coupled-5ms-target.log") == "coupled"
+    assert unseeded("duo-at-abc-target.log") is None
+    assert unseeded("sync-split-target.log") is None
+
+
+def test_coupled_is_compared_with_residual_at_each_delay():
+    runs = [_run("duo", temperature=0.7, seconds=10, accepted=60, rejections=20, verification="residual"),
+            _run("duo-coupled", temperature=0.7, seconds=20, accepted=40, rejections=40, verification="coupled"),
+            _run("duo", 5, temperature=0.7, verification="residual"),
+            _run("duo-coupled", 20, temperature=0.7, verification="coupled")]
+    variants = bench.plan_variants(["duo", "duo-coupled"], [0, 5, 20], None)
+    entry = summarise(runs, variants, {})["0.7"]
+    assert entry["modes"]["duo-coupled"]["verification"] == "coupled"
+    assert entry["modes"]["duo"]["verification"] == "residual"
+    assert "duo / duo-coupled" not in entry["ratios"]
+    [pair] = entry["coupled_vs_residual"]  # duo-coupled +20ms has no duo +20ms
+    assert (pair["coupled"], pair["residual"]) == ("duo-coupled", "duo")
+    assert pair["verification"] == ["coupled", "residual"]
+    assert pair["token_acceptance"] == pytest.approx({"coupled": 0.5, "residual": 0.75, "ratio": 0.5 / 0.75})
+    assert pair["tokens_per_second"] == pytest.approx({"coupled": 5.0, "residual": 10.0, "ratio": 0.5})
+
+
+def test_the_table_ends_with_the_coupled_residual_comparison(capsys):
+    runs = [_run("duo", temperature=0.7, verification="residual"),
+            _run("duo-coupled", temperature=0.7, seconds=20, verification="coupled")]
+    summary = summarise(runs, [Variant("duo"), Variant("duo-coupled")], {})
+    bench.print_table(summary, {}, {"cpu": "cpu", "cores": 2, "target_cores": [1], "draft_cores": [0]})
+    out = capsys.readouterr().out
+    assert "coupled/residual acceptance: 0.75/0.75 = 1.00x, tok/s: 5.00/10.00 = 0.50x" in out
+    assert any(line.startswith("duo-coupled") and " coupled " in line for line in out.splitlines())
 
 
 def test_summary_reports_alone_share_branch_hit_rate_waits_and_tokens_per_step():
@@ -69,8 +126,16 @@ def test_stats_of_a_revision_without_branches_or_waits_read_as_zero():
     old = SimpleNamespace(generated_tokens=10, verify_steps=5, draft_tokens_received=8, draft_tokens_verified=6,
                           draft_tokens_accepted=4, draft_rejections=2, batch_sizes=[0, 2, 3])
     run = run_from_stats(Variant("duo@abc", 5), "p", 0.0, 0, old, 2.0, 0.5)
-    assert (run.branch_hits, run.waits, run.wait_seconds) == (0, 0, 0.0)
+    assert (run.branch_hits, run.waits, run.wait_seconds, run.verification, run.seed) == (0, 0, 0.0, "", 0)
     assert run.label == "duo@abc +5ms" and run.batch_sizes == [0, 2, 3]
+
+
+def test_runs_record_the_verification_and_seed_the_target_reports():
+    from duo._proto import duo_pb2 as pb
+
+    stats = pb.Stats(generated_tokens=10, verification="coupled", seed=7)
+    run = run_from_stats(Variant("duo-coupled"), "p", 0.7, 0, stats, 2.0, 0.5)
+    assert (run.verification, run.seed) == ("coupled", 7)
 
 
 def test_code_finds_the_process_modules_of_either_layout(tmp_path):
