@@ -18,6 +18,7 @@ class ChainChunk:
     tokens: list[int]
     dists: list[SparseDist]  # the distribution each token was drawn from; empty for greedy sessions
     branch_of: int | None = None  # set on a branch's first chunk: the epoch of the chain it forks from
+    paused: bool = False  # the draft stopped this chain after these tokens, until the next commit
 
 
 @dataclass
@@ -72,6 +73,9 @@ class DraftChain:
     died: tuple[int, int] | None = None  # (epoch, position) of the chain a commit contradicted last
     received: int = 0  # chain tokens that arrived (for stats), stale ones included
     branch_hits: int = 0  # branches that took over the chain (for stats)
+    # (committed tokens, chain epoch, position) when the draft said it paused that chain there; it holds
+    # until the next commit (the draft then drafts again, and tells again if it pauses again).
+    pause: tuple[int, int, int] | None = None
 
     @property
     def epoch(self) -> int:
@@ -79,7 +83,7 @@ class DraftChain:
         return self.main.epoch if self.main else -1
 
     def receive(self, epoch: int, start: int, tokens: Sequence[int], dists: Sequence[SparseDist | None],
-                branch_of: int | None = None) -> None:
+                branch_of: int | None = None, paused: bool = False) -> None:
         """Take a chunk of line `epoch` holding `tokens` at positions start, start+1, ..."""
         self.received += len(tokens)
         entries = list(dists) if len(dists) == len(tokens) else [None] * len(tokens)
@@ -95,6 +99,14 @@ class DraftChain:
             self.newest_epoch, self.branches, self.died = epoch, {}, None
             self.main = Line(epoch, start, list(tokens), entries) if start <= len(self.committed) else None
         self.on_commit()
+        if paused and self.main is not None and epoch == self.main.epoch and start + len(tokens) == self.main.end:
+            self.pause = (len(self.committed), epoch, self.main.end)
+
+    def draft_paused(self) -> bool:
+        """Whether the draft said it drafts no more of the current chain before the next commit."""
+        main = self.main
+        return (self.pause is not None and main is not None and main.end >= len(self.committed)
+                and self.pause == (len(self.committed), main.epoch, main.end))
 
     def _open_branch(self, branch: Line, parent: int) -> None:
         """Keep a branch of the current chain that forks at an undecided position within it; or take
@@ -155,7 +167,7 @@ class DraftChain:
 
     def reset(self) -> None:
         """Forget the chain (the draft went away); the next chunk of any epoch starts afresh."""
-        self.main, self.branches, self.newest_epoch, self.died = None, {}, -1, None
+        self.main, self.branches, self.newest_epoch, self.died, self.pause = None, {}, -1, None, None
 
     def pending(self) -> tuple[list[int], list[SparseDist | None]]:
         """Chain tokens at positions len(committed), len(committed)+1, ... that may be verified now."""

@@ -337,7 +337,8 @@ class Drafter:
             await self.worker.close(_Contexts([session.context for session in closing]))
 
     async def step(self, session: DraftSession) -> pb.DraftChunk | None:
-        """Draft one token; None when a commit changed the chain meanwhile or the draft is too unsure."""
+        """Draft one token; a chunk that says the chain paused where the draft is too unsure (p_min);
+        None when a commit changed the chain meanwhile."""
         chain, epoch = list(session.chain), session.epoch
         drawn, seconds = await self.worker.run(timed, draft_one, session, chain)
         if self.observer is not None:
@@ -345,8 +346,8 @@ class Drafter:
         if session.closed or session.epoch != epoch or len(session.chain) != len(chain):
             return None  # drafted on a chain that a commit has just replaced
         if drawn is None:
-            session.paused = True  # until the next commit moves the chain on
-            return None
+            session.paused = True  # until the next commit moves the chain on; the target need not wait
+            return pb.DraftChunk(session_id=session.session_id, epoch=epoch, start=len(chain), paused=True)
         token, dist, doubt = drawn
         session.chain.append(token)
         if doubt is not None:

@@ -190,7 +190,7 @@ class DraftLink:
                 observer.on_draft_rejected(rejection.reason, rejection.entries)
             self._fault(session.session_id, f"sent {rejection.detail} ({rejection.reason}); "
                                             f"dropped {rejection.entries} chain entries")
-        if chunk.tokens:
+        if chunk.tokens or chunk.paused:
             session.on_chunk(chunk)
 
     def _fault(self, session_id: int, what: str) -> None:

@@ -29,8 +29,8 @@ WAIT_SLACK_S = 0.002
 # Chunks that arrive closer together than this were sent apart but delivered together (the stream
 # coalesces writes): their gap says nothing of the draft's pace.
 COALESCED_S = 0.0005
-# The synchronous mode gives up waiting for drafts after this long (a draft that paused on a
-# token it doubts, or stalled) and verifies what it has.
+# The synchronous mode gives up waiting for drafts after this long (a draft that stalled) and
+# verifies what it has; a draft that paused (p_min) says so and is not waited for.
 SYNC_WAIT_S = 1.0
 
 
@@ -190,10 +190,10 @@ class Generation:
 
     def on_chunk(self, chunk: ChainChunk) -> None:
         """Chain tokens the link has checked against this session's bounds."""
-        self.chain.receive(chunk.epoch, chunk.start, chunk.tokens, chunk.dists, chunk.branch_of)
+        self.chain.receive(chunk.epoch, chunk.start, chunk.tokens, chunk.dists, chunk.branch_of, chunk.paused)
         self.stats.draft_tokens_received = self.chain.received
         self.stats.branch_hits = self.chain.branch_hits
-        if chunk.epoch == self.chain.epoch and chunk.branch_of is None:  # the draft's pace on its chain
+        if chunk.tokens and chunk.epoch == self.chain.epoch and chunk.branch_of is None:  # the draft's pace
             self._time_chunk(len(chunk.tokens))
         self.draft_silent = False
         self.chunk_arrived.set()
@@ -325,7 +325,7 @@ class Target:
     async def _await_drafts(self, generation: Generation, want: int) -> None:
         """Synchronous mode: wait until `want` drafts are pending, the draft stopped, or it is gone."""
         def enough(pending: list[int]) -> bool:
-            return (not (self.link and self.link.connected) or len(pending) >= want
+            return (not (self.link and self.link.connected) or len(pending) >= want or generation.chain.draft_paused()
                     or bool(pending and self.model.is_end_of_generation(pending[-1])))
 
         await generation.wait_for_drafts(enough, SYNC_WAIT_S)
@@ -334,7 +334,7 @@ class Target:
         """With no drafts pending, wait for drafts known to be coming when that is faster in expectation
         than decoding alone (policy.wait_for); the seconds waited."""
         if (generation.starved_since is None or generation.draft_silent or generation.chain.pending()[0]
-                or not (self.link and self.link.connected)):
+                or generation.chain.draft_paused() or not (self.link and self.link.connected)):
             return 0.0
         began = time.monotonic()
         k, expected = policy.wait_for(generation.timing, began - generation.starved_since)
@@ -342,7 +342,8 @@ class Target:
             return 0.0
         # A little slack past the expectation: the estimate is an average, and one late token should
         # not send the step off alone just before it arrives.
-        await generation.wait_for_drafts(lambda pending: len(pending) >= k, expected * WAIT_SLACK + WAIT_SLACK_S)
+        await generation.wait_for_drafts(lambda pending: len(pending) >= k or generation.chain.draft_paused(),
+                                         expected * WAIT_SLACK + WAIT_SLACK_S)
         generation.draft_silent = not generation.chain.pending()[0]  # stalled or paused: stop waiting on it
         waited = time.monotonic() - began
         generation.stats.waits += 1

@@ -112,7 +112,9 @@ def chunk_from_pb(message: pb.DraftChunk, bounds: ChunkBounds) -> tuple[ChainChu
 
 def _chunk(message: pb.DraftChunk, tokens: list[int], dists: list[SparseDist]) -> ChainChunk:
     branch_of = message.branch_of if message.HasField("branch_of") else None
-    return ChainChunk(message.epoch, message.start, tokens, dists, branch_of)
+    # A pause applies after the chunk's last token: not when the link cut the chunk short.
+    paused = message.paused and len(tokens) == len(message.tokens)
+    return ChainChunk(message.epoch, message.start, tokens, dists, branch_of, paused)
 
 
 def max_epoch(n_committed: int) -> int:

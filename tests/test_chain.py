@@ -156,3 +156,22 @@ def test_a_branch_of_another_chain_or_outside_it_is_ignored():
     chain.receive(1, 3, [9, 1], [], branch_of=5)  # no chain of epoch 5
     chain.receive(2, 7, [9, 1], [], branch_of=0)  # forks beyond the chain's end
     assert chain.branches == {}
+
+
+def test_a_pause_holds_for_the_chain_it_names_until_the_next_commit():
+    committed = [7, 8]
+    chain = DraftChain(committed)
+    chain.receive(0, 2, [1, 2], [])
+    chain.receive(0, 4, [], [], paused=True)
+    assert chain.draft_paused()
+    committed.append(1)
+    chain.on_commit()
+    assert not chain.draft_paused()  # after a commit the draft drafts again (and says so if it pauses again)
+    chain.receive(0, 4, [], [], paused=True)
+    assert chain.draft_paused()
+    chain.receive(0, 4, [3], [])
+    assert not chain.draft_paused()  # it drafted past the pause: the pause was about an older end
+    chain.receive(0, 9, [], [], paused=True)  # not at the chain's end
+    assert not chain.draft_paused()
+    chain.receive(5, 2, [], [], paused=True)  # a new chain paused at a position already committed: stale
+    assert not chain.draft_paused()

@@ -21,6 +21,7 @@ from duo.draft_process import DraftServicer, SessionLimits, main
 from duo.model import Context, Model, ModelError
 from duo.runtime import ModelWorker
 from duo.sampling import SamplingParams, SparseDist, sample, verify
+from duo.target import SYNC_WAIT_S
 from processes import free_port, generate, start, wait_for_draft
 from test_duo import homogeneity_p_value, sample_positions
 
@@ -124,17 +125,22 @@ def test_sampled_tokens_with_draft_p_min_follow_the_target_distribution(tiny_tar
                                         [t[i] for t in reference if len(t) > i]) for i in range(n_tokens)]
         print("p-values by position:", [f"{p:.3g}" for p in p_values])
         assert min(p_values) > 1e-3, p_values
-        # A target that waits for the draft at each step verifies its proposals whatever the timing
-        # (it waits up to a second where the draft paused, hence the short generations).
+        # A target that waits for the draft at each step verifies its proposals whatever the timing; where
+        # the draft paused it says so, and the target decodes alone at once (a wait would last SYNC_WAIT_S).
         sync = start("duo.target_process", ["--model", str(tiny_target), "--peer", draft.address, "--sync", "4",
                                             "--draft-p-min", "0.45"], process_logs)
         try:
             wait_for_draft(sync.address)
-            verified = sum(generate(sync.address, "Once upon a time", max_tokens=6,
-                                    temperature=1.0)[1].stats.draft_tokens_verified for _ in range(2))
+            began = time.monotonic()
+            _, last = generate(sync.address, "Once upon a time", max_tokens=48, temperature=1.0)
+            seconds = time.monotonic() - began
         finally:
             sync.stop()
-        assert verified > 0
+        assert last.stats.draft_tokens_verified > 0
+        alone_steps = last.stats.batch_sizes[1] if len(last.stats.batch_sizes) > 1 else 0
+        assert alone_steps >= 3, "the draft hardly paused: the test would not see the pause signal"
+        # Without the signal, every step after a pause would first wait SYNC_WAIT_S in vain.
+        assert seconds < 0.9 * alone_steps * SYNC_WAIT_S, (seconds, alone_steps)
         metrics = scrape(f"http://127.0.0.1:{metrics_port}/metrics")
         assert metrics["duo_draft:p_min_pauses_total"] > 0 and metrics["duo_draft:chunks_sent_total"] > 0
     finally:

@@ -12,7 +12,7 @@ from duo.runtime import ModelWorker
 from duo.sampling import SamplingParams
 from duo.chain import ChainChunk
 from duo.policy import AdaptivePolicy
-from duo.target import Generation, Request, SpecSettings, StepRecord, Target
+from duo.target import SYNC_WAIT_S, Generation, Request, SpecSettings, StepRecord, Target
 
 BLOCK_S = 0.15  # another request's work on the model thread, in front of every step
 
@@ -96,3 +96,32 @@ def test_a_wait_that_finds_nothing_is_not_repeated_until_the_draft_sends_again()
     assert asyncio.run(target._wait_if_worth_it(generation, policy)) == 0.0
     generation.on_chunk(ChainChunk(epoch=0, start=3, tokens=[7], dists=[]))
     assert not generation.draft_silent
+
+
+def test_a_draft_that_says_it_paused_is_not_waited_for_and_a_pause_ends_a_wait_at_once():
+    target, generation, policy = waiting_target_and_generation()
+    generation.on_chunk(ChainChunk(epoch=0, start=3, tokens=[], dists=[], paused=True))
+    assert generation.chain.draft_paused()
+    assert asyncio.run(target._wait_if_worth_it(generation, policy)) == 0.0 and generation.stats.waits == 0
+
+    target, generation, policy = waiting_target_and_generation()
+
+    async def run() -> float:
+        async def draft() -> None:
+            await asyncio.sleep(0.005)
+            generation.on_chunk(ChainChunk(epoch=0, start=3, tokens=[9], dists=[], paused=True))
+        drafting = asyncio.ensure_future(draft())
+        waited = await target._wait_if_worth_it(generation, policy)
+        await drafting
+        return waited
+
+    assert 0.004 < asyncio.run(run()) < 0.05  # it expected more than one draft, but the pause came with the first
+
+    async def synchronous() -> None:  # the synchronous mode's wait (SYNC_WAIT_S) ends at the pause too
+        generation.chain.reset()
+        generation.on_chunk(ChainChunk(epoch=1, start=3, tokens=[], dists=[], paused=True))
+        await target._await_drafts(generation, 4)
+
+    began = time.monotonic()
+    asyncio.run(synchronous())
+    assert time.monotonic() - began < SYNC_WAIT_S / 2

@@ -104,3 +104,10 @@ def test_a_branch_may_fork_ahead_of_the_committed_tokens_and_says_where_it_comes
     assert rejection is None and (chunk.start, chunk.tokens, chunk.branch_of) == (12, [5, 7], 2)
     plain, _ = wire.chunk_from_pb(pb.DraftChunk(epoch=2, start=10, tokens=[5]), BOUNDS)
     assert plain.branch_of is None
+
+
+def test_a_pause_passes_with_its_whole_chunk_but_not_when_the_link_cut_the_chunk_short():
+    chunk, rejection = wire.chunk_from_pb(pb.DraftChunk(epoch=2, start=12, paused=True), BOUNDS)
+    assert chunk.paused and chunk.tokens == [] and rejection is None
+    chunk, rejection = wire.chunk_from_pb(pb.DraftChunk(epoch=2, start=12, tokens=[5, 300], paused=True), BOUNDS)
+    assert chunk.tokens == [5] and rejection.reason == "token" and not chunk.paused
