@@ -87,7 +87,7 @@ def test_whether_the_draft_pauses_does_not_depend_on_the_token_it_draws(draft_mo
             session = await drafter.open(pb.OpenSession(session_id=seed, committed=PROMPT, max_ahead=4, p_min=p_min,
                                                         sampling=pb.SamplingParams(temperature=1.0, seed=seed)))
             chunk = await drafter.step(session)
-            tokens.append(chunk.tokens[0] if chunk else None)
+            tokens.append(None if chunk is None or chunk.paused else chunk.tokens[0])
             await drafter.close(session)
         return tokens
 
@@ -169,7 +169,7 @@ def drafter_proposals(drafter: Drafter, session: DraftSession) -> Callable[[list
         if len(committed) > session.committed:
             drafter.commit(session, session.committed, committed[session.committed:])
         proposals = []
-        while session.wants_to_draft() and (chunk := await drafter.step(session)) is not None:
+        while session.wants_to_draft() and (chunk := await drafter.step(session)) is not None and not chunk.paused:
             q = chunk.dists[0]
             proposals.append((chunk.tokens[0], SparseDist(np.array(q.ids), np.array(q.probs) / sum(q.probs))))
         return proposals
