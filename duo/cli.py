@@ -159,9 +159,15 @@ def add_demo_command(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run_demo)
 
 
+def add_rpc_server_command(subparsers: argparse._SubParsersAction) -> None:
+    from duo.rpc import add_rpc_server_command as add
+
+    add(subparsers)
+
+
 #: functions that each add one subcommand to the top-level subparsers
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
-    add_models_command, add_generate_command, add_demo_command]
+    add_models_command, add_generate_command, add_demo_command, add_rpc_server_command]
 
 
 def build_parser() -> argparse.ArgumentParser:

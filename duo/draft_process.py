@@ -21,8 +21,8 @@ from duo.draft import BRANCH, Drafter, DraftSession, InvalidEvent
 from duo.draft_metrics import DraftMetrics, metrics_server
 from duo.hub import HubError, resolve_model
 from duo.model import IncompatibleVocab, Model, ModelError, check_compatible
-from duo.runtime import (HttpServer, ModelWorker, add_process_arguments, grpc_server_options, run_async, run_server,
-                         setup_logging)
+from duo.runtime import (HttpServer, ModelWorker, add_process_arguments, grpc_server_options, model_options, run_async,
+                         run_server, setup_logging)
 from duo.tls import check_pair, server_credentials
 
 log = logging.getLogger("duo.draft")
@@ -291,8 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_flags(args)
         http = metrics_server(metrics, args.metrics) if args.metrics else None
-        model = Model(resolve_model(args.model), device=args.device, n_gpu_layers=args.gpu_layers,
-                      threads=args.threads)
+        model = Model(resolve_model(args.model), **model_options(args))
     except (HubError, ModelError, ValueError) as error:
         print(f"duo-draft: {error}", file=sys.stderr)
         return 1

@@ -16,7 +16,8 @@ from typing import Any, Awaitable, Callable, Protocol, TypeVar
 import grpc
 import uvicorn
 
-from duo.model import DEVICES
+from duo.model import DEVICES, ModelError
+from duo.rpc import check_reachable, parse_endpoints, parse_tensor_split, rpc_arguments
 
 T = TypeVar("T")
 R = TypeVar("R", bound="Closeable")
@@ -47,6 +48,20 @@ def add_process_arguments(parser: argparse.ArgumentParser, *, listen: str, serve
                         help=f"serve {serves} over TLS with this PEM certificate (chain)")
     parser.add_argument("--tls-key", default=None, metavar="PEM", help="the PEM private key of --tls-cert")
     parser.add_argument("--log-level", default="INFO")
+    rpc_arguments(parser)
+
+
+def model_options(args: argparse.Namespace) -> dict[str, Any]:
+    """duo.model.Model's keyword arguments from add_process_arguments' flags. ValueError for a bad flag,
+    ModelError naming an --rpc server that does not answer (checked here, before anything starts)."""
+    rpc = parse_endpoints(args.rpc) if args.rpc else []
+    if args.tensor_split and not rpc:
+        raise ValueError("--tensor-split splits the layers over --rpc servers: give --rpc too")
+    split = parse_tensor_split(args.tensor_split, len(rpc))
+    if rpc:
+        check_reachable(rpc)
+    return {"device": args.device, "n_gpu_layers": args.gpu_layers, "threads": args.threads, "rpc": rpc,
+            "tensor_split": split}
 
 
 class Closeable(Protocol):
@@ -61,13 +76,32 @@ class ModelWorker:
 
     def __init__(self) -> None:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
+        self._waiting: set[asyncio.Future[Any]] = set()
+        self.broken: str | None = None  # why the model can no longer run, once it cannot
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        if self.broken:
+            raise ModelError(self.broken)
+        future = asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        self._waiting.add(future)
+        try:
+            return await future
+        finally:
+            self._waiting.discard(future)
+
+    def break_down(self, message: str) -> None:
+        """The model can run no more (llama.cpp lost an RPC server and is about to abort the process):
+        fail the calls waiting for it, whose thread never returns, and every later call with `message`."""
+        self.broken = message
+        for future in self._waiting:
+            if not future.done():
+                future.set_exception(ModelError(message))
 
     async def create(self, factory: Callable[..., R], *args: Any) -> R:
         """`factory(*args)` on the model thread. A caller cancelled meanwhile never sees the result, so
         it is closed as soon as it is made (a native resource would otherwise live as long as its model)."""
+        if self.broken:
+            raise ModelError(self.broken)
         made: Future[R] = self._executor.submit(factory, *args)
         try:
             return await asyncio.shield(asyncio.wrap_future(made))
@@ -78,7 +112,10 @@ class ModelWorker:
 
     async def close(self, resource: Closeable) -> None:
         """`resource.close()` on the model thread; it runs to the end even if the caller is cancelled
-        (a cancelled call still waiting its turn on the thread would otherwise never run)."""
+        (a cancelled call still waiting its turn on the thread would otherwise never run). Once the model
+        is broken its thread never returns: nothing is closed, the process is ending."""
+        if self.broken:
+            return
         await asyncio.shield(asyncio.get_running_loop().run_in_executor(self._executor, resource.close))
 
     def _close_orphan(self, made: Future[Closeable]) -> None:

@@ -4,11 +4,13 @@ then serve and link the draft."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from grpc_health.v1 import health
 
@@ -18,15 +20,18 @@ from duo.grpc_api import client_server, set_serving
 from duo.hub import CATALOG, HubError, resolve_model
 from duo.link import DraftLink
 from duo.metrics import Metrics
-from duo.model import Model, ModelError
+from duo.model import Model, ModelError, on_native_abort
 from duo.openai_api import create_app, http_server
-from duo.runtime import (WRITE_TIMEOUT_S, ModelWorker, add_process_arguments, listen_socket, run_async, run_server,
-                         setup_logging)
+from duo.runtime import (WRITE_TIMEOUT_S, ModelWorker, add_process_arguments, listen_socket, model_options, run_async,
+                         run_server, setup_logging)
 from duo.sampling import COUPLED, RESIDUAL
 from duo.target import SpecSettings, Target
 from duo.tls import channel_credentials, check_pair, server_credentials
 
 log = logging.getLogger("duo.target")
+
+# How long the process lives on after losing an RPC server, for its clients to hear why.
+LOST_RPC_GRACE_S = 1.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -121,9 +126,9 @@ def served_names(path: Path, name_or_path: str) -> list[str]:
     return names
 
 
-def load_model(path: Path, args: argparse.Namespace) -> Model:
+def load_model(path: Path, args: argparse.Namespace, options: dict[str, Any]) -> Model:
     """Load, check and warm up the model (runs on the model thread, off the event loop)."""
-    model = Model(path, device=args.device, n_gpu_layers=args.gpu_layers, threads=args.threads)
+    model = Model(path, **options)
     if args.peer and not model.can_rollback:
         raise ModelError(f"{path.name} is a recurrent/hybrid model; speculation needs rollback")
     model.warm_up()
@@ -131,7 +136,8 @@ def load_model(path: Path, args: argparse.Namespace) -> Model:
     return model
 
 
-async def serve(args: argparse.Namespace, path: Path, settings: SpecSettings) -> None:
+async def serve(args: argparse.Namespace, path: Path, settings: SpecSettings, options: dict[str, Any],
+                lost: LostRpcServer | None = None) -> None:
     """Listen at once (health NOT_SERVING, requests UNAVAILABLE / 503), load the model in the
     background, then report SERVING and keep the draft linked until stopped."""
     api_key = args.api_key or os.environ.get("DUO_API_KEY") or None
@@ -151,7 +157,9 @@ async def serve(args: argparse.Namespace, path: Path, settings: SpecSettings) ->
     async def load_then_link() -> None:
         worker = ModelWorker()
         began = time.monotonic()
-        model = await worker.run(load_model, path, args)
+        model = await worker.run(load_model, path, args, options)
+        if lost:
+            lost.loop, lost.worker = asyncio.get_running_loop(), worker
         link = DraftLink(args.peer, model.path.name, model.vocab(), peer_credentials) if args.peer else None
         target = Target(model, worker, link, n_ctx=args.ctx_size, settings=settings)
         target.observers.append(metrics)
@@ -175,13 +183,40 @@ async def serve(args: argparse.Namespace, path: Path, settings: SpecSettings) ->
                      http=http, background=load_then_link)
 
 
+class LostRpcServer:
+    """What duo-target does when llama.cpp aborts because an RPC server holding some of the target's
+    layers is gone (or answered wrongly): the layers went with it, so no request can go on. It tells
+    the running requests' clients why, says it in the log, and lets the process end."""
+
+    def __init__(self, servers: list[str]) -> None:
+        self.servers = servers
+        self.loop: asyncio.AbstractEventLoop | None = None  # set once the model runs
+        self.worker: ModelWorker | None = None
+
+    def on_abort(self, message: str) -> None:
+        """Runs on the llama.cpp thread that is about to abort the process."""
+        servers = ", ".join(self.servers)
+        log.critical("llama.cpp stopped (%s): the target's layers live on the RPC servers %s, and one of them is "
+                     "gone or answered wrongly. duo-target exits; restart it once every server runs.",
+                     message.strip(), servers)
+        if self.loop is not None and self.worker is not None:
+            self.loop.call_soon_threadsafe(self.worker.break_down, f"the target lost one of its RPC servers "
+                                           f"({servers}) and is exiting; retry once it runs again")
+            time.sleep(LOST_RPC_GRACE_S)  # the clients' error responses go out meanwhile
+        logging.shutdown()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level)
     try:
         settings = settings_from(args)
         check_client_flags(args)
-        return run_async(serve(args, resolve_model(args.model), settings))
+        options = model_options(args)
+        lost = LostRpcServer(options["rpc"]) if options["rpc"] else None
+        if lost:
+            on_native_abort(lost.on_abort)
+        return run_async(serve(args, resolve_model(args.model), settings, options, lost))
     except (HubError, ModelError, ValueError) as error:
         print(f"duo-target: {error}", file=sys.stderr)
         return 1

@@ -1,0 +1,121 @@
+"""A target split over ggml RPC servers (`duo rpc-server`, duo-target --rpc), with the tiny target."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from duo.model import rpc_supported
+from duo.rpc import parse_endpoints, parse_tensor_split
+from processes import Process, free_port, generate, start, wait_for_draft
+from test_duo import PROMPTS
+
+needs_rpc = pytest.mark.skipif(not rpc_supported(), reason="this llama-cpp-python was built without ggml's RPC "
+                                                           "backend (scripts/setup.sh builds it with -DGGML_RPC=on)")
+
+
+def test_rpc_flags_are_checked_and_say_what_is_wrong():
+    assert parse_endpoints("a:1, b:2") == ["a:1", "b:2"]
+    for bad, words in [("", "at least one"), ("host", "not HOST:PORT"), ("h:0", "not HOST:PORT"), ("h:1,h:1", "twice")]:
+        with pytest.raises(ValueError, match=words):
+            parse_endpoints(bad)
+    assert parse_tensor_split("3,1", 2) == [3.0, 1.0] and parse_tensor_split(None, 2) == []
+    for bad in ("1", "1,x", "-1,2", "0,0"):
+        with pytest.raises(ValueError, match="--tensor-split"):
+            parse_tensor_split(bad, 2)
+
+
+def resident_kib(process: Process) -> int:
+    status = Path(f"/proc/{process.popen.pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:")))
+
+
+@pytest.fixture(scope="module")
+def rpc_servers(process_logs):
+    servers = [start("duo.cli", ["rpc-server"], process_logs) for _ in range(2)]
+    yield servers
+    for server in servers:
+        server.stop()
+
+
+@needs_rpc
+def test_a_target_split_over_two_rpc_servers_gives_the_greedy_output_of_the_target_alone(
+        tiny_target, served_alone, served_draft, rpc_servers, process_logs):
+    expected = {prompt: generate(served_alone.address, prompt, max_tokens=32)[0] for prompt in PROMPTS}
+    endpoints = ",".join(server.address for server in rpc_servers)
+    before = [resident_kib(server) for server in rpc_servers]
+    split = start("duo.target_process", ["--model", str(tiny_target), "--rpc", endpoints], process_logs)
+    try:
+        # The tiny target's weights are 43 MiB, 39 of them in its output layer (151936 x 64 floats), the
+        # rest in two small layers: each server now holds a share, and one of them the output layer.
+        grown = [resident_kib(server) - kib for server, kib in zip(rpc_servers, before)]
+        assert all(kib > 512 for kib in grown) and sum(grown) > 30 * 1024, grown
+        for prompt in PROMPTS:
+            assert generate(split.address, prompt, max_tokens=32)[0] == expected[prompt], prompt
+    finally:
+        split.stop()  # a ggml RPC server serves one client at a time
+    duo = start("duo.target_process", ["--model", str(tiny_target), "--rpc", endpoints, "--tensor-split", "1,3",
+                                       "--peer", served_draft.address, "--sync", "4"], process_logs)
+    try:
+        wait_for_draft(duo.address)
+        accepted = 0
+        for prompt in PROMPTS:
+            tokens, last = generate(duo.address, prompt, max_tokens=32)
+            assert tokens == expected[prompt], prompt
+            accepted += last.stats.draft_tokens_accepted
+        assert accepted > 0
+    finally:
+        duo.stop()
+
+
+@pytest.mark.parametrize("address", [f"127.0.0.1:{free_port()}", "10.255.255.1:50052"])
+def test_an_unreachable_rpc_server_stops_duo_target_at_start_up_within_seconds_naming_it(tiny_target, address):
+    began = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "duo.target_process", "--model", str(tiny_target), "--rpc", address,
+                           "--listen", f"127.0.0.1:{free_port()}"], capture_output=True, text=True, timeout=60)
+    if not rpc_supported():
+        assert done.returncode == 1 and "-DGGML_RPC=on" in done.stderr
+        return
+    assert done.returncode == 1 and address in done.stderr and "unreachable" in done.stderr, done.stderr
+    assert time.monotonic() - began < 15
+
+
+def stream_until_interrupted(address: str, prompt: str, interrupt, after: int = 8) -> list[int]:
+    """Stream a long greedy generation, calling `interrupt` once `after` tokens have arrived."""
+    from duo._proto import duo_pb2 as pb
+    from duo._proto import duo_pb2_grpc as pb_grpc
+
+    tokens: list[int] = []
+    with grpc.insecure_channel(address) as channel:
+        for response in pb_grpc.TargetStub(channel).Generate(pb.GenerateRequest(prompt=prompt, max_tokens=2000),
+                                                             timeout=120):
+            tokens.extend(response.token_ids)
+            if len(tokens) >= after and interrupt is not None:
+                interrupt()
+                interrupt = None
+    return tokens
+
+
+@needs_rpc
+def test_a_lost_rpc_server_ends_the_generation_with_an_error_and_the_target_says_why(tiny_target, process_logs):
+    servers = [start("duo.cli", ["rpc-server"], process_logs) for _ in range(2)]
+    target = start("duo.target_process", ["--model", str(tiny_target), "--ctx-size", "4096", "--rpc",
+                                          ",".join(server.address for server in servers)], process_logs)
+    try:
+        began = time.monotonic()
+        with pytest.raises(grpc.RpcError) as failed:
+            stream_until_interrupted(target.address, PROMPTS[0], servers[1].kill)
+        assert time.monotonic() - began < 60  # nothing hangs
+        assert "lost one of its RPC servers" in failed.value.details() and servers[1].address in failed.value.details()
+        target.popen.wait(timeout=30)
+        assert target.popen.returncode != 0
+        assert servers[1].address in target.log() and "restart it once every server runs" in target.log()
+    finally:
+        target.stop()
+        for server in servers:
+            server.stop()
