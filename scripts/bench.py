@@ -12,6 +12,11 @@ Modes, alternated within each repetition so that machine noise hits all of them 
   duo-coupled    the same, by coupled sampling (--unseeded coupled)           (c')
   duo@REV        duo as of git revision REV (--baseline-rev), run from a temporary worktree
                  (its duo-target's default verification: no --unseeded)
+  alone-rpc      duo-target without a draft, its layers split evenly over two local
+                 `duo rpc-server`s (--rpc); the servers and the target all on the
+                 target's cores, as alone-tcores: the difference is the split's cost
+                 (RPC round trips per layer group). Opt-in (not in the default
+                 --modes): it needs llama-cpp-python built with RPC              (a')
 --link-delay-ms D1 D2 ... runs the modes that talk over the target-draft link (sync-split, duo,
 duo-coupled, duo@REV) once per one-way delay, through scripts/delay_proxy.py (0: a direct
 connection): a network between the two machines, as in duo's mission (a fast draft, a slow target).
@@ -26,7 +31,10 @@ measured acceptance, and the share of it reached. Per mode: tok/s, per-token acc
 verify step, the share of steps decoded alone, the branch hit rate after rejections, the target's
 waits for the draft. Where duo and duo-coupled both ran, each temperature's table ends with
 "coupled/residual acceptance: ..., tok/s: ..." per link delay: coupled's numbers, residual's and
-their ratio. Writes bench.json and bench.png to --out, prints a table per temperature.
+their ratio. Where alone-tcores and alone-rpc both ran, it ends with "rpc split: alone-rpc /
+alone-tcores = X.XXx tok/s; per-token cost of the split: +Y ms" (by the decode rate, after the first
+token), also in bench.json as summary[T]["rpc_split"]. Writes bench.json and bench.png to --out,
+prints a table per temperature.
 
 Example (2 cores: draft on core 0, target on core 1; F32 target = a slow, memory-bound target):
   python scripts/bench.py --target qwen2.5-coder-1.5b-instruct-f32 --draft qwen2.5-coder-0.5b-instruct \
@@ -37,6 +45,10 @@ Coupled against residual verification of sampled drafts (greedy is the same in b
   python scripts/bench.py --target qwen2.5-coder-1.5b-instruct-f32 --draft qwen2.5-coder-0.5b-instruct \
       --draft-cores 0 --target-cores 1 --modes alone-tcores duo duo-coupled --prompts all \
       --temperatures 0.7 1.0 --reps 3
+
+The cost of splitting the target over RPC servers, on the same cores (needs an RPC build):
+  python scripts/bench.py --target qwen2.5-coder-1.5b-instruct --target-cores 1 \
+      --modes alone-tcores alone-rpc --temperatures 0
 """
 
 from __future__ import annotations
@@ -66,7 +78,8 @@ PROMPTS = {
     "chat": ["Explain, in a few paragraphs, why the sky is blue and why sunsets are red.",
              "Describe the history of the printing press and its effect on Europe."],
 }
-MODES = ("alone-tcores", "alone-all", "sync-split", "sync-shared", "duo", "duo-coupled")
+MODES = ("alone-tcores", "alone-all", "sync-split", "sync-shared", "duo", "duo-coupled")  # the default --modes
+OPT_IN_MODES = ("alone-rpc",)  # run only when --modes names them
 
 
 def plan_variants(modes: list[str], delays: list[float], baseline_mode: str | None) -> list[Variant]:
@@ -77,6 +90,20 @@ def plan_variants(modes: list[str], delays: list[float], baseline_mode: str | No
         linked.append(baseline_mode)
     return ([Variant(m) for m in modes if m in UNDELAYED_MODES]
             + [Variant(m, delay) for delay in delays for m in linked])
+
+
+def rpc_supported() -> bool:
+    import llama_cpp
+
+    return bool(getattr(llama_cpp, "llama_supports_rpc", lambda: False)())
+
+
+def check_modes(modes: list[str]) -> None:
+    """SystemExit, before anything starts, for a mode this llama-cpp-python cannot run."""
+    if "alone-rpc" in modes and not rpc_supported():
+        raise SystemExit("bench: alone-rpc splits the target over `duo rpc-server`s, but this llama-cpp-python "
+                         "was built without RPC (llama_cpp.llama_supports_rpc() is False): run scripts/setup.sh "
+                         "(it builds with CMAKE_ARGS=-DGGML_RPC=on), or leave alone-rpc out of --modes")
 
 
 def measure_verify_costs(target: Path, cores: set[int], max_batch: int, reps: int) -> dict[int, float]:
@@ -115,7 +142,7 @@ def machine_info(args: argparse.Namespace) -> dict:
     import llama_cpp
 
     return {"cpu": cpu, "cores": os.cpu_count(), "target_cores": args.target_cores, "draft_cores": args.draft_cores,
-            "backends": available_backends(), "llama_cpp_python": llama_cpp.__version__,
+            "backends": available_backends(), "llama_cpp_python": llama_cpp.__version__, "rpc": rpc_supported(),
             "python": platform.python_version()}
 
 
@@ -160,7 +187,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7])
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--reps", type=int, default=2)
-    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--modes", nargs="+", choices=MODES + OPT_IN_MODES, default=list(MODES),
+                        help=f"what to run (default: %(default)s; {', '.join(OPT_IN_MODES)} only when named)")
     parser.add_argument("--link-delay-ms", type=float, nargs="+", default=[0.0], metavar="MS",
                         help="one-way delays of the target-draft link: sync-split, duo, duo-coupled (and the baseline) "
                              "run at each, through a delay proxy (0: a direct connection)")
@@ -174,6 +202,7 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> int:
     args = parse_args()
+    check_modes(args.modes)
     target, draft = hub.resolve_model(args.target), hub.resolve_model(args.draft)
     args.out.mkdir(parents=True, exist_ok=True)
     logs = args.out / "logs"

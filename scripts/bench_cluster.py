@@ -4,6 +4,8 @@ A baseline (`--baseline-rev REV`) is a git worktree of REV in a temporary folder
 with that folder first on their module path, with this venv's packages (llama-cpp-python, grpc).
 duo and duo-coupled start this tree's duo-target with `--unseeded residual` and `--unseeded coupled`;
 the baseline's gets no such flag (revisions before coupled sampling do not know it).
+alone-rpc starts two `duo rpc-server`s on the target's cores, waits until both accept connections,
+then a duo-target, also on those cores, whose layers they hold half each (--rpc, --tensor-split 1,1).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -69,16 +72,20 @@ def _git(repo: Path, *args: str) -> str:
 
 @dataclass
 class Cluster:
-    """The processes of one variant; `address` is its target's client endpoint."""
+    """The processes of one variant; `address` is its target's client endpoint. `in_turn`: stop
+    each process before the next (a target before the RPC servers that hold its layers)."""
 
     variant: Variant
     address: str
     processes: list[subprocess.Popen] = field(default_factory=list)
     speculative: bool = False
+    in_turn: bool = False
 
     def stop(self) -> None:
         for process in self.processes:
             process.terminate()
+            if self.in_turn:
+                process.wait(30)
         for process in self.processes:
             process.wait(30)
 
@@ -100,6 +107,55 @@ def _duo(module: str, args: list[str], cores: set[int]) -> list[str]:
     return [sys.executable, "-m", module, *args, "--threads", str(len(cores))]
 
 
+def _free_ports(n: int, taken: set[int]) -> list[int]:
+    """n distinct free ports, none in `taken` (free_port may hand the same one out twice in a row)."""
+    ports: list[int] = []
+    while len(ports) < n:
+        port = free_port()
+        if port not in ports and port not in taken:
+            ports.append(port)
+    return ports
+
+
+def wait_listening(endpoints: list[str], processes: list[subprocess.Popen], timeout: float = 60) -> None:
+    """Until every HOST:PORT accepts a connection; SystemExit if one of `processes` (their servers)
+    exits first or `timeout` passes. A ggml RPC server drops a client that closes before its hello
+    and goes back to accepting."""
+    deadline = time.monotonic() + timeout
+    waiting = list(endpoints)
+    while waiting:
+        if any(p.poll() is not None for p in processes):
+            raise SystemExit(f"an RPC server exited before it listened on {', '.join(waiting)}; see its log")
+        host, _, port = waiting[0].rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=1).close()
+            waiting.pop(0)
+            continue
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the RPC servers at {', '.join(waiting)} did not listen within {timeout:g}s")
+        time.sleep(0.2)
+
+
+def _start_alone_rpc(variant: Variant, code: Code, address: str, target_args: list[str], cores: set[int],
+                     name: str, logs: Path) -> Cluster:
+    """alone-rpc: two RPC servers and the target, all on the target's cores, each with as many threads
+    as those cores; the target's layers split evenly over the servers."""
+    endpoints = [f"127.0.0.1:{port}" for port in _free_ports(2, {int(address.rpartition(":")[2])})]
+    servers = [spawn(_duo("duo.cli", ["rpc-server", "--listen", endpoint, "--device", "cpu"], cores), cores,
+                     logs / f"{name}-server{i}.log", code) for i, endpoint in enumerate(endpoints, 1)]
+    try:
+        wait_listening(endpoints, servers)
+    except SystemExit:
+        Cluster(variant, "", servers).stop()
+        raise
+    target = spawn(_duo(code.target_module, [*target_args, "--rpc", ",".join(endpoints), "--tensor-split", "1,1"],
+                        cores), cores, logs / f"{name}-target.log", code)
+    # The target first: stopped before its servers, it does not abort over a lost server.
+    return Cluster(variant, address, [target, *servers], in_turn=True)
+
+
 def start_variant(variant: Variant, code: Code, models: tuple[Path, Path], cores: tuple[set[int], set[int]],
                   sync_k: int, logs: Path) -> Cluster:
     """Start a variant's processes. `models` and `cores` are (target, draft); a delayed link
@@ -109,6 +165,8 @@ def start_variant(variant: Variant, code: Code, models: tuple[Path, Path], cores
     name = variant.label.replace(" +", "-").replace("@", "-at-")
     address = f"127.0.0.1:{free_port()}"
     target_args = ["--model", str(target), "--listen", address, "--device", "cpu", "--log-level", "WARNING"]
+    if variant.mode == "alone-rpc":
+        return _start_alone_rpc(variant, code, address, target_args, target_cores, name, logs)
     if variant.mode.startswith("alone"):
         cores_used = target_cores if variant.mode == "alone-tcores" else all_cores
         return Cluster(variant, address, [spawn(_duo(code.target_module, target_args, cores_used), cores_used,

@@ -7,6 +7,8 @@ included; a step *decoded alone* had no draft token to verify (a batch of 1).
 *verification* is how the target checked sampled drafts (Stats.verification): "residual" (rejection
 sampling against the draft's q), "coupled" (shared Gumbel noise) or "greedy"; duo runs residual,
 duo-coupled coupled, and per temperature the two are compared at each link delay.
+The *rpc split* compares alone-rpc (the target's layers on two local RPC servers) with alone-tcores
+(the same cores, no RPC): their tok/s ratio and the milliseconds the split adds to each token.
 """
 
 from __future__ import annotations
@@ -18,9 +20,12 @@ from typing import Any
 
 # Modes whose target talks to a draft over the link: these run once per --link-delay-ms.
 # sync-shared puts both models on the same cores, one machine: it runs with a direct link only.
-UNDELAYED_MODES = ("alone-tcores", "alone-all", "sync-shared")
+# alone-rpc splits the target's layers over two RPC servers on its own machine: no link either.
+UNDELAYED_MODES = ("alone-tcores", "alone-all", "sync-shared", "alone-rpc")
 # The same duo, its sampled requests verified by coupled sampling rather than residual rejection sampling.
 COUPLED_MODE, RESIDUAL_MODE = "duo-coupled", "duo"
+# The target split over RPC servers, and the same target on the same cores without them.
+RPC_MODE, LOCAL_MODE = "alone-rpc", "alone-tcores"
 
 
 @dataclass(frozen=True)
@@ -178,6 +183,29 @@ def coupled_vs_residual(by_label: dict[str, dict]) -> list[dict]:
     return pairs
 
 
+def rpc_split(by_label: dict[str, dict]) -> dict | None:
+    """alone-rpc against alone-tcores, where both ran: their rates, rpc's over local's, and the split's
+    cost per token, 1000/rate(rpc) - 1000/rate(local) ms. By the decode rate (after the first token,
+    which the prompt's prefill dominates) where both have one, else end to end; `rate` says which."""
+    rpc, local = by_label.get(RPC_MODE), by_label.get(LOCAL_MODE)
+    if rpc is None or local is None:
+        return None
+    key, rate = "decode_tokens_per_second", "decode"
+    if not (rpc.get(key) and local.get(key)):
+        key, rate = "tokens_per_second", "end to end"
+    return {"rpc": RPC_MODE, "local": LOCAL_MODE, "rate": rate,
+            "tokens_per_second": {"rpc": rpc[key], "local": local[key], "ratio": rpc[key] / local[key]},
+            "per_token_ms": 1000 / rpc[key] - 1000 / local[key],
+            "end_to_end_ratio": rpc["tokens_per_second"] / local["tokens_per_second"]}
+
+
+def rpc_split_line(split: dict) -> str:
+    """The table's line for rpc_split's numbers."""
+    return (f"rpc split: {split['rpc']} / {split['local']} = {split['tokens_per_second']['ratio']:.2f}x tok/s; "
+            f"per-token cost of the split: {split['per_token_ms']:+.1f} ms   ({split['rate']} rate: "
+            f"{split['tokens_per_second']['rpc']:.2f} / {split['tokens_per_second']['local']:.2f} tok/s)")
+
+
 def summarise(runs: list[Run], variants: list[Variant], costs: dict[int, float]) -> dict[str, dict]:
     """Per temperature, kept apart: each variant's summary (in `variants` order) and duo's ratios."""
     summary = {}
@@ -188,7 +216,8 @@ def summarise(runs: list[Run], variants: list[Variant], costs: dict[int, float])
             if mine:
                 by_label[variant.label] = summarise_variant(mine, costs)
         summary[str(temperature)] = {"modes": by_label, "ratios": duo_ratios(by_label),
-                                     "coupled_vs_residual": coupled_vs_residual(by_label)}
+                                     "coupled_vs_residual": coupled_vs_residual(by_label),
+                                     "rpc_split": rpc_split(by_label)}
     return summary
 
 
@@ -228,6 +257,8 @@ def print_table(summary: dict[str, dict], costs: dict[int, float], machine: dict
             note = "" if kinds == "coupled/residual" else f", verified {kinds}"
             print(f"  coupled/residual acceptance: {_compared(pair['token_acceptance'])}, "
                   f"tok/s: {_compared(pair['tokens_per_second'])}   ({pair['coupled']} / {pair['residual']}{note})")
+        if entry.get("rpc_split"):
+            print(f"  {rpc_split_line(entry['rpc_split'])}")
     print("\nverify: how the target verified sampled drafts; alpha: per-token acceptance; tok/step: tokens "
           "committed per verify step;\nalone: share of steps decoded alone; branch: share of rejections whose next "
           "step found a branch;\nideal: share of max_k E(k)/T(k+1) reached (decode rate)")

@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
 import bench  # noqa: E402
 import bench_cluster  # noqa: E402
+import bench_report  # noqa: E402
 from bench_cluster import Code, baseline_worktree, spawn  # noqa: E402
 from bench_report import Run, Variant, run_from_stats, summarise  # noqa: E402
 
@@ -63,6 +64,100 @@ def test_duo_targets_say_how_to_verify_unseeded_requests_and_the_baseline_does_n
     assert unseeded("duo-coupled-5ms-target.log") == "coupled"
     assert unseeded("duo-at-abc-target.log") is None
     assert unseeded("sync-split-target.log") is None
+
+
+def test_alone_rpc_runs_once_and_only_when_asked():
+    variants = bench.plan_variants(["alone-tcores", "alone-rpc", "duo"], [0, 5], None)
+    assert [v.label for v in variants] == ["alone-tcores", "alone-rpc", "duo", "duo +5ms"]
+    assert "alone-rpc" not in bench.MODES and "alone-rpc" in bench.OPT_IN_MODES
+
+
+def test_alone_rpc_starts_two_servers_on_the_target_cores_then_the_target_split_over_them(tmp_path, monkeypatch):
+    started, listened = [], []
+
+    def spawn(command, cores, log, code):
+        started.append((log.name, command, cores))
+        return SimpleNamespace(name=log.name)
+
+    monkeypatch.setattr(bench_cluster, "spawn", spawn)
+    monkeypatch.setattr(bench_cluster, "wait_listening",
+                        lambda endpoints, servers: listened.append((len(started), endpoints, servers)))
+    models, cores = (Path("t.gguf"), Path("d.gguf")), ({1}, {0})
+    cluster = bench_cluster.start_variant(Variant("alone-rpc"), Code.at(bench_cluster.ROOT), models, cores, 4,
+                                          tmp_path)
+
+    assert [name for name, _, _ in started] == ["alone-rpc-server1.log", "alone-rpc-server2.log",
+                                                "alone-rpc-target.log"]
+    assert all(pinned == {1} for _, _, pinned in started)  # all on the target's cores, as alone-tcores
+    [(servers_started, endpoints, servers)] = listened
+    assert servers_started == 2 and [s.name for s in servers] == ["alone-rpc-server1.log", "alone-rpc-server2.log"]
+    assert len(set(endpoints)) == 2 and all(e.startswith("127.0.0.1:") for e in endpoints)
+    for (_, command, _), endpoint in zip(started[:2], endpoints):
+        assert command[1:] == ["-m", "duo.cli", "rpc-server", "--listen", endpoint, "--device", "cpu", "--threads", "1"]
+    target = started[2][1]
+    assert target[target.index("--rpc") + 1] == ",".join(endpoints)
+    assert target[target.index("--threads") + 1] == "1" and "--peer" not in target
+    assert target[target.index("--listen") + 1] == cluster.address and cluster.address not in endpoints
+    assert cluster.processes[0].name == "alone-rpc-target.log"  # stopped before its servers
+    assert cluster.in_turn and not cluster.speculative
+
+
+def test_servers_threads_follow_the_number_of_target_cores(tmp_path, monkeypatch):
+    commands = []
+    monkeypatch.setattr(bench_cluster, "spawn", lambda command, cores, log, code: commands.append(command))
+    monkeypatch.setattr(bench_cluster, "wait_listening", lambda endpoints, servers: None)
+    bench_cluster.start_variant(Variant("alone-rpc"), Code.at(bench_cluster.ROOT), (Path("t"), Path("d")),
+                                ({2, 3, 5}, {0}), 4, tmp_path)
+    assert [c[c.index("--threads") + 1] for c in commands] == ["3", "3", "3"]
+
+
+def test_wait_listening_waits_for_the_ports_and_stops_at_a_server_that_exits():
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        endpoint = f"127.0.0.1:{sock.getsockname()[1]}"
+        bench_cluster.wait_listening([endpoint], [SimpleNamespace(poll=lambda: None)], timeout=5)
+    with pytest.raises(SystemExit, match="exited"):
+        bench_cluster.wait_listening([endpoint], [SimpleNamespace(poll=lambda: 1)], timeout=5)
+    with pytest.raises(SystemExit, match="did not listen"):
+        bench_cluster.wait_listening([endpoint], [SimpleNamespace(poll=lambda: None)], timeout=0.3)
+
+
+def test_alone_rpc_without_an_rpc_build_stops_before_anything_starts(monkeypatch):
+    monkeypatch.setattr(bench, "rpc_supported", lambda: False)
+    with pytest.raises(SystemExit, match="without RPC"):
+        bench.check_modes(["alone-tcores", "alone-rpc"])
+    bench.check_modes(["alone-tcores", "duo"])  # no RPC needed
+    monkeypatch.setattr(bench, "rpc_supported", lambda: True)
+    bench.check_modes(["alone-tcores", "alone-rpc"])
+
+
+def test_rpc_split_compares_alone_rpc_with_alone_tcores_by_decode_rate(capsys):
+    # decode rate: (tokens - 1) / (seconds - ttft): 99/9 = 11 tok/s locally, 99/11 = 9 tok/s over RPC.
+    runs = [_run("alone-tcores", seconds=10), _run("alone-rpc", seconds=12), _run("duo")]
+    variants = bench.plan_variants(["alone-tcores", "alone-rpc", "duo"], [0], None)
+    summary = summarise(runs, variants, {})
+    split = summary["0.0"]["rpc_split"]
+    assert split["rate"] == "decode" and (split["rpc"], split["local"]) == ("alone-rpc", "alone-tcores")
+    assert split["tokens_per_second"] == pytest.approx({"rpc": 9.0, "local": 11.0, "ratio": 9 / 11})
+    assert split["per_token_ms"] == pytest.approx(1000 / 9 - 1000 / 11)
+    assert split["end_to_end_ratio"] == pytest.approx(10 / 12)
+    bench.print_table(summary, {}, {"cpu": "cpu", "cores": 2, "target_cores": [1], "draft_cores": [0]})
+    out = capsys.readouterr().out
+    assert "rpc split: alone-rpc / alone-tcores = 0.82x tok/s; per-token cost of the split: +20.2 ms" in out
+    assert "decode rate: 9.00 / 11.00 tok/s" in out
+
+
+def test_rpc_split_needs_both_modes_and_falls_back_to_end_to_end_rates(capsys):
+    summary = summarise([_run("alone-tcores"), _run("duo")], [Variant("alone-tcores"), Variant("duo")], {})
+    assert summary["0.0"]["rpc_split"] is None
+    bench.print_table(summary, {}, {"cpu": "cpu", "cores": 2, "target_cores": [1], "draft_cores": [0]})
+    assert "rpc split" not in capsys.readouterr().out
+    local = {"tokens_per_second": 10.0, "decode_tokens_per_second": None}
+    split = bench_report.rpc_split({"alone-tcores": local, "alone-rpc": {**local, "tokens_per_second": 8.0}})
+    assert split["rate"] == "end to end" and split["per_token_ms"] == pytest.approx(125 - 100)
 
 
 def test_coupled_is_compared_with_residual_at_each_delay():
