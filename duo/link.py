@@ -32,6 +32,14 @@ INCOMPATIBLE_RETRY_S = 30.0
 LEAD_MARGIN = 64
 # Longest text of the draft's own that is logged (its error messages are untrusted too).
 MAX_LOGGED_CHARS = 200
+# A draft that answers pings but reads none of the stream fills the HTTP/2 window, and the target's
+# events would pile up in memory for as long as it stays: one write blocked this long drops the stream
+# (the link reconnects; the outbox holds at most what the target sends meanwhile).
+WRITE_STALL_S = 30.0
+
+
+class DraftStalled(Exception):
+    """The draft stopped reading the target's events."""
 
 
 class LinkedSession(Protocol):
@@ -155,20 +163,32 @@ class DraftLink:
         self.connections += 1
         log.info("draft %s connected; speculating for %d running session(s)", self.address, len(self.sessions))
         call = stub.Speculate()
+        # grpc leaves a request iterator of its own pending forever after a failed call, so the link
+        # writes its events itself, and the stream lasts until reading or writing ends.
         sending = asyncio.create_task(_send_all(call, outbox))
+        reading = asyncio.create_task(self._read_all(call))
+        reason = "the draft closed the stream"
         try:
-            async for event in call:
-                self._on_event(event)
+            done, _ = await asyncio.wait({sending, reading}, return_when=asyncio.FIRST_COMPLETED)
+            if reading in done:
+                reading.result()  # the call's error, if any, is handled by _connect_once
+            elif isinstance(sending.exception(), DraftStalled):
+                reason = str(sending.exception())
+            else:
+                sending.result()
         finally:
             self._outbox = None
-            # grpc leaves a request iterator of its own pending forever after a failed call, so the
-            # link writes its events itself and stops writing with the call.
-            sending.cancel()
+            for task in (sending, reading):
+                task.cancel()
             call.cancel()
-            await asyncio.gather(sending, return_exceptions=True)  # its error is the call's, raised above
+            await asyncio.gather(sending, reading, return_exceptions=True)
             for session in self.sessions.values():
                 session.on_draft_lost()
-        self._lost("the draft closed the stream")
+        self._lost(reason)
+
+    async def _read_all(self, call: grpc.aio.StreamStreamCall) -> None:
+        async for event in call:
+            self._on_event(event)
 
     def _on_event(self, event: pb.DraftEvent) -> None:
         kind = event.WhichOneof("event")
@@ -214,7 +234,11 @@ class DraftLink:
 
 async def _send_all(call: grpc.aio.StreamStreamCall, outbox: asyncio.Queue[pb.TargetEvent]) -> None:
     while True:
-        await call.write(await outbox.get())
+        event = await outbox.get()
+        try:
+            await asyncio.wait_for(call.write(event), WRITE_STALL_S)
+        except asyncio.TimeoutError:
+            raise DraftStalled(f"it read none of the stream for {WRITE_STALL_S:g} s") from None
 
 
 def _clip(text: str) -> str:

@@ -491,3 +491,32 @@ def test_a_stopped_draft_costs_only_speculation_and_speculation_resumes_when_it_
         draft.popen.send_signal(signal.SIGCONT)
         target.stop()
         draft.stop()
+
+
+class DeafDraft(FakeDraft):
+    """Answers the handshake, keeps the stream open and answers pings, but never reads what the target sends."""
+
+    async def Speculate(self, request_iterator: AsyncIterable[pb.TargetEvent],
+                        context: grpc.aio.ServicerContext) -> AsyncIterator[pb.DraftEvent]:
+        await asyncio.Event().wait()
+        yield pb.DraftEvent()
+
+
+def test_a_draft_that_stops_reading_is_dropped_and_the_events_for_it_do_not_pile_up(monkeypatch, caplog):
+    monkeypatch.setattr(duo_link, "WRITE_STALL_S", 0.5)
+    caplog.set_level(logging.WARNING, logger="duo.link")
+    draft = DeafDraft(wire.vocab_to_pb(VOCAB), lambda event: [])
+    big = pb.TargetEvent(commit=pb.Commit(session_id=1, start=2, tokens=[7] * 100_000))  # ~200 KB each
+
+    async def scenario(link: DraftLink) -> None:
+        await until(lambda: link.connected)
+        for _ in range(400):  # far more than the HTTP/2 windows hold: the writer blocks
+            link.send(big)
+        await until(lambda: not link.connected, timeout=15)
+        assert "read none of the stream" in link.last_error
+        assert link._outbox is None  # what was queued for it went with the stream
+        await until(lambda: draft.handshakes >= 2, timeout=15)  # and the link tries again
+
+    with serving(draft) as address:
+        run_link(address, [FakeSession(1, [7, 8])], scenario)
+    assert any("read none of the stream" in r.getMessage() for r in caplog.records)
