@@ -169,6 +169,10 @@ class DraftChain:
         """Forget the chain (the draft went away); the next chunk of any epoch starts afresh."""
         self.main, self.branches, self.newest_epoch, self.died, self.pause = None, {}, -1, None, None
 
+    def has_pending(self) -> bool:
+        """Whether pending() holds any token (without copying them)."""
+        return self.main is not None and self.main.end > len(self.committed)
+
     def pending(self) -> tuple[list[int], list[SparseDist | None]]:
         """Chain tokens at positions len(committed), len(committed)+1, ... that may be verified now."""
         if self.main is None:

@@ -202,7 +202,7 @@ class Generation:
         """Learn the draft's latency after a commit that starved this session, and its pace per token
         while it drafts without a commit in between (so that no rest is counted)."""
         now = time.monotonic()
-        if self.starved_since is not None and self.chain.pending()[0]:
+        if self.starved_since is not None and self.chain.has_pending():
             self.timing.latency.add(now - self.starved_since)
             self.starved_since = None
         elif self.last_chunk_at > self.last_commit_at and n_tokens and now - self.last_chunk_at > COALESCED_S:
@@ -254,7 +254,7 @@ class Generation:
         self.committed.extend(tokens)
         self.chain.on_commit()
         self.last_commit_at = time.monotonic()
-        self.starved_since = None if self.chain.pending()[0] else self.last_commit_at
+        self.starved_since = None if self.chain.has_pending() else self.last_commit_at
         self.stats.branch_hits = self.chain.branch_hits
         self.stats.generated_tokens += len(tokens)
         self.stats.verify_steps += 1
@@ -333,7 +333,7 @@ class Target:
     async def _wait_if_worth_it(self, generation: Generation, policy: AdaptivePolicy) -> float:
         """With no drafts pending, wait for drafts known to be coming when that is faster in expectation
         than decoding alone (policy.wait_for); the seconds waited."""
-        if (generation.starved_since is None or generation.draft_silent or generation.chain.pending()[0]
+        if (generation.starved_since is None or generation.draft_silent or generation.chain.has_pending()
                 or generation.chain.draft_paused() or not (self.link and self.link.connected)):
             return 0.0
         began = time.monotonic()
@@ -344,7 +344,7 @@ class Target:
         # not send the step off alone just before it arrives.
         await generation.wait_for_drafts(lambda pending: len(pending) >= k or generation.chain.draft_paused(),
                                          expected * WAIT_SLACK + WAIT_SLACK_S)
-        generation.draft_silent = not generation.chain.pending()[0]  # stalled or paused: stop waiting on it
+        generation.draft_silent = not generation.chain.has_pending()  # stalled or paused: stop waiting on it
         waited = time.monotonic() - began
         generation.stats.waits += 1
         generation.stats.wait_seconds += waited

@@ -175,3 +175,22 @@ def test_a_pause_holds_for_the_chain_it_names_until_the_next_commit():
     assert not chain.draft_paused()
     chain.receive(5, 2, [], [], paused=True)  # a new chain paused at a position already committed: stale
     assert not chain.draft_paused()
+
+
+def test_has_pending_says_whether_pending_holds_tokens_through_a_chains_life():
+    committed = [7, 8]
+    chain = DraftChain(committed)
+    states = [chain.has_pending() == bool(chain.pending()[0])]
+    chain.receive(0, 2, [1, 2], [])
+    states.append(chain.has_pending() == bool(chain.pending()[0]) is True)
+    committed.extend([1, 2])
+    chain.on_commit()
+    states.append(chain.has_pending() == bool(chain.pending()[0]) is False)
+    committed.append(9)
+    chain.on_commit()
+    chain.receive(1, 5, [3], [])
+    states.append(chain.has_pending() == bool(chain.pending()[0]) is True)
+    committed.append(4)  # contradicts the chain: dead until the next epoch
+    chain.on_commit()
+    states.append(chain.has_pending() == bool(chain.pending()[0]) is False)
+    assert all(states), states
