@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numbers
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -292,16 +292,22 @@ def verify_greedy(draft_tokens: Sequence[int], target_logits: np.ndarray) -> Ver
     Row i holds the target's logits for the position of draft_tokens[i]. A draft id
     outside the target vocabulary never equals an argmax, so it is rejected.
     """
+    return _verify_by_match(draft_tokens, target_logits, lambda row, i: int(np.argmax(row)))
+
+
+def _verify_by_match(draft_tokens: Sequence[int], target_logits: np.ndarray,
+                     pick: Callable[[np.ndarray, int], int]) -> Verdict:
+    """Accept draft tokens while each equals the target's own pick(row i, i); then the target's pick
+    where they part (recovered) or, with a row past the drafts, the bonus pick. Picks are made only
+    for rows that are reached."""
     target_logits = _check_rows(draft_tokens, target_logits)
     tokens: list[int] = []
-    for row, drafted in zip(target_logits, draft_tokens):
-        best = int(np.argmax(row))
-        if drafted != best:
-            return Verdict(len(tokens), tokens + [best])  # recovered
-        tokens.append(best)
-    if target_logits.shape[0] > len(draft_tokens):
-        tokens.append(int(np.argmax(target_logits[-1])))  # bonus
-    return Verdict(len(draft_tokens), tokens)
+    for i, row in enumerate(target_logits):
+        own = pick(row, i)
+        if i == len(draft_tokens) or draft_tokens[i] != own:
+            return Verdict(len(tokens), tokens + [own])
+        tokens.append(own)
+    return Verdict(len(tokens), tokens)
 
 
 def verify_stochastic(
@@ -438,11 +444,5 @@ def verify_coupled(draft_tokens: Sequence[int], target_logits: np.ndarray, param
                    start: int) -> Verdict:
     """Accept draft tokens while each is the target's own coupled sample at its position (row i is
     position start + i); then the target's sample where they part, or the bonus one."""
-    target_logits = _check_rows(draft_tokens, target_logits)
-    tokens: list[int] = []
-    for i, row in enumerate(target_logits):
-        own = coupled_sample(distribution(row, params), seed, start + i)
-        if i == len(draft_tokens) or draft_tokens[i] != own:
-            return Verdict(len(tokens), tokens + [own])
-        tokens.append(own)
-    return Verdict(len(tokens), tokens)
+    return _verify_by_match(draft_tokens, target_logits,
+                            lambda row, i: coupled_sample(distribution(row, params), seed, start + i))
