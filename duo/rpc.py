@@ -14,23 +14,23 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from duo.model import DEVICES, ModelError, rpc_supported, serve_rpc
+from duo.model import DEVICES, NO_RPC, ModelError, rpc_supported, serve_rpc
 
 DEFAULT_LISTEN = "127.0.0.1:50052"  # llama.cpp's rpc-server default port; loopback unless asked otherwise
 CONNECT_TIMEOUT_S = 5.0
 
 
-def parse_endpoints(value: str) -> list[str]:
-    """HOST:PORT[,HOST:PORT...] as a list; ValueError naming the entry that is not one."""
+def parse_endpoints(value: str, flag: str = "--rpc") -> list[str]:
+    """HOST:PORT[,HOST:PORT...] as a list; ValueError naming `flag` and the entry that is not one."""
     endpoints = [part.strip() for part in value.split(",") if part.strip()]
     if not endpoints:
-        raise ValueError("--rpc needs at least one HOST:PORT")
+        raise ValueError(f"{flag} needs at least one HOST:PORT")
     for endpoint in endpoints:
         host, _, port = endpoint.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"--rpc: {endpoint!r} is not HOST:PORT")
+            raise ValueError(f"{flag}: {endpoint!r} is not HOST:PORT")
     if len(set(endpoints)) != len(endpoints):
-        raise ValueError("--rpc names a server twice")
+        raise ValueError(f"{flag} names a server twice")
     return endpoints
 
 
@@ -52,8 +52,6 @@ def check_reachable(endpoints: Sequence[str], timeout: float = CONNECT_TIMEOUT_S
     """ModelError naming the first server that does not accept a connection within `timeout`: ggml
     itself would abort the process, or wait for the system's connect timeout (minutes)."""
     if not rpc_supported():
-        from duo.model import NO_RPC
-
         raise ModelError(NO_RPC)
     for endpoint in endpoints:
         host, _, port = endpoint.rpartition(":")
@@ -94,7 +92,8 @@ def add_rpc_server_command(subparsers: argparse._SubParsersAction) -> None:
 
 def run_rpc_server(args: argparse.Namespace) -> int:
     try:
-        parse_endpoints(args.listen)
+        if len(parse_endpoints(args.listen, "--listen")) != 1:
+            raise ValueError(f"--listen takes one HOST:PORT, got {args.listen!r}")
         if args.threads is not None and args.threads < 1:
             raise ValueError("--threads must be at least 1")
     except ValueError as error:

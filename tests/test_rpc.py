@@ -10,6 +10,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from duo import cli
 from duo.model import rpc_supported
 from duo.rpc import parse_endpoints, parse_tensor_split
 from processes import Process, free_port, generate, start, wait_for_draft
@@ -28,6 +29,13 @@ def test_rpc_flags_are_checked_and_say_what_is_wrong():
     for bad in ("1", "1,x", "-1,2", "0,0"):
         with pytest.raises(ValueError, match="--tensor-split"):
             parse_tensor_split(bad, 2)
+
+
+@pytest.mark.parametrize("listen, words", [("nope", "--listen: 'nope' is not HOST:PORT"),
+                                           ("a:1,b:2", "--listen takes one HOST:PORT")])
+def test_duo_rpc_server_refuses_a_bad_listen_address_naming_the_flag(listen, words, capsys):
+    assert cli.main(["rpc-server", "--listen", listen]) == 2
+    assert words in capsys.readouterr().err
 
 
 def resident_kib(process: Process) -> int:
