@@ -68,6 +68,26 @@ CONTEXT_SIZE = 512
 
 
 @pytest.fixture(scope="session")
+def target_model(tiny_target: Path):
+    """The tiny target loaded in this process (one core), for tests of the model layer and the loops."""
+    from duo.model import Model
+
+    model = Model(tiny_target, device="cpu", threads=1)
+    yield model
+    model.close()
+
+
+@pytest.fixture(scope="session")
+def draft_model(tiny_draft: Path):
+    """The tiny draft loaded in this process (one core)."""
+    from duo.model import Model
+
+    model = Model(tiny_draft, device="cpu", threads=1)
+    yield model
+    model.close()
+
+
+@pytest.fixture(scope="session")
 def process_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("process-logs")
 

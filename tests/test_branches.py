@@ -11,7 +11,6 @@ import pytest
 from duo._proto import duo_pb2 as pb
 from duo.branches import Branch, Doubt, branch_length, choose_fork, doubt_of
 from duo.draft import BRANCH, CHAIN_AHEAD, CHAIN_NEEDED, Drafter, DraftSession
-from duo.model import Model
 from duo.runtime import ModelWorker
 from duo.sampling import SamplingParams, SparseDist
 
@@ -94,13 +93,6 @@ def test_a_commit_that_agrees_with_the_chain_drops_the_branches_it_decided():
                         Branch(epoch=4, fork=4, tokens=[2, 1], doubts=[None, None])]
     session.apply_commit(2, [4, 5])
     assert session.chain == [7, 8, 4, 5, 6] and [branch.epoch for branch in session.branches] == [4]
-
-
-@pytest.fixture(scope="module")
-def draft_model(tiny_draft):
-    model = Model(tiny_draft, device="cpu", threads=1)
-    yield model
-    model.close()
 
 
 def test_in_spare_time_the_draft_branches_at_its_least_sure_position_with_the_tokens_a_fresh_decode_gives(

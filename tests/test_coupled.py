@@ -12,7 +12,6 @@ from scipy.stats import chisquare
 from duo import sampling
 from duo._proto import duo_pb2 as pb
 from duo.draft import Drafter, InvalidEvent
-from duo.model import Model
 from duo.runtime import ModelWorker
 from duo.sampling import SamplingParams, coupled_sample, distribution, noise_key, uniforms, verify_coupled
 from processes import generate, start, wait_for_draft
@@ -100,13 +99,6 @@ def test_verify_takes_the_coupled_path_only_with_a_seed():
     assert coupled.tokens == verify_coupled([5], rows, params, 3, 9).tokens
     with pytest.raises(ValueError, match="draft distributions"):
         sampling.verify([5], None, rows, params, np.random.default_rng())  # residual needs q
-
-
-@pytest.fixture(scope="module")
-def draft_model(tiny_draft):
-    model = Model(tiny_draft, device="cpu", threads=1)
-    yield model
-    model.close()
 
 
 def open_message(verification: int, seed: int | None = 5, **sampling_fields) -> pb.OpenSession:

@@ -4,21 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
-
 from duo._proto import duo_pb2 as pb
 from duo.draft import Drafter
-from duo.model import Model
 from duo.runtime import ModelWorker
 from duo.sampling import SamplingParams
 from duo.target import Generation, Request, SpecSettings
-
-
-@pytest.fixture(scope="module")
-def draft_model(tiny_draft):
-    model = Model(tiny_draft, device="cpu", threads=1)
-    yield model
-    model.close()
 
 
 async def open_session(drafter: Drafter, prompt: list[int], p_min: float = 0.0, max_ahead: int = 8):

@@ -65,13 +65,6 @@ def test_the_pause_rule_compares_the_top1_probability_at_temperature_1_with_p_mi
     assert proposes(np.array([0.0, 0.0, 0.0, 0.0]), 0.0)  # no p_min: every position is proposed
 
 
-@pytest.fixture(scope="module")
-def draft_model(tiny_draft):
-    model = Model(tiny_draft, device="cpu", threads=1)
-    yield model
-    model.close()
-
-
 def test_whether_the_draft_pauses_does_not_depend_on_the_token_it_draws(draft_model):
     """Just below its top-1 probability the draft proposes with every seed (old rule: only the seeds that
     draw the top token); just above, it pauses with every seed."""
@@ -180,13 +173,12 @@ async def nothing_proposed(committed: list[int]) -> list[tuple[int, SparseDist]]
     return []
 
 
-def test_with_every_proposal_verified_sampling_with_p_min_follows_the_target(draft_model, tiny_target):
+def test_with_every_proposal_verified_sampling_with_p_min_follows_the_target(draft_model, target_model):
     """The tiny models in one thread, so that every proposal is verified (through two processes the draft
     often lags behind the target, which then decodes alone). After "Once upon a time" the draft's top-1
     probability is 0.60 at the first position, so at p_min 0.45 it proposes there (the old rule sent only
     its top token: P(it) 0.92, not the target's 0.79) and pauses at about half of the later positions."""
     prompt, n, n_tokens = draft_model.tokenize("Once upon a time"), 300, 3
-    target_model = Model(tiny_target, device="cpu", threads=1)
     target = target_model.new_context(64)
 
     async def samples() -> tuple[list[list[int]], list[list[int]]]:
@@ -206,7 +198,6 @@ def test_with_every_proposal_verified_sampling_with_p_min_follows_the_target(dra
         with_draft, alone = asyncio.run(samples())
     finally:
         target.close()
-        target_model.close()
     p_values = [homogeneity_p_value([t[i] for t in with_draft], [t[i] for t in alone]) for i in range(n_tokens)]
     print("p-values by position:", [f"{p:.3g}" for p in p_values])
     assert min(p_values) > 1e-3, p_values

@@ -139,8 +139,9 @@ def test_killing_the_draft_mid_generation_completes_the_request_with_the_same_ou
 
 
 def stream_and_interrupt(address: str, prompt: str, max_tokens: int, interrupt, temperature: float = 0.0,
-                         seed: int | None = None) -> tuple[list[int], int]:
-    """Stream a generation (greedy by default), calling `interrupt` once 10% of it has arrived with draft help."""
+                         seed: int | None = None, with_draft: bool = True) -> tuple[list[int], int]:
+    """Stream a generation (greedy by default), calling `interrupt` once 10% of it has arrived (with draft
+    help, unless `with_draft` is False); the tokens, and the draft tokens received by then."""
     from duo._proto import duo_pb2 as pb
     from duo._proto import duo_pb2_grpc as pb_grpc
 
@@ -150,9 +151,11 @@ def stream_and_interrupt(address: str, prompt: str, max_tokens: int, interrupt, 
     with grpc.insecure_channel(address) as channel:
         for response in pb_grpc.TargetStub(channel).Generate(request, timeout=120):
             tokens.extend(response.token_ids)
-            if not received_at_interrupt and len(tokens) >= max_tokens // 10 and response.stats.draft_tokens_received:
+            if (interrupt is not None and len(tokens) >= max_tokens // 10
+                    and (response.stats.draft_tokens_received or not with_draft)):
                 received_at_interrupt = response.stats.draft_tokens_received
                 interrupt()
+                interrupt = None
     return tokens, received_at_interrupt
 
 

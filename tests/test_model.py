@@ -8,38 +8,24 @@ import pytest
 from duo.model import IncompatibleVocab, Model, ModelError, Vocab, available_backends, check_compatible, gpu_layers_for
 
 
-@pytest.fixture(scope="module")
-def target(tiny_target):
-    model = Model(tiny_target, device="cpu", threads=1)
-    yield model
-    model.close()
-
-
-@pytest.fixture(scope="module")
-def draft(tiny_draft):
-    model = Model(tiny_draft, device="cpu", threads=1)
-    yield model
-    model.close()
-
-
-def test_decode_returns_the_logits_of_every_position_that_asked(target):
-    context = target.new_context(256)
-    tokens = target.tokenize("def add(a, b):\n    return a + b")
+def test_decode_returns_the_logits_of_every_position_that_asked(target_model):
+    context = target_model.new_context(256)
+    tokens = target_model.tokenize("def add(a, b):\n    return a + b")
     logits = context.decode(tokens, 0, logits_for=[0, 3, len(tokens) - 1])
-    assert logits.shape == (3, target.n_vocab) and logits.dtype == np.float32
+    assert logits.shape == (3, target_model.n_vocab) and logits.dtype == np.float32
     assert context.n_past == len(tokens)
     context.close()
 
 
-def test_decoding_after_a_rollback_gives_the_logits_of_a_fresh_decode(target):
-    prefix = target.tokenize("The quick brown fox")
-    right = target.tokenize(" jumps over")
-    wrong = target.tokenize(" sleeps under the")
-    fresh = target.new_context(256)
+def test_decoding_after_a_rollback_gives_the_logits_of_a_fresh_decode(target_model):
+    prefix = target_model.tokenize("The quick brown fox")
+    right = target_model.tokenize(" jumps over")
+    wrong = target_model.tokenize(" sleeps under the")
+    fresh = target_model.new_context(256)
     fresh.decode(prefix, 0, logits_for=[])
     expected = fresh.decode(right, len(prefix), logits_for=range(len(right)))
 
-    rolled = target.new_context(256)
+    rolled = target_model.new_context(256)
     rolled.decode(prefix, 0, logits_for=[])
     rolled.decode(wrong, len(prefix), logits_for=range(len(wrong)))
     rolled.rollback(len(prefix))
@@ -50,25 +36,25 @@ def test_decoding_after_a_rollback_gives_the_logits_of_a_fresh_decode(target):
     rolled.close()
 
 
-def test_decode_refuses_a_position_that_does_not_follow_the_cache(target):
-    context = target.new_context(64)
+def test_decode_refuses_a_position_that_does_not_follow_the_cache(target_model):
+    context = target_model.new_context(64)
     context.decode([1, 2, 3], 0)
     with pytest.raises(ModelError, match="KV cache holds 3"):
         context.decode([4], 5)
     context.close()
 
 
-def test_decode_refuses_to_overflow_the_context(target):
-    context = target.new_context(16)
+def test_decode_refuses_to_overflow_the_context(target_model):
+    context = target_model.new_context(16)
     with pytest.raises(ModelError, match="context full"):
         context.decode(list(range(100, 120)), 0)
     context.close()
 
 
-def test_long_prompts_are_decoded_in_chunks_of_the_batch_size(target):
-    tokens = target.tokenize("word " * 200)
-    whole = target.new_context(512, n_batch=512)
-    chunked = target.new_context(512, n_batch=64)
+def test_long_prompts_are_decoded_in_chunks_of_the_batch_size(target_model):
+    tokens = target_model.tokenize("word " * 200)
+    whole = target_model.new_context(512, n_batch=512)
+    chunked = target_model.new_context(512, n_batch=64)
     expected = whole.decode(tokens, 0)
     got = chunked.decode(tokens, 0)
     # Different batch splits sum in a different order: equal up to float rounding.
@@ -78,43 +64,43 @@ def test_long_prompts_are_decoded_in_chunks_of_the_batch_size(target):
     chunked.close()
 
 
-def test_tokenizer_round_trips_text_and_special_tokens(target):
+def test_tokenizer_round_trips_text_and_special_tokens(target_model):
     text = "<|im_start|>user\nwrite snake in python<|im_end|>"
-    tokens = target.tokenize(text)
+    tokens = target_model.tokenize(text)
     assert tokens[0] == 151644  # <|im_start|> parsed as one special token
-    assert target.detokenize(tokens, special=True).decode() == text
-    assert target.detokenize(tokens).decode() == "user\nwrite snake in python"
+    assert target_model.detokenize(tokens, special=True).decode() == text
+    assert target_model.detokenize(tokens).decode() == "user\nwrite snake in python"
 
 
-def test_chat_prompt_uses_the_models_template(target):
-    prompt = target.chat_prompt([{"role": "user", "content": "hi"}])
+def test_chat_prompt_uses_the_models_template(target_model):
+    prompt = target_model.chat_prompt([{"role": "user", "content": "hi"}])
     assert "<|im_start|>user\nhi<|im_end|>" in prompt
     assert prompt.endswith("<|im_start|>assistant\n")
 
 
-def test_end_of_generation_tokens_are_known(target):
-    assert target.is_end_of_generation(target.vocab().eos)
-    assert not target.is_end_of_generation(target.tokenize("hello")[0])
+def test_end_of_generation_tokens_are_known(target_model):
+    assert target_model.is_end_of_generation(target_model.vocab().eos)
+    assert not target_model.is_end_of_generation(target_model.tokenize("hello")[0])
 
 
-def test_the_tiny_pair_is_compatible_and_shares_a_vocabulary(target, draft):
-    check_compatible(target.vocab(), draft.vocab())
-    assert target.vocab() == draft.vocab()
-    assert target.vocab().n_vocab == 151936
+def test_the_tiny_pair_is_compatible_and_shares_a_vocabulary(target_model, draft_model):
+    check_compatible(target_model.vocab(), draft_model.vocab())
+    assert target_model.vocab() == draft_model.vocab()
+    assert target_model.vocab().n_vocab == 151936
 
 
-def test_a_different_token_text_is_refused_naming_the_first_differing_token(target, tiny_mismatched):
+def test_a_different_token_text_is_refused_naming_the_first_differing_token(target_model, tiny_mismatched):
     mismatched = Model(tiny_mismatched, device="cpu", threads=1)
     with pytest.raises(IncompatibleVocab, match="token 1000 differs"):
-        check_compatible(target.vocab(), mismatched.vocab())
-    assert target.vocab() != mismatched.vocab()
+        check_compatible(target_model.vocab(), mismatched.vocab())
+    assert target_model.vocab() != mismatched.vocab()
     mismatched.close()
 
 
-def test_a_vocabulary_much_larger_is_refused(target, tiny_oversized):
+def test_a_vocabulary_much_larger_is_refused(target_model, tiny_oversized):
     oversized = Model(tiny_oversized, device="cpu", threads=1)
     with pytest.raises(IncompatibleVocab, match="sizes differ by 200"):
-        check_compatible(target.vocab(), oversized.vocab())
+        check_compatible(target_model.vocab(), oversized.vocab())
     oversized.close()
 
 
@@ -164,14 +150,14 @@ def test_asking_for_a_gpu_this_build_lacks_is_an_error_not_a_cpu_fallback():
         gpu_layers_for("tpu", None)
 
 
-def test_a_forked_sequence_continues_the_main_prefix_as_if_decoded_afresh(target):
-    tokens = target.tokenize("def add(a, b):\n    return a + b\n")
+def test_a_forked_sequence_continues_the_main_prefix_as_if_decoded_afresh(target_model):
+    tokens = target_model.tokenize("def add(a, b):\n    return a + b\n")
     prefix, branch = tokens[:6], tokens[6:9]
-    context = target.new_context(128, n_seq=2)
+    context = target_model.new_context(128, n_seq=2)
     main_last = context.decode(tokens, 0)  # the main sequence runs past the fork
     context.fork(1, len(prefix))
     forked = context.decode(branch, len(prefix), logits_for=range(len(branch)), seq=1)
-    fresh = target.new_context(128)
+    fresh = target_model.new_context(128)
     fresh.decode(prefix, 0)
     np.testing.assert_allclose(forked, fresh.decode(branch, len(prefix), logits_for=range(len(branch))), atol=1e-3)
     # The main sequence is untouched by the branch beside it.

@@ -14,7 +14,7 @@ from duo import cli
 from duo.model import rpc_supported
 from duo.rpc import parse_endpoints, parse_tensor_split
 from processes import Process, free_port, generate, start, wait_for_draft
-from test_duo import PROMPTS
+from test_duo import PROMPTS, stream_and_interrupt
 
 needs_rpc = pytest.mark.skipif(not rpc_supported(), reason="this llama-cpp-python was built without ggml's RPC "
                                                            "backend (scripts/setup.sh builds it with -DGGML_RPC=on)")
@@ -93,22 +93,6 @@ def test_an_unreachable_rpc_server_stops_duo_target_at_start_up_within_seconds_n
     assert time.monotonic() - began < 15
 
 
-def stream_until_interrupted(address: str, prompt: str, interrupt, after: int = 8) -> list[int]:
-    """Stream a long greedy generation, calling `interrupt` once `after` tokens have arrived."""
-    from duo._proto import duo_pb2 as pb
-    from duo._proto import duo_pb2_grpc as pb_grpc
-
-    tokens: list[int] = []
-    with grpc.insecure_channel(address) as channel:
-        for response in pb_grpc.TargetStub(channel).Generate(pb.GenerateRequest(prompt=prompt, max_tokens=2000),
-                                                             timeout=120):
-            tokens.extend(response.token_ids)
-            if len(tokens) >= after and interrupt is not None:
-                interrupt()
-                interrupt = None
-    return tokens
-
-
 @needs_rpc
 def test_a_lost_rpc_server_ends_the_generation_with_an_error_and_the_target_says_why(tiny_target, process_logs):
     servers = [start("duo.cli", ["rpc-server"], process_logs) for _ in range(2)]
@@ -117,7 +101,7 @@ def test_a_lost_rpc_server_ends_the_generation_with_an_error_and_the_target_says
     try:
         began = time.monotonic()
         with pytest.raises(grpc.RpcError) as failed:
-            stream_until_interrupted(target.address, PROMPTS[0], servers[1].kill)
+            stream_and_interrupt(target.address, PROMPTS[0], 400, servers[1].kill, with_draft=False)
         assert time.monotonic() - began < 60  # nothing hangs
         assert "lost one of its RPC servers" in failed.value.details() and servers[1].address in failed.value.details()
         target.popen.wait(timeout=30)

@@ -7,7 +7,6 @@ import time
 
 import pytest
 
-from duo.model import Model
 from duo.runtime import ModelWorker
 from duo.sampling import SamplingParams
 from duo.chain import ChainChunk
@@ -15,13 +14,6 @@ from duo.policy import AdaptivePolicy
 from duo.target import SYNC_WAIT_S, Generation, Request, SpecSettings, StepRecord, Target
 
 BLOCK_S = 0.15  # another request's work on the model thread, in front of every step
-
-
-@pytest.fixture(scope="module")
-def target_model(tiny_target):
-    model = Model(tiny_target, device="cpu", threads=1)
-    yield model
-    model.close()
 
 
 class Records:
