@@ -1,14 +1,15 @@
-"""The model layer, the only code that touches llama.cpp: load a GGUF, tokenize, decode with logits, roll back."""
+"""The model layer: load a GGUF, tokenize, decode with logits (several sequences in one call), roll back.
+
+With duo.backends, the only code that touches llama.cpp."""
 
 from __future__ import annotations
 
 import ctypes
-import functools
 import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 from jinja2 import TemplateError
@@ -17,20 +18,15 @@ import llama_cpp
 from llama_cpp import _internals
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-DEVICES = ("cpu", "cuda", "metal", "vulkan", "auto")
-
-# ggml backend registry names for each --device choice.
-_BACKEND_NAMES = {"cuda": ("CUDA", "ROCm", "HIP", "MUSA"), "metal": ("Metal", "MTL"), "vulkan": ("Vulkan",)}
-_BUILD_FLAGS = {"cuda": "-DGGML_CUDA=on", "metal": "-DGGML_METAL=on", "vulkan": "-DGGML_VULKAN=on"}
+from duo.backends import add_rpc_server, gpu_layers_for
+from duo.errors import ModelError
 
 # llama.cpp's rules for a draft/target pair (common/speculative.cpp): the first few ids are
 # control tokens that may legitimately differ, and a few extra tokens at the end are tolerated.
 VOCAB_CHECK_START_ID = 5
 VOCAB_MAX_SIZE_DIFFERENCE = 128
-
-
-class ModelError(Exception):
-    """A model cannot be loaded or used as asked; the message says what to change."""
+# Sequences one context may hold (llama.cpp's LLAMA_MAX_SEQ, which its Python binding does not export).
+MAX_SEQUENCES = 256
 
 
 class IncompatibleVocab(ModelError):
@@ -77,121 +73,6 @@ def check_compatible(target: Vocab, draft: Vocab) -> None:
             raise IncompatibleVocab(
                 f"token {token_id} differs: target {target.token_texts[token_id]!r}, "
                 f"draft {draft.token_texts[token_id]!r}; the draft must use the target's tokenizer")
-
-
-def available_backends() -> list[str]:
-    """Names of the ggml backends this llama.cpp build registered (e.g. ['CPU'] or ['CUDA', 'CPU'])."""
-    ggml = _ggml_library()
-    if ggml is None:
-        info = llama_cpp.llama_print_system_info().decode(errors="replace")
-        return [part.split(" : ")[0].strip() for part in info.split(" | ") if " : " in part]
-    ggml.ggml_backend_reg_count.restype = ctypes.c_size_t
-    ggml.ggml_backend_reg_get.restype = ctypes.c_void_p
-    ggml.ggml_backend_reg_get.argtypes = [ctypes.c_size_t]
-    ggml.ggml_backend_reg_name.restype = ctypes.c_char_p
-    ggml.ggml_backend_reg_name.argtypes = [ctypes.c_void_p]
-    return [ggml.ggml_backend_reg_name(ggml.ggml_backend_reg_get(i)).decode()
-            for i in range(ggml.ggml_backend_reg_count())]
-
-
-NO_RPC = ("this llama-cpp-python was built without ggml's RPC backend: run scripts/setup.sh, which builds it "
-          "with CMAKE_ARGS=-DGGML_RPC=on")
-_GGML_CPU_DEVICE, _GGML_GPU_DEVICE = 0, 1  # enum ggml_backend_dev_type
-
-
-def rpc_supported() -> bool:
-    return bool(llama_cpp.llama_supports_rpc())
-
-
-def _rpc_function(name: str, restype: type | None, *argtypes: type) -> Callable:
-    """A function of ggml's RPC backend, found through the backend registry as llama.cpp's --rpc finds
-    it (the RPC library's own symbols are not always visible to ctypes)."""
-    ggml = _ggml_library()
-    if ggml is None or not rpc_supported():
-        raise ModelError(NO_RPC)
-    ggml.ggml_backend_reg_by_name.restype = ctypes.c_void_p
-    ggml.ggml_backend_reg_by_name.argtypes = [ctypes.c_char_p]
-    ggml.ggml_backend_reg_get_proc_address.restype = ctypes.c_void_p
-    ggml.ggml_backend_reg_get_proc_address.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
-    address = ggml.ggml_backend_reg_get_proc_address(ggml.ggml_backend_reg_by_name(b"RPC"), name.encode())
-    if not address:
-        raise ModelError(f"{NO_RPC} ({name} is missing)")
-    return ctypes.CFUNCTYPE(restype, *argtypes)(address)
-
-
-def add_rpc_server(endpoint: str) -> None:
-    """Register the devices of the ggml RPC server at HOST:PORT, as llama.cpp's --rpc does: models
-    loaded afterwards offload their layers to them. ggml aborts the process when it cannot connect or
-    handshake, so check that the server answers first (duo.rpc.check_reachable)."""
-    registry = _rpc_function("ggml_backend_rpc_add_server", ctypes.c_void_p, ctypes.c_char_p)(endpoint.encode())
-    if not registry:
-        raise ModelError(f"the RPC server at {endpoint} offers no device")
-    ggml = _ggml_library()
-    ggml.ggml_backend_register.argtypes = [ctypes.c_void_p]
-    ggml.ggml_backend_register(registry)
-
-
-def serve_rpc(endpoint: str, *, device: str, threads: int, cache_dir: str | None) -> None:
-    """Serve this machine's `device` ("cpu" or a GPU) to llama.cpp RPC clients at HOST:PORT; returns
-    only if the server cannot start (the address is taken, say)."""
-    ggml = _ggml_library()
-    ggml.ggml_backend_dev_by_type.restype = ctypes.c_void_p
-    ggml.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
-    handle = ggml.ggml_backend_dev_by_type(_GGML_CPU_DEVICE if device == "cpu" else _GGML_GPU_DEVICE)
-    if not handle:
-        raise ModelError(f"no {device} device in this llama-cpp-python build (it has: {', '.join(available_backends())})")
-    start = _rpc_function("ggml_backend_rpc_start_server", None, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t,
-                          ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p))
-    start(endpoint.encode(), cache_dir.encode() if cache_dir else None, threads, 1, (ctypes.c_void_p * 1)(handle))
-
-
-def on_native_abort(handler: Callable[[str], None]) -> None:
-    """Call handler(message) where llama.cpp would abort the process (a lost RPC server, say). If the
-    handler returns, the process aborts; it may instead block its thread and end the process itself."""
-    global _ABORT_CALLBACK
-    ggml = _ggml_library()
-    if ggml is None:
-        return
-    _ABORT_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_char_p)(lambda message: handler(message.decode(errors="replace")))
-    ggml.ggml_set_abort_callback.argtypes = [ctypes.c_void_p]
-    ggml.ggml_set_abort_callback(ctypes.cast(_ABORT_CALLBACK, ctypes.c_void_p))
-
-
-_ABORT_CALLBACK = None  # kept alive while ggml holds it
-
-
-@functools.cache
-def _ggml_library() -> ctypes.CDLL | None:
-    """The ggml library llama.cpp itself uses. Its soname comes first: the same file opened under
-    another name (libggml.so for libggml.so.0) is a second copy of ggml with a backend registry of its
-    own, where RPC servers registered would stay invisible to llama.cpp."""
-    lib_dir = Path(llama_cpp.__file__).parent / "lib"
-    names = {"darwin": ["libggml.0.dylib", "libggml.dylib"], "win32": ["ggml.dll"]}
-    for name in names.get(sys.platform, ["libggml.so.0", "libggml.so"]):
-        if (lib_dir / name).exists():
-            try:
-                return ctypes.CDLL(str(lib_dir / name))
-            except OSError:
-                return None
-    return None
-
-
-def gpu_layers_for(device: str, n_gpu_layers: int | None) -> int:
-    """How many layers to offload for `device`; a GPU this build cannot use is an error, never a fallback."""
-    if device not in DEVICES:
-        raise ModelError(f"unknown device {device!r}: choose one of {', '.join(DEVICES)}")
-    if device == "cpu":
-        return 0
-    backends = available_backends()
-    if device == "auto":
-        has_gpu = any(name.startswith(_BACKEND_NAMES[kind]) for kind in _BACKEND_NAMES for name in backends)
-        return (-1 if n_gpu_layers is None else n_gpu_layers) if has_gpu else 0
-    if not any(name.startswith(_BACKEND_NAMES[device]) for name in backends):
-        raise ModelError(
-            f"--device {device}: this llama-cpp-python build has no {device} backend (it has: "
-            f"{', '.join(backends) or 'none'}). Reinstall it with GPU support: CMAKE_ARGS=\"{_BUILD_FLAGS[device]}\" "
-            "pip install --force-reinstall --no-cache-dir llama-cpp-python, or use --device cpu")
-    return -1 if n_gpu_layers is None else n_gpu_layers
 
 
 class Model:
@@ -305,30 +186,48 @@ class Model:
         context.decode([self.vocab().eos], 0)
         context.close()
 
-    def new_context(self, n_ctx: int, *, n_batch: int = 512, n_seq: int = 1) -> "Context":
-        return Context(self, n_ctx=n_ctx, n_batch=n_batch, n_seq=n_seq)
+    def new_context(self, n_ctx: int, *, n_batch: int = 512, n_seq: int = 1, cells: int | None = None) -> "Context":
+        return Context(self, n_ctx=n_ctx, n_batch=n_batch, n_seq=n_seq, cells=cells)
 
     def close(self) -> None:
         self._model.close()
 
 
+@dataclass(frozen=True)
+class Part:
+    """One sequence's share of a batched decode: `tokens` at positions pos, pos+1, ... of sequence
+    `seq`, with the logits of its indices in `logits_for` (default: its last token)."""
+
+    seq: int
+    pos: int
+    tokens: Sequence[int]
+    logits_for: Sequence[int] | None = None
+
+    def outputs(self) -> list[int]:
+        return [len(self.tokens) - 1] if self.logits_for is None else list(self.logits_for)
+
+
 class Context:
     """A KV cache on a model: decode tokens at absolute positions, roll back to a position.
 
-    Sequence 0 is the main one. With n_seq > 1, other sequences can fork from its prefix at no cost
-    (llama.cpp tags the same cache cells with both sequence ids) to decode an alternative
-    continuation beside it; all sequences share the one cache of n_ctx cells.
+    It holds n_seq sequences in one cache of `cells` cells (llama.cpp's unified KV cache), each up
+    to n_ctx positions long. Sequence 0 is the main one. Sequences decode together in one call
+    (decode_parts): the weights are read once for all of them, which is what makes serving several
+    requests, or drafting for several sessions, cheaper than taking turns. A sequence can also fork
+    from sequence 0's prefix at no cost (llama.cpp tags the same cache cells with both ids).
     """
 
-    def __init__(self, model: Model, *, n_ctx: int, n_batch: int, n_seq: int = 1) -> None:
-        if n_ctx > model.n_ctx_train:
-            n_ctx = model.n_ctx_train
+    def __init__(self, model: Model, *, n_ctx: int, n_batch: int, n_seq: int = 1, cells: int | None = None) -> None:
+        n_ctx = min(n_ctx, model.n_ctx_train)
         params = _internals.LlamaContext.default_params()
-        params.n_ctx = n_ctx
+        params.n_ctx = max(cells or n_ctx, n_ctx)
         params.n_batch = n_batch
         params.n_ubatch = n_batch
         params.n_seq_max = n_seq
-        params.kv_unified = True  # else llama.cpp splits the cells evenly between the sequences
+        # One pool of cells for all sequences: else llama.cpp splits them evenly between the sequences
+        # and cuts a batch whose sequences hold different numbers of tokens into one call per sequence
+        # (measured: 4 sequences of 5, 1, 3, 1 tokens cost 6.3 single steps split, 3.5 unified).
+        params.kv_unified = True
         params.n_threads = model.threads
         params.n_threads_batch = model.threads
         params.no_perf = True
@@ -340,9 +239,10 @@ class Context:
         try:
             self._ctx = _internals.LlamaContext(model=model._model, params=params, verbose=False)
         except ValueError as error:
-            raise ModelError(f"cannot create a context of {n_ctx} tokens: {error}") from error
-        # llama.cpp pads the cache to a multiple of 256 but caps a batch at the context size asked for.
+            raise ModelError(f"cannot create a context of {params.n_ctx} tokens: {error}") from error
         self.n_ctx = n_ctx
+        self.n_seq = n_seq
+        # llama.cpp pads the cache to a multiple of 256 but caps a batch at the context size asked for.
         self.n_batch = llama_cpp.llama_n_batch(self._ctx.ctx)
         self._n_past = [0] * n_seq  # sequence s holds positions [0, _n_past[s]) in the KV cache
         self._batch = _internals.LlamaBatch(n_tokens=self.n_batch, embd=0, n_seq_max=1, verbose=False)
@@ -352,44 +252,71 @@ class Context:
         """Positions [0, n_past) of the main sequence are in the KV cache."""
         return self._n_past[0]
 
+    def past(self, seq: int) -> int:
+        """Positions [0, past(seq)) of sequence `seq` are in the KV cache."""
+        return self._n_past[seq]
+
     def decode(self, tokens: Sequence[int], pos: int, logits_for: Sequence[int] | None = None,
                seq: int = 0) -> np.ndarray:
-        """Decode `tokens` at positions pos, pos+1, ... of sequence `seq`; return the logits of the
-        batch indices in `logits_for` (default: the last token) as a float32 array [len(logits_for), n_vocab]."""
-        if pos != self._n_past[seq]:
-            raise ModelError(f"decode at position {pos}, but the KV cache holds {self._n_past[seq]} positions "
-                             f"of sequence {seq}")
-        if pos + len(tokens) > self.n_ctx:
-            raise ModelError(f"context full: {pos} + {len(tokens)} tokens exceed the context of {self.n_ctx}")
+        """Decode `tokens` at positions pos, pos+1, ... of sequence `seq`, n_batch tokens per call; return
+        the logits of the indices in `logits_for` (default: the last token) as float32 [len(logits_for), n_vocab]."""
         wanted = [len(tokens) - 1] if logits_for is None else list(logits_for)
         rows: list[np.ndarray] = []
         for start in range(0, len(tokens), self.n_batch):
             chunk = tokens[start:start + self.n_batch]
             outputs = [i - start for i in wanted if start <= i < start + len(chunk)]
-            self._fill_batch(chunk, pos + start, outputs, seq)
-            try:
-                self._ctx.decode(self._batch)
-            except RuntimeError as error:
-                self.rollback(pos, seq)
-                raise ModelError(f"llama_decode failed: {error}") from error
-            self._n_past[seq] = pos + start + len(chunk)
-            if outputs:
-                logits = llama_cpp.llama_get_logits(self._ctx.ctx)
-                rows.append(np.ctypeslib.as_array(logits, shape=(len(outputs), self.model.n_vocab)).copy())
-        if not rows:
-            return np.empty((0, self.model.n_vocab), dtype=np.float32)
-        return np.concatenate(rows)
+            rows.extend(self.decode_parts([Part(seq, pos + start, chunk, outputs)]))
+        return np.concatenate(rows) if rows else np.empty((0, self.model.n_vocab), dtype=np.float32)
 
-    def _fill_batch(self, tokens: Sequence[int], pos: int, outputs: Sequence[int], seq: int) -> None:
+    def decode_parts(self, parts: Sequence[Part]) -> list[np.ndarray]:
+        """Decode every part in one call (at most n_batch tokens in all, each sequence in one part);
+        return each part's logits, float32 [len(outputs), n_vocab]. On failure no sequence keeps any
+        of the call's tokens."""
+        for part in parts:
+            self._check_room(part)
+        if sum(len(part.tokens) for part in parts) > self.n_batch:
+            raise ModelError(f"a batch of {sum(len(part.tokens) for part in parts)} tokens exceeds n_batch {self.n_batch}")
+        if len({part.seq for part in parts}) < len(parts):
+            raise ModelError("one sequence appears twice in a batch")
+        self._fill_batch(parts)
+        try:
+            self._ctx.decode(self._batch)
+        except RuntimeError as error:
+            for part in parts:
+                self.rollback(part.pos, part.seq)
+            raise ModelError(f"llama_decode failed: {error}") from error
+        for part in parts:
+            self._n_past[part.seq] = part.pos + len(part.tokens)
+        n_rows = sum(len(part.outputs()) for part in parts)
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits(self._ctx.ctx), shape=(n_rows, self.model.n_vocab))
+        rows, first = [], 0
+        for part in parts:
+            n = len(part.outputs())
+            rows.append(logits[first:first + n].copy())
+            first += n
+        return rows
+
+    def _check_room(self, part: Part) -> None:
+        if part.pos != self._n_past[part.seq]:
+            raise ModelError(f"decode at position {part.pos}, but the KV cache holds {self._n_past[part.seq]} "
+                             f"positions of sequence {part.seq}")
+        if part.pos + len(part.tokens) > self.n_ctx:
+            raise ModelError(f"context full: {part.pos} + {len(part.tokens)} tokens exceed the context of {self.n_ctx}")
+
+    def _fill_batch(self, parts: Sequence[Part]) -> None:
+        """Lay the parts out one after another; llama.cpp returns the logits rows in this order."""
         batch = self._batch.batch
-        batch.n_tokens = len(tokens)
-        wanted = set(outputs)
-        for i, token in enumerate(tokens):
-            batch.token[i] = token
-            batch.pos[i] = pos + i
-            batch.seq_id[i][0] = seq
-            batch.n_seq_id[i] = 1
-            batch.logits[i] = i in wanted
+        batch.n_tokens = sum(len(part.tokens) for part in parts)
+        i = 0
+        for part in parts:
+            wanted = set(part.outputs())
+            for j, token in enumerate(part.tokens):
+                batch.token[i] = token
+                batch.pos[i] = part.pos + j
+                batch.seq_id[i][0] = part.seq
+                batch.n_seq_id[i] = 1
+                batch.logits[i] = j in wanted
+                i += 1
 
     def rollback(self, n: int, seq: int = 0) -> None:
         """Forget positions >= n of sequence `seq` so that decoding can resume at position n."""
@@ -401,16 +328,21 @@ class Context:
                 "models keep no per-position cache); duo needs an attention-only model")
         self._n_past[seq] = n
 
-    def fork(self, seq: int, n: int) -> None:
-        """Make sequence `seq` hold positions [0, n) of the main sequence, and nothing else.
+    def fork(self, seq: int, n: int, source: int = 0) -> None:
+        """Make sequence `seq` hold positions [0, n) of sequence `source`, and nothing else.
 
         No recompute: the cells of those positions are tagged with `seq` too. This costs next to
         nothing where re-decoding the prefix would cost a batch of n tokens.
         """
-        n = min(n, self.n_past)
+        n = min(n, self._n_past[source])
         self._ctx.kv_cache_seq_rm(seq, 0, -1)
-        self._ctx.kv_cache_seq_cp(0, seq, 0, n)
+        self._ctx.kv_cache_seq_cp(source, seq, 0, n)
         self._n_past[seq] = n
+
+    def clear(self, seq: int) -> None:
+        """Forget all of sequence `seq`, freeing its cells for the other sequences."""
+        self._ctx.kv_cache_seq_rm(seq, 0, -1)
+        self._n_past[seq] = 0
 
     def close(self) -> None:
         self._batch.close()

@@ -16,7 +16,8 @@ from typing import Any, Awaitable, Callable, Protocol, TypeVar
 import grpc
 import uvicorn
 
-from duo.model import DEVICES, ModelError
+from duo.backends import DEVICES
+from duo.model import ModelError
 from duo.rpc import check_reachable, parse_endpoints, parse_tensor_split, rpc_arguments
 
 T = TypeVar("T")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from duo.model import IncompatibleVocab, Model, ModelError, Vocab, available_backends, check_compatible, gpu_layers_for
+from duo.backends import available_backends, gpu_layers_for
+from duo.model import IncompatibleVocab, Model, ModelError, Vocab, check_compatible
 
 
 def test_decode_returns_the_logits_of_every_position_that_asked(target_model):

@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from duo import cli
-from duo.model import rpc_supported
+from duo.backends import rpc_supported
 from duo.rpc import parse_endpoints, parse_tensor_split
 from processes import Process, free_port, generate, start, wait_for_draft
 from test_duo import PROMPTS, stream_and_interrupt
