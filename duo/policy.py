@@ -149,23 +149,19 @@ class AdaptivePolicy:
         self.acceptance = self.shared.fork() if self.shared else Acceptance.prior(self.max_draft)
 
     def choose(self, n_pending: int) -> int:
-        """How many of the `n_pending` drafts to put in this step's batch."""
-        self.draft_len = self._best(self.max_draft)
-        limit = min(n_pending, self.max_draft)
-        best = self._best(limit)
+        """How many of the `n_pending` drafts to put in this step's batch (a step of this request alone)."""
+        return choose_together([self], [n_pending], self.costs)[0]
+
+    def settle(self, best: int, limit: int, preferred: int) -> int:
+        """This step's draft length: `best` (of at most `limit`), or one more now and then to explore;
+        `preferred` is the best length with as many drafts as the request could want (for max_ahead)."""
+        self.draft_len = preferred
         self._steps += 1
         self._explore_due |= self._steps % EXPLORE_EVERY == 0
         if self._explore_due and best < limit:
             self._explore_due = False
             best += 1
         return best
-
-    def _best(self, limit: int) -> int:
-        return max(range(limit + 1), key=self.expected_rate)
-
-    def expected_rate(self, k: int) -> float:
-        """Expected committed tokens per second when verifying k drafts."""
-        return self.expected_tokens(k) / self.costs.batch_seconds(k + 1)
 
     def wait_for(self, timing: DraftTiming, since_commit: float) -> tuple[int, float]:
         """With no drafts pending: (k, seconds) to wait for k drafts known to be coming, or (0, 0.0)
@@ -215,6 +211,11 @@ class AdaptivePolicy:
     def observe(self, batch_size: int, n_verified: int, n_accepted: int, seconds: float) -> None:
         """Learn from one step: its cost (model work only), and which draft positions were accepted."""
         self.costs.observe(batch_size, seconds)
+        self.observe_acceptance(n_verified, n_accepted)
+
+    def observe_acceptance(self, n_verified: int, n_accepted: int) -> None:
+        """Learn which draft positions were accepted (a batched step's cost is the whole call's: the
+        caller records it in `costs` once)."""
         self.acceptance.observe(n_verified, n_accepted)
         if self.shared:
             self.shared.observe(n_verified, n_accepted)
@@ -232,3 +233,44 @@ class AdaptivePolicy:
             probing = self._explore_due or self._steps % EXPLORE_EVERY >= EXPLORE_EVERY - PROBE_LEAD
             return 2 if probing else 0
         return 2 * self.draft_len + 2
+
+
+def allocate(policies: list[AdaptivePolicy], limits: list[int], costs: StepCosts, other_tokens: int = 0) -> list[int]:
+    """Draft lengths k_s <= limits[s] for requests verified in one batched call that maximise the
+    call's expected committed tokens per second, sum_s E_s(k_s) / T(other_tokens + sum_s (k_s + 1)).
+
+    Each request's next draft adds the chance that it and all drafts before it are accepted, a1 ... ak,
+    which only shrinks as k grows. So for any total number of drafts, the best split takes drafts one
+    at a time, each from the request whose next draft is likeliest to be accepted; the best total is
+    then the best point on that path. With one request this is argmax_k E(k) / T(k + 1). Example:
+    two requests accepting 0.9 and 0.5 per draft share a call whose cost grows slowly: the first gets
+    drafts until 0.9^k falls below 0.5, then they alternate.
+    """
+    ks = [0] * len(policies)
+    survive = [1.0] * len(policies)  # a1 ... ak of each request's drafts so far
+    expected = float(len(policies))  # E_s(0) = 1: each step commits at least one token
+    tokens = other_tokens + len(policies)
+    best, best_rate = list(ks), expected / costs.batch_seconds(tokens)
+    while True:
+        growing = [s for s, policy in enumerate(policies) if ks[s] < min(limits[s], policy.max_draft)]
+        if not growing:
+            return best
+        s = max(growing, key=lambda s: survive[s] * policies[s].acceptance.rates[ks[s]].value)
+        survive[s] *= policies[s].acceptance.rates[ks[s]].value
+        ks[s] += 1
+        expected += survive[s]
+        tokens += 1
+        rate = expected / costs.batch_seconds(tokens)
+        if rate > best_rate:
+            best, best_rate = list(ks), rate
+
+
+def choose_together(policies: list[AdaptivePolicy], n_pending: list[int], costs: StepCosts,
+                    other_tokens: int = 0) -> list[int]:
+    """Each request's draft length in one batched call (allocate), explorations included; each
+    policy's preferred length (draft_len, which steers how far its draft runs ahead) is the one it
+    would get if every request had all the drafts it could use."""
+    chosen = allocate(policies, n_pending, costs, other_tokens)
+    preferred = allocate(policies, [policy.max_draft for policy in policies], costs, other_tokens)
+    return [policy.settle(k, min(n, policy.max_draft), pref)
+            for policy, k, n, pref in zip(policies, chosen, n_pending, preferred)]

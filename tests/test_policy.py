@@ -1,10 +1,13 @@
 """The adaptive policy picks the draft length that maximises expected tokens per second."""
 
+import itertools
+
 import numpy as np
 
 import pytest
 
-from duo.policy import EXPLORE_EVERY, PRIOR_BATCH_SLOPE, PROBE_LEAD, Acceptance, AdaptivePolicy, DraftTiming, StepCosts
+from duo.policy import (EXPLORE_EVERY, PRIOR_BATCH_SLOPE, PROBE_LEAD, Acceptance, AdaptivePolicy, DraftTiming, StepCosts,
+                        allocate)
 
 
 def teach(policy: AdaptivePolicy, cost, acceptance: float, steps: int = 200) -> None:
@@ -163,3 +166,43 @@ def test_nothing_waits_before_the_draft_was_timed():
     policy = AdaptivePolicy(max_draft=8)
     teach(policy, cost=lambda n: 0.140, acceptance=0.9)
     assert policy.wait_for(DraftTiming(), since_commit=0.0) == (0, 0.0)
+
+
+def policy_accepting(rate: float, max_draft: int = 8) -> AdaptivePolicy:
+    policy = AdaptivePolicy(max_draft=max_draft)
+    for average in policy.acceptance.rates:
+        average.value, average.weight = rate, 100.0
+    return policy
+
+
+def flat_costs(slope: float) -> StepCosts:
+    costs = StepCosts()
+    for n in range(1, 80):
+        costs.observe(n, 1.0 + slope * (n - 1))
+    return costs
+
+
+@pytest.mark.parametrize("rates,slope", [((0.9, 0.5), 0.1), ((0.8, 0.8, 0.3), 0.05), ((0.6,), 0.2), ((0.95, 0.2), 0.5)])
+def test_requests_in_one_call_get_the_draft_lengths_that_commit_the_most_tokens_per_second(rates, slope):
+    policies = [policy_accepting(rate, max_draft=5) for rate in rates]
+    costs = flat_costs(slope)
+    chosen = allocate(policies, [5] * len(policies), costs)
+
+    def rate(ks: tuple[int, ...]) -> float:
+        tokens = sum(policy.expected_tokens(k) for policy, k in zip(policies, ks))
+        return tokens / costs.batch_seconds(sum(k + 1 for k in ks))
+
+    best = max(itertools.product(range(6), repeat=len(policies)), key=rate)
+    assert rate(tuple(chosen)) == pytest.approx(rate(best))
+
+
+def test_one_request_alone_gets_the_single_request_choice_and_a_likelier_request_gets_more_drafts():
+    costs = flat_costs(0.1)
+    sure, unsure = policy_accepting(0.9), policy_accepting(0.4)
+    sure.costs = unsure.costs = costs
+    assert allocate([sure], [8], costs) == [max(range(9), key=lambda k: sure.expected_tokens(k) / costs.batch_seconds(k + 1))]
+    k_sure, k_unsure = allocate([sure, unsure], [8, 8], costs)
+    assert k_sure > k_unsure
+    # A call already carrying many tokens (other requests, a prompt chunk) makes drafts cheaper per token.
+    assert sum(allocate([sure, unsure], [8, 8], costs, other_tokens=0)) <= sum(allocate([sure, unsure], [8, 8], costs,
+                                                                                         other_tokens=60))
