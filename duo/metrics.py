@@ -21,6 +21,9 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 # Seconds; spans a tiny model's milliseconds to a long generation on a CPU.
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
+# Requests and tokens in one model call of the target (every running request's step in one batch).
+CALL_REQUEST_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
+CALL_TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0)
 # The draft link's states; "none": no --peer, or the model is still loading.
 DRAFT_STATES = ("connected", "disconnected", "incompatible", "none")
@@ -75,6 +78,11 @@ class Metrics:
                                registry=r)
         self.requests_running = Gauge("duo:num_requests_running", "Generations running.", registry=r)
         self.requests_waiting = Gauge("duo:num_requests_waiting", "Requests waiting for a turn.", registry=r)
+        self.iteration_requests = Histogram("duo:iteration_requests", "Requests whose step (or prompt chunk) one "
+                                            "model call decoded together.", buckets=CALL_REQUEST_BUCKETS, registry=r)
+        self.iteration_tokens = Histogram("duo:iteration_tokens_total", "Tokens one model call decoded (every "
+                                          "request's verify batch and prompt chunk).", buckets=CALL_TOKEN_BUCKETS,
+                                          registry=r)
         self.client_write_timeouts = Counter("duo:client_write_timeouts",
                                              "Streaming clients dropped for reading nothing for --write-timeout.",
                                              registry=r)
@@ -101,6 +109,11 @@ class Metrics:
         self.num_accepted_tokens.inc(record.n_accepted)
         for position in range(record.n_accepted):
             self.accepted_per_pos.labels(position=str(position)).inc()
+
+    # duo.batching.CallObserver
+    def on_call(self, requests: int, tokens: int) -> None:
+        self.iteration_requests.observe(requests)
+        self.iteration_tokens.observe(tokens)
 
     # duo.link.DraftObserver
     def on_draft_rejected(self, reason: str, entries: int) -> None:

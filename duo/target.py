@@ -8,6 +8,7 @@ import logging
 import secrets
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import AsyncIterator, Callable, Protocol
 
 import numpy as np
@@ -15,11 +16,12 @@ import numpy as np
 from duo import wire
 from duo._proto import duo_pb2 as pb
 from duo.chain import ChainChunk, DraftChain
+from duo.batching import CallObserver, PrefillWork, StepBatcher, VerifyWork
 from duo.link import DraftLink
-from duo.model import Context, Model, ModelError
+from duo.model import Model, ModelError
 from duo.policy import Acceptance, AdaptivePolicy, DraftTiming, StepCosts
-from duo.runtime import ModelWorker, timed
-from duo.sampling import COUPLED, GREEDY, RESIDUAL, SamplingParams, SparseDist, Verdict, verify
+from duo.runtime import ModelWorker
+from duo.sampling import COUPLED, GREEDY, RESIDUAL, SamplingParams, Verdict
 
 log = logging.getLogger("duo.target")
 
@@ -118,22 +120,6 @@ class Step:
     finish_reason: str | None = None
 
 
-def verify_step(context: Context, batch: list[int], n_rows: int, drafts: list[int], dists: list[SparseDist | None],
-                params: SamplingParams, rng: np.random.Generator, coupled_seed: int | None = None) -> Verdict:
-    """Decode `batch` at the end of the KV cache, verify `drafts` against its last `n_rows` logits,
-    and drop the cache entries of rejected drafts.
-
-    The batch is [the newest committed token, the first n_rows - 1 drafts]; row i predicts draft i,
-    so a draft beyond the batch is still verified by the last row instead of drawing a bonus token.
-    """
-    start = context.n_past + 1  # the position of the first draft
-    logits = context.decode(batch, context.n_past, logits_for=range(len(batch) - n_rows, len(batch)))
-    verdict = verify(drafts, dists, logits, params, rng, coupled_seed, start)
-    # Cache entries are right up to the last accepted draft that was in the batch.
-    context.rollback(start + min(verdict.n_accepted, n_rows - 1))
-    return verdict
-
-
 @dataclass(frozen=True)
 class StepRecord:
     """What one verify step did: for the adaptive policy, stats and metrics."""
@@ -223,22 +209,17 @@ class Generation:
             except asyncio.TimeoutError:
                 return
 
-    def plan(self, room: int, policy: AdaptivePolicy | None) -> tuple[list[int], int, list[int], list[SparseDist | None]]:
-        """Choose this step's batch: (batch tokens, logits rows, tokens to verify, their distributions).
-
-        `room` is how many positions the context has left; the batch never runs past it.
-        """
+    def verify_work(self, seq: int, room: int, policy: AdaptivePolicy | None) -> VerifyWork:
+        """This step's work for the batched call: the pending drafts it may verify (`room`: positions
+        the context has left; the batch never runs past it)."""
         pending, dists = self.chain.pending()
         if self.verification == RESIDUAL and None in dists:
             pending = pending[:dists.index(None)]  # rejection sampling needs the q each token came from
-        n_batch = min(len(pending), self.settings.draft_max, room - 1)
-        if policy is not None:
-            n_batch = policy.choose(n_batch)
-        if n_batch < self.settings.draft_min:
-            n_batch = 0
-        n_verify = min(len(pending), n_batch + 1)
-        batch = self.committed[-1:] + pending[:n_batch]
-        return batch, n_batch + 1, pending[:n_verify], dists[:n_verify]
+        limit = max(0, min(len(pending), self.settings.draft_max, room - 1))
+        return VerifyWork(seq=seq, pos=len(self.committed) - 1, last=self.committed[-1], pending=pending,
+                          dists=dists[:len(pending)], limit=limit, draft_min=self.settings.draft_min, policy=policy,
+                          params=self.request.params, rng=self.rng,
+                          coupled_seed=self.seed if self.verification == COUPLED else None)
 
     def commit(self, verdict: Verdict, n_verified: int, batch_size: int) -> Step:
         """Append the verdict's tokens, stopping at an end of generation or the token limit."""
@@ -268,24 +249,47 @@ class Generation:
 
 
 class Target:
-    """The target model and its draft link; runs generations, one model call at a time."""
+    """The target model and its draft link: runs every generation's steps, each step of all of them
+    in one batched model call (duo.batching)."""
 
     def __init__(self, model: Model, worker: ModelWorker, link: DraftLink | None, *, n_ctx: int,
-                 settings: SpecSettings) -> None:
+                 settings: SpecSettings, parallel: int = 1) -> None:
         self.model = model
         self.worker = worker
         self.link = link
         self.n_ctx = n_ctx
+        self.parallel = parallel  # generations at once: one sequence each in the shared context
         self.settings = settings
-        # The adaptive policy: step costs shared by all requests (one model, one machine), acceptance
-        # learnt per request, each starting from the estimate of its verification mode (they accept
-        # differently: greedy, coupled, residual).
+        # The adaptive policy: step costs shared by all requests (one model, one machine, measured per
+        # call by its tokens), acceptance learnt per request, each starting from the estimate of its
+        # verification mode (they accept differently: greedy, coupled, residual).
         self.costs = StepCosts()
         self.acceptance_by_mode = {mode: Acceptance.prior(settings.draft_max) for mode in (GREEDY, COUPLED, RESIDUAL)}
         self.draft_len = settings.draft_max  # the latest request's preferred draft length (metrics)
         self.draft_timing = DraftTiming()  # one draft serves every request
         self.observers: list[StepObserver] = []
+        self.call_observers: list[CallObserver] = []  # given to the batcher
         self._ids = itertools.count(1)
+        self._batcher: StepBatcher | None = None
+        self._creating = asyncio.Lock()
+
+    async def batcher(self) -> StepBatcher:
+        """The shared context and its batcher, made on first use: one sequence of n_ctx positions for
+        each of `parallel` generations, in one cache of n_ctx x parallel cells."""
+        async with self._creating:
+            if self._batcher is None:
+                n_ctx = min(self.n_ctx, self.model.n_ctx_train)
+                context = await self.worker.create(partial(self.model.new_context, n_seq=self.parallel,
+                                                           cells=n_ctx * self.parallel), n_ctx)
+                self._batcher = StepBatcher(self.worker, context, self.costs)
+                self._batcher.observers = self.call_observers
+        return self._batcher
+
+    async def close(self) -> None:
+        """Free the shared context (no generation may be running)."""
+        if self._batcher is not None:
+            await self.worker.close(self._batcher.context)
+            self._batcher = None
 
     async def generate(self, request: Request) -> AsyncIterator[tuple[Step, GenerationStats]]:
         """Yield the committed tokens step by step; the draft only ever changes the speed."""
@@ -295,32 +299,42 @@ class Target:
         if self.settings.adaptive:
             generation.policy = AdaptivePolicy(self.settings.draft_max, self.costs,
                                                self.acceptance_by_mode[generation.verification])
-        # Cancellation-safe: a client that leaves at any moment leaves no context behind.
-        context = await self.worker.create(self.model.new_context, self.n_ctx)
+        batcher = await self.batcher()
+        n_ctx = batcher.context.n_ctx
+        if len(request.prompt_tokens) >= n_ctx:
+            raise ModelError(f"the prompt has {len(request.prompt_tokens)} tokens; the context holds "
+                             f"{n_ctx}: shorten it or start duo-target with a larger --ctx-size")
+        seq = batcher.join()
         try:
-            if len(request.prompt_tokens) >= context.n_ctx:
-                raise ModelError(f"the prompt has {len(request.prompt_tokens)} tokens; the context holds "
-                                 f"{context.n_ctx}: shorten it or start duo-target with a larger --ctx-size")
             if self.link:
                 if generation.policy is not None:
                     generation.max_ahead = generation.policy.max_ahead()
                 self.link.register(generation)
-            await self.worker.run(context.decode, request.prompt_tokens[:-1], 0, [])
+            await self._prefill(batcher, seq, request.prompt_tokens[:-1])
             while True:
-                step = await self._step(generation, context)
-                if step.finish_reason is None and len(generation.committed) >= context.n_ctx:
+                step = await self._step(generation, batcher, seq)
+                if step.finish_reason is None and len(generation.committed) >= n_ctx:
                     step = Step(step.tokens, "length")
                 if step.tokens and generation.stats.first_token_at is None:
                     generation.stats.first_token_at = time.monotonic()
                 if step.finish_reason:
                     generation.stats.finished_at = time.monotonic()
+                    batcher.away(seq)  # nothing more comes from it: the next call need not wait
                 yield step, generation.stats
                 if step.finish_reason:
                     return
         finally:
             if self.link:
                 self.link.unregister(generation.session_id)
-            await self.worker.close(context)
+            batcher.leave(seq)
+
+    @staticmethod
+    async def _prefill(batcher: StepBatcher, seq: int, tokens: list[int]) -> None:
+        """Decode the prompt (but its last token, which the first step decodes) in chunks that ride
+        along the running generations' steps."""
+        pos = 0
+        while pos < len(tokens):
+            pos += await batcher.run(PrefillWork(seq, pos, tokens[pos:]))
 
     async def _await_drafts(self, generation: Generation, want: int) -> None:
         """Synchronous mode: wait until `want` drafts are pending, the draft stopped, or it is gone."""
@@ -350,29 +364,30 @@ class Target:
         generation.stats.wait_seconds += waited
         return waited
 
-    async def _step(self, generation: Generation, context: Context) -> Step:
+    async def _step(self, generation: Generation, batcher: StepBatcher, seq: int) -> Step:
         policy = generation.policy
         waited = 0.0
         if self.settings.sync:
+            batcher.away(seq)
             await self._await_drafts(generation, self.settings.sync)
-        elif policy is not None:
+        elif policy is not None and batcher.running == 1:  # with others, the call goes anyway: ride on it
+            batcher.away(seq)
             waited = await self._wait_if_worth_it(generation, policy)
-        batch, n_rows, drafts, dists = generation.plan(context.n_ctx - context.n_past, policy)
         start = len(generation.committed)
-        # Timed on the model thread: the wait behind other requests' steps is not this step's cost.
-        verdict, seconds = await self.worker.run(timed, verify_step, context, batch, n_rows, drafts, dists,
-                                                 generation.request.params, generation.rng,
-                                                 generation.seed if generation.verification == COUPLED else None)
-        step = generation.commit(verdict, len(drafts), len(batch))
+        work = generation.verify_work(seq, batcher.context.n_ctx - (start - 1), policy)
+        result = await batcher.run(work)
+        step = generation.commit(result.verdict, result.n_verified, result.batch_size)
         if self.link and step.tokens:
             self.link.send(pb.TargetEvent(commit=pb.Commit(session_id=generation.session_id, start=start,
                                                            tokens=step.tokens)))
-        record = StepRecord(batch_size=len(batch), n_verified=len(drafts), n_accepted=verdict.n_accepted,
-                            n_committed=len(step.tokens), seconds=seconds, waited=waited)
+        # The call's time (model work only, never the wait behind other work on the model thread).
+        record = StepRecord(batch_size=result.batch_size, n_verified=result.n_verified,
+                            n_accepted=result.verdict.n_accepted, n_committed=len(step.tokens),
+                            seconds=result.seconds, waited=waited)
         for observer in self.observers:
             observer.on_step(record)
         if policy is not None:
-            policy.observe(record.batch_size, record.n_verified, record.n_accepted, record.seconds)
+            policy.observe_acceptance(record.n_verified, record.n_accepted)
             self.draft_len = policy.draft_len
             self._steer(generation, policy.max_ahead())
         return step

@@ -20,7 +20,8 @@ from duo.grpc_api import client_server, set_serving
 from duo.hub import CATALOG, HubError, resolve_model
 from duo.link import DraftLink
 from duo.metrics import Metrics
-from duo.model import Model, ModelError, on_native_abort
+from duo.backends import on_native_abort
+from duo.model import MAX_SEQUENCES, Model, ModelError
 from duo.openai_api import create_app, http_server
 from duo.runtime import (WRITE_TIMEOUT_S, ModelWorker, add_process_arguments, listen_socket, model_options, run_async,
                          run_server, setup_logging)
@@ -68,7 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     clients.add_argument("--http", default=None, metavar="[HOST:]PORT",
                          help="also serve the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, "
                               "/v1/models, /health, /metrics) here; HOST defaults to 127.0.0.1")
-    clients.add_argument("--parallel", type=int, default=4, metavar="N", help="generations running at once")
+    clients.add_argument("--parallel", type=int, default=4, metavar="N",
+                         help="generations running at once, every one's step decoded in one batched model call "
+                              "(one context of --ctx-size x N cells, each generation up to --ctx-size tokens)")
     clients.add_argument("--queue-size", type=int, default=64, metavar="M",
                          help="requests waiting for a turn (first come, first served); more are refused with "
                               "HTTP 503 / RESOURCE_EXHAUSTED")
@@ -108,8 +111,9 @@ def settings_from(args: argparse.Namespace) -> SpecSettings:
 
 def check_client_flags(args: argparse.Namespace) -> None:
     """Raise ValueError naming the flag that is wrong."""
-    if args.parallel < 1 or args.queue_size < 0:
-        raise ValueError("--parallel must be >= 1 and --queue-size >= 0")
+    if not 1 <= args.parallel <= MAX_SEQUENCES or args.queue_size < 0:
+        raise ValueError(f"--parallel must be between 1 and {MAX_SEQUENCES} (llama.cpp's sequences per context) "
+                         "and --queue-size >= 0")
     if not args.write_timeout > 0:
         raise ValueError("--write-timeout must be > 0")
     check_pair(args.tls_cert, args.tls_key, "--tls-cert/--tls-key")
@@ -161,8 +165,10 @@ async def serve(args: argparse.Namespace, path: Path, settings: SpecSettings, op
         if lost:
             lost.loop, lost.worker = asyncio.get_running_loop(), worker
         link = DraftLink(args.peer, model.path.name, model.vocab(), peer_credentials) if args.peer else None
-        target = Target(model, worker, link, n_ctx=args.ctx_size, settings=settings)
+        target = Target(model, worker, link, n_ctx=args.ctx_size, settings=settings, parallel=args.parallel)
         target.observers.append(metrics)
+        target.call_observers.append(metrics)
+        await target.batcher()  # the shared context: a size that does not fit fails here, not at a request
         completions.ready(target, min(args.ctx_size, model.n_ctx_train))
         admission = completions.admission
         metrics.watch(draft_state=lambda: completions.draft_state,

@@ -20,6 +20,8 @@ from typing import Callable
 import httpx
 import pytest
 
+from duo.model import Model
+from greedy import leaves_greedy_path_only_at_a_near_tie
 from processes import Process, generate, start, wait_for_draft
 
 PROMPTS = ["def fibonacci(n):", "Once upon a time", "The quick brown fox", "import numpy as np\n",
@@ -87,7 +89,7 @@ def answer(process: Process, call: Call) -> str | list[int]:
     return http_text(process, call)
 
 
-def run_mix(process: Process, calls: list[Call], expected: dict[Call, str | list[int]],
+def run_mix(process: Process, calls: list[Call], expected: dict[Call, str | list[int]], model: Model,
             on_done: Callable[[], None] = lambda: None) -> list[str]:
     """Run `calls` from CLIENTS threads; the failures, described (an empty list when all went well)."""
     def one(call: Call) -> str | None:
@@ -97,7 +99,8 @@ def run_mix(process: Process, calls: list[Call], expected: dict[Call, str | list
             return f"{call}: {type(error).__name__}: {error}"
         finally:
             on_done()
-        if call.greedy and got != expected[call]:
+        if call.greedy and got != expected[call] and not leaves_greedy_path_only_at_a_near_tie(
+                model, call.prompt, got, MAX_TOKENS):
             return f"{call}: {got!r} is not the target alone's {expected[call]!r}"
         return None
 
@@ -167,7 +170,8 @@ def log_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("churn-logs")
 
 
-def test_churn_no_request_fails_greedy_answers_hold_and_memory_stays_flat(tiny_target, tiny_draft, log_dir):
+def test_churn_no_request_fails_greedy_answers_hold_and_memory_stays_flat(tiny_target, tiny_draft, log_dir,
+                                                                          target_model):
     calls = [Call.number(i) for i in range(REQUESTS)]
     references = sorted({call for call in calls if call.greedy}, key=str)
     alone = start("duo.target_process", ["--model", str(tiny_target)], log_dir, http=True)
@@ -182,13 +186,13 @@ def test_churn_no_request_fails_greedy_answers_hold_and_memory_stays_flat(tiny_t
     killer = DraftKiller(draft, tiny_draft, log_dir)
     try:
         wait_for_draft(target.address)
-        assert run_mix(target, [Call.number(i) for i in range(WARM_UP)], expected) == []
+        assert run_mix(target, [Call.number(i) for i in range(WARM_UP)], expected, target_model) == []
         target_before = rss_kib(target)
         drafts_before = spec_decode_drafts(target)
 
         began = time.monotonic()
         with killer:
-            failures = run_mix(target, calls, expected, on_done=killer.request_done)
+            failures = run_mix(target, calls, expected, target_model, on_done=killer.request_done)
         churn_s = time.monotonic() - began
         target_after = rss_kib(target)
 
@@ -199,9 +203,9 @@ def test_churn_no_request_fails_greedy_answers_hold_and_memory_stays_flat(tiny_t
 
         # The last draft now lives on: its memory across many sessions.
         wait_for_draft(target.address)
-        assert run_mix(target, [Call.number(i) for i in range(WARM_UP)], expected) == []
+        assert run_mix(target, [Call.number(i) for i in range(WARM_UP)], expected, target_model) == []
         draft_before = rss_kib(killer.draft)
-        assert run_mix(target, calls[:DRAFT_SESSIONS], expected) == []
+        assert run_mix(target, calls[:DRAFT_SESSIONS], expected, target_model) == []
         draft_after = rss_kib(killer.draft)
         assert draft_after <= MAX_GROWTH * draft_before, (draft_before, draft_after)
         print(f"churn: {REQUESTS} requests in {churn_s:.1f} s, {killer.kills} draft kills; target RSS "

@@ -13,6 +13,7 @@ import grpc
 import pytest
 from scipy.stats import chi2_contingency
 
+from greedy import leaves_greedy_path_only_at_a_near_tie
 from processes import Process, free_port, generate, start, wait_for_draft
 
 # Tests that need the draft to take part fix its length: on tiny models verifying is barely cheaper
@@ -194,7 +195,7 @@ def test_a_restarted_draft_rejoins_a_generation_that_is_still_running(tiny_targe
             process.stop()
 
 
-def test_concurrent_generations_each_get_their_own_output(duo, alone):
+def test_concurrent_generations_each_get_their_own_output(duo, alone, target_model):
     expected = {prompt: generate(alone.address, prompt, max_tokens=48)[0] for prompt in PROMPTS}
     results: dict[str, list[int]] = {}
 
@@ -206,7 +207,9 @@ def test_concurrent_generations_each_get_their_own_output(duo, alone):
         thread.start()
     for thread in threads:
         thread.join()
-    assert results == expected
+    for prompt in PROMPTS:  # decoded together: their logits round differently (tests/greedy.py)
+        assert results[prompt] == expected[prompt] or leaves_greedy_path_only_at_a_near_tie(
+            target_model, prompt, results[prompt], 48), prompt
 
 
 def test_duo_generate_prints_json_with_text_ids_and_stats(duo, alone):

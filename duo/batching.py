@@ -1,0 +1,269 @@
+"""The target's model calls: every running request's verify step, and prompt chunks, decoded in one batch.
+
+Decoding a memory-bound model reads every weight once per call whatever the batch holds, so one call
+carrying all running requests' verify batches costs about as much as one of them (F16 1.5B on one
+CPU core: 4 sequences of one token each cost 2.0 single steps, 10 tokens over 4 sequences 3.5). Each
+request owns one sequence of a shared context (duo.model.Context, a unified KV cache): its tokens,
+its verification and its rollback stay its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from duo.model import Context, ModelError, Part
+from duo.policy import AdaptivePolicy, StepCosts, choose_together
+from duo.runtime import ModelWorker
+from duo.sampling import SamplingParams, SparseDist, Verdict, verify
+
+log = logging.getLogger("duo.target")
+
+# After a call, the requests it served get this long to ask for their next step before the next
+# call starts without them. They only commit, tell the draft and hand their tokens to their client
+# (well under a millisecond), but a client slow to take its tokens must not hold the others up.
+GATHER_S = 0.02
+# A prompt chunk decoded beside running requests' steps may make the call cost at most this many
+# times the steps alone: a long prompt then delays each running request by about one step per chunk.
+PREFILL_STALL = 2.0
+MIN_PREFILL_CHUNK = 16  # a prompt moves on by at least this many tokens per call
+
+
+class CallObserver(Protocol):
+    """Something that watches the target's model calls (metrics)."""
+
+    def on_call(self, requests: int, tokens: int) -> None: ...
+
+
+@dataclass
+class VerifyWork:
+    """A request's verify step: decode [its newest committed token, the first k drafts] at the end of
+    its sequence, where the call's plan picks k <= limit, and verify the drafts against the logits."""
+
+    seq: int
+    pos: int                         # the newest committed token's position
+    last: int                        # the newest committed token
+    pending: list[int]               # the drafts it may verify, in chain order
+    dists: list[SparseDist | None]   # what each was drawn from (residual verification)
+    limit: int                       # the most drafts its batch may hold (draft_max, the room left)
+    draft_min: int                   # fewer than this: verify none
+    policy: AdaptivePolicy | None    # adaptive: the plan picks k; else k = limit
+    params: SamplingParams
+    rng: np.random.Generator
+    coupled_seed: int | None
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    verdict: Verdict
+    n_verified: int   # drafts verified (one more than the batch held when the last row checks one)
+    batch_size: int   # this request's tokens in the call
+    seconds: float    # the whole call's model time: decode and every request's verification
+    call_tokens: int  # tokens in the whole call
+
+
+@dataclass
+class PrefillWork:
+    """Prompt tokens to decode into a request's sequence, as many per call as the plan allows."""
+
+    seq: int
+    pos: int
+    tokens: list[int]
+
+
+Work = VerifyWork | PrefillWork
+
+
+@dataclass
+class _Planned:
+    work: Work
+    future: asyncio.Future
+    part: Part
+    drafts: list[int]                    # verify: the drafts to verify
+    dists: list[SparseDist | None]
+
+
+class StepBatcher:
+    """Decodes the work of every running request in one call per step, on one shared context.
+
+    Requests join (taking a sequence), then submit one piece of work at a time with `run` and wait
+    for its result. A call starts as soon as work is waiting and every request the previous call
+    served has asked again, or said it will not soon (`away`: it waits for drafts), or GATHER_S has
+    passed; work that comes later rides on the next call.
+    """
+
+    def __init__(self, worker: ModelWorker, context: Context, costs: StepCosts) -> None:
+        self.worker = worker
+        self.context = context
+        self.costs = costs
+        self._free = list(range(context.n_seq - 1, -1, -1))  # sequences no request holds (pop: lowest first)
+        self._stale: set[int] = set()  # left by a request: cleared at the start of the next call
+        self._queue: list[tuple[Work, asyncio.Future]] = []
+        self._thinking: set[int] = set()  # served by the last call and not yet back
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.calls = 0  # model calls made
+        self.observers: list[CallObserver] = []
+
+    @property
+    def running(self) -> int:
+        """Requests holding a sequence."""
+        return self.context.n_seq - len(self._free)
+
+    def join(self) -> int:
+        """A sequence for a new request."""
+        if not self._free:
+            raise ModelError(f"all {self.context.n_seq} sequences of the target's context are in use")
+        return self._free.pop()
+
+    def leave(self, seq: int) -> None:
+        """The request on `seq` ended: its cells are freed by the next call, its sequence reused."""
+        self.away(seq)
+        self._queue = [(work, future) for work, future in self._queue if work.seq != seq]
+        self._stale.add(seq)
+        self._free.append(seq)
+
+    def away(self, seq: int) -> None:
+        """The request on `seq` will not ask for a while (it waits for drafts): do not wait for it."""
+        self._thinking.discard(seq)
+        self._changed.set()
+
+    async def run(self, work: Work) -> VerifyResult | int:
+        """Do `work` in the next call: a VerifyResult, or for a prefill the prompt tokens it decoded."""
+        self._thinking.discard(work.seq)
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._queue.append((work, future))
+        self._changed.set()
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._calls())
+        return await future  # cancelled: the call that takes it skips it (or its result goes nowhere)
+
+    async def _calls(self) -> None:
+        while self._queue:
+            await self._gather()
+            batch, self._queue = self._take(self._queue)
+            planned: list[_Planned] = []
+            try:
+                planned = self._plan(batch)
+                stale, self._stale = sorted(self._stale), set()
+                results, seconds = await self.worker.run(_decode_and_verify, self.context, planned, stale)
+            except Exception as error:  # the call failed: every request in it hears why
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(error)
+                continue
+            self._deliver(planned, results, seconds)
+
+    def _deliver(self, planned: list[_Planned], results: list[Verdict | int | Exception], seconds: float) -> None:
+        self.calls += 1
+        tokens = sum(len(item.part.tokens) for item in planned)
+        self.costs.observe(tokens, seconds)
+        for observer in self.observers:
+            observer.on_call(len(planned), tokens)
+        for item, result in zip(planned, results):
+            if item.future.done():  # its request left meanwhile
+                continue
+            if isinstance(result, Exception):
+                item.future.set_exception(result)
+                continue
+            if isinstance(result, Verdict):
+                result = VerifyResult(result, len(item.drafts), len(item.part.tokens), seconds, tokens)
+            self._thinking.add(item.work.seq)
+            item.future.set_result(result)
+
+    async def _gather(self) -> None:
+        """Wait, at most GATHER_S, for the requests the last call served to come back."""
+        deadline = time.monotonic() + GATHER_S
+        while self._thinking and (left := deadline - time.monotonic()) > 0:
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), left)
+            except asyncio.TimeoutError:
+                break
+        self._thinking.clear()
+
+    def _take(self, queue: list[tuple[Work, asyncio.Future]]) -> tuple[list, list]:
+        """The work that fits one call (n_batch tokens: every verify batch whole), and what waits."""
+        taken, rest, tokens = [], [], 0
+        for work, future in queue:
+            size = 1 + work.limit if isinstance(work, VerifyWork) else 1
+            if future.done() or (taken and tokens + size > self.context.n_batch):
+                rest += [] if future.done() else [(work, future)]
+                continue
+            taken.append((work, future))
+            tokens += size
+        return taken, rest
+
+    def _plan(self, batch: list[tuple[Work, asyncio.Future]]) -> list[_Planned]:
+        """Each request's part of the call: draft lengths chosen together, then prompt chunks."""
+        verifying = [(work, future) for work, future in batch if isinstance(work, VerifyWork)]
+        ks = self._draft_lengths([work for work, _ in verifying])
+        planned = []
+        for (work, future), k in zip(verifying, ks):
+            k = 0 if k < work.draft_min else k
+            n_verify = min(len(work.pending), k + 1)  # the last row checks one draft beyond the batch
+            part = Part(work.seq, work.pos, [work.last] + work.pending[:k], range(k + 1))
+            planned.append(_Planned(work, future, part, work.pending[:n_verify], work.dists[:n_verify]))
+        step_tokens = sum(len(item.part.tokens) for item in planned)
+        budget = self._prefill_budget(step_tokens)
+        for work, future in batch:
+            if isinstance(work, PrefillWork):
+                n = min(len(work.tokens), budget)
+                if not n:  # the call is full: the next one takes it
+                    self._queue.append((work, future))
+                    continue
+                budget -= n
+                planned.append(_Planned(work, future, Part(work.seq, work.pos, work.tokens[:n], []), [], []))
+        return planned
+
+    def _draft_lengths(self, works: list[VerifyWork]) -> list[int]:
+        """Adaptive requests: the lengths that make the call commit the most tokens per second
+        (duo.policy.allocate); the others verify all they may."""
+        adaptive = [work for work in works if work.policy is not None]
+        chosen = dict(zip((id(work) for work in adaptive),
+                          choose_together([work.policy for work in adaptive], [work.limit for work in adaptive],
+                                          self.costs, sum(1 + w.limit for w in works if w.policy is None))))
+        return [chosen[id(work)] if work.policy is not None else work.limit for work in works]
+
+    def _prefill_budget(self, step_tokens: int) -> int:
+        """Prompt tokens this call may carry: a whole batch when no request is generating, else as many
+        as keep the call within PREFILL_STALL times the cost of the steps alone."""
+        room = self.context.n_batch - step_tokens
+        if not step_tokens:
+            return room
+        limit = PREFILL_STALL * self.costs.batch_seconds(step_tokens)
+        chunk = MIN_PREFILL_CHUNK
+        while chunk * 2 <= room and self.costs.batch_seconds(step_tokens + chunk * 2) <= limit:
+            chunk *= 2
+        return min(chunk, room)
+
+
+def _decode_and_verify(context: Context, planned: Sequence[_Planned],
+                       stale: Sequence[int]) -> tuple[list[Verdict | int | Exception], float]:
+    """One model call (on the model thread): free the cells of requests that left, decode every part,
+    verify each request's drafts against its rows and drop its rejected drafts' cache entries. A
+    request whose verification fails gets its error alone."""
+    began = time.perf_counter()
+    for seq in stale:
+        context.clear(seq)
+    rows = context.decode_parts([item.part for item in planned])
+    results: list[Verdict | int | Exception] = []
+    for item, logits in zip(planned, rows):
+        work = item.work
+        if isinstance(work, PrefillWork):
+            results.append(len(item.part.tokens))
+            continue
+        try:
+            verdict = verify(item.drafts, item.dists, logits, work.params, work.rng, work.coupled_seed, work.pos + 1)
+            # Cache entries are right up to the last accepted draft that was in the batch.
+            context.rollback(work.pos + 1 + min(verdict.n_accepted, len(item.part.tokens) - 1), work.seq)
+            results.append(verdict)
+        except Exception as error:  # this request's alone; the others' verdicts stand
+            log.exception("verifying session on sequence %d failed", work.seq)
+            results.append(error)
+    return results, time.perf_counter() - began

@@ -1,0 +1,47 @@
+"""Greedy equality "up to floating-point near-ties", for tests of concurrent requests.
+
+Requests decoded in one batched call share the attention's kernels with each other's tokens, which
+changes the rounding of their logits: on the tiny random-weight models (logits up to about 50) the
+drift reaches about 1e-3 over 16 tokens, and their greedy paths hold near-ties as close as 4e-4.
+Where the target's two best tokens are that close, its greedy choice may legitimately differ from
+run to run. So a concurrent answer must follow the target's own greedy path (decoded here, alone)
+token for token, and may leave it only where the path's two best logits were within NEAR_TIE.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from duo.model import Model
+
+NEAR_TIE = 0.01  # logits: ten times the drift batching was seen to cause
+
+
+def leaves_greedy_path_only_at_a_near_tie(model: Model, prompt: str | list[int], got: list[int] | str,
+                                          n_tokens: int) -> bool:
+    """Whether `got` (token ids, or text) follows the target's own greedy continuation of `prompt` (text,
+    or token ids) until it ends or leaves it where the best two logits were within NEAR_TIE."""
+    tokens = model.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+    context = model.new_context(len(tokens) + n_tokens + 1)
+    try:
+        logits = context.decode(tokens, 0)[-1]
+        text = b""
+        wanted = got.encode() if isinstance(got, str) else None
+        for i in range(n_tokens):
+            best = int(np.argmax(logits))
+            if isinstance(got, list):
+                if i >= len(got):
+                    return True
+                if got[i] != best:
+                    return bool(logits[best] - logits[got[i]] < NEAR_TIE)
+            else:
+                piece = b"" if model.is_end_of_generation(best) else model.token_piece(best)
+                if not wanted.startswith(text + piece):
+                    return bool(logits[best] - np.partition(logits, -2)[-2] < NEAR_TIE)
+                text += piece
+            if model.is_end_of_generation(best):
+                return True
+            logits = context.decode([best], context.n_past)[-1]
+        return True
+    finally:
+        context.close()

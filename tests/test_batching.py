@@ -1,0 +1,178 @@
+"""Concurrent generations share the target's model: one batched call per step, each keeping its own output."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from duo.batching import MIN_PREFILL_CHUNK
+from duo.model import Part
+from duo.runtime import ModelWorker
+from duo.sampling import SamplingParams
+from duo.target import Request, SpecSettings, Target
+from greedy import leaves_greedy_path_only_at_a_near_tie
+from processes import generate, start, wait_for_draft
+
+PROMPTS = [[9707, 11, 1879], [785, 3974, 13876, 38835], [1986, 374, 264, 1273, 315], [151644, 872, 198, 14990],
+           [2, 3, 5, 7, 11, 13], [40, 1079, 264], [8420, 594, 279, 3364], [1024, 2048]]
+
+
+def run(target: Target, requests: list[Request]) -> list[list[int]]:
+    """Run `requests` at once through `target`; each one's committed tokens."""
+    async def one(request: Request) -> list[int]:
+        tokens: list[int] = []
+        async for step, _ in target.generate(request):
+            tokens.extend(step.tokens)
+        return tokens
+
+    async def everything() -> list[list[int]]:
+        try:
+            return await asyncio.gather(*(one(request) for request in requests))
+        finally:
+            await target.close()
+
+    return asyncio.run(everything())
+
+
+class CallLog:
+    """Wraps a context's decode_parts to record every call's parts."""
+
+    def __init__(self, target: Target) -> None:
+        self.calls: list[list[Part]] = []
+        self.target = target
+
+    async def attach(self) -> None:
+        context = (await self.target.batcher()).context
+        decode_parts = context.decode_parts
+
+        def recording(parts):
+            self.calls.append(list(parts))
+            return decode_parts(parts)
+
+        context.decode_parts = recording
+
+
+def greedy(prompt: list[int], max_tokens: int = 24) -> Request:
+    return Request(prompt, SamplingParams(), max_tokens=max_tokens)
+
+
+def test_concurrent_generations_are_decoded_together_and_each_gets_its_own_output(target_model):
+    requests = [greedy(prompt) for prompt in PROMPTS[:4]]
+    alone = [run(Target(target_model, ModelWorker(), None, n_ctx=256, settings=SpecSettings()), [request])[0]
+             for request in requests]
+    assert all(len(tokens) == 24 for tokens in alone)
+    target = Target(target_model, ModelWorker(), None, n_ctx=256, settings=SpecSettings(), parallel=4)
+    log = CallLog(target)
+    asyncio.run(log.attach())
+    together = run(target, requests)
+    for request, got, expected in zip(requests, together, alone):
+        assert got == expected or leaves_greedy_path_only_at_a_near_tie(target_model, request.prompt_tokens, got, 24)
+    # 4 x 24 tokens decoded alone would take 96 calls (and 4 prefills): together, about one per token.
+    assert len(log.calls) <= 24 + 8
+    assert max(len(parts) for parts in log.calls) == 4
+
+
+def test_sampled_concurrent_generations_each_follow_their_own_seed(target_model):
+    requests = [Request(prompt, SamplingParams(temperature=1.0), seed=i, max_tokens=16)
+                for i, prompt in enumerate(PROMPTS[:4])]
+    alone = [run(Target(target_model, ModelWorker(), None, n_ctx=256, settings=SpecSettings()), [request])[0]
+             for request in requests]
+    together = run(Target(target_model, ModelWorker(), None, n_ctx=256, settings=SpecSettings(), parallel=4),
+                   requests)
+    assert together == alone
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_beside_the_running_generations(target_model):
+    long_prompt = [(7 * i) % 5000 + 100 for i in range(200)]
+    target = Target(target_model, ModelWorker(), None, n_ctx=512, settings=SpecSettings(), parallel=2)
+    # Measured costs that make a call of n tokens cost 1 + 0.5 (n - 1) steps: a chunk of 16 beside a
+    # step of 1 token costs 8.5 steps alone, more than PREFILL_STALL allows, so chunks stay at the minimum.
+    for n in (1, 2, 8, 64, 256):
+        target.costs.observe(n, 0.01 * (1 + 0.5 * (n - 1)))
+    log = CallLog(target)
+    asyncio.run(log.attach())
+
+    async def both() -> tuple[list[int], list[int]]:
+        running: list[int] = []
+        started = asyncio.Event()
+
+        async def first() -> None:
+            async for step, _ in target.generate(greedy(PROMPTS[0], 40)):
+                running.extend(step.tokens)
+                started.set()
+
+        async def second() -> list[int]:
+            await started.wait()
+            return [token async for step, _ in target.generate(greedy(long_prompt, 4)) for token in step.tokens]
+
+        try:
+            _, tokens = await asyncio.gather(first(), second())
+        finally:
+            await target.close()
+        return running, tokens
+
+    running, late = asyncio.run(both())
+    with_prompt = [call for call in log.calls if any(part.seq == 1 and len(part.tokens) > 1 for part in call)]
+    assert len(with_prompt) >= 199 // MIN_PREFILL_CHUNK  # the prompt went in chunks, not in one call
+    assert all(len(call) == 2 for call in with_prompt[:-1])  # each beside the running generation's step
+    assert leaves_greedy_path_only_at_a_near_tie(target_model, long_prompt, late, 4)
+    assert leaves_greedy_path_only_at_a_near_tie(target_model, PROMPTS[0], running, 40)
+
+
+def test_sequences_are_reused_by_later_generations(target_model):
+    target = Target(target_model, ModelWorker(), None, n_ctx=128, settings=SpecSettings(), parallel=2)
+    expected = run(Target(target_model, ModelWorker(), None, n_ctx=128, settings=SpecSettings()), [greedy(PROMPTS[5])])
+
+    async def in_turns() -> list[list[int]]:
+        outputs = []
+        for _ in range(5):  # more generations than sequences, each starting where another ended
+            outputs.append([t async for step, _ in target.generate(greedy(PROMPTS[5])) for t in step.tokens])
+        await target.close()
+        return outputs
+
+    assert asyncio.run(in_turns()) == expected * 5
+
+
+@pytest.fixture(scope="module")
+def served(tiny_target, tiny_draft, tmp_path_factory):
+    """A draft and a target running 8 generations at once, and a target alone."""
+    logs = tmp_path_factory.mktemp("logs")
+    draft = start("duo.draft_process", ["--model", str(tiny_draft)], logs)
+    target = start("duo.target_process", ["--model", str(tiny_target), "--peer", draft.address, "--draft-max", "4",
+                                          "--parallel", "8"], logs, http=True)
+    alone = start("duo.target_process", ["--model", str(tiny_target)], logs)
+    wait_for_draft(target.address)
+    yield target, alone
+    for process in (target, alone, draft):
+        process.stop()
+
+
+TEXT_PROMPTS = ["def fibonacci(n):", "Once upon a time", "import numpy as np\n", "The capital of France is",
+                "for i in range(10):", "SELECT * FROM", "<|im_start|>user\nhello<|im_end|>\n", "1, 2, 3, 4,"]
+
+
+def test_eight_concurrent_streams_through_duo_each_equal_the_target_alone(served, target_model):
+    import httpx
+
+    target, alone = served
+    expected = [generate(alone.address, prompt, max_tokens=40)[0] for prompt in TEXT_PROMPTS]
+    results: list[list[int]] = [[] for _ in TEXT_PROMPTS]
+
+    def work(i: int) -> None:
+        results[i], _ = generate(target.address, TEXT_PROMPTS[i], max_tokens=40)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(TEXT_PROMPTS))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for prompt, got, alone_tokens in zip(TEXT_PROMPTS, results, expected):
+        assert got == alone_tokens or leaves_greedy_path_only_at_a_near_tie(target_model, prompt, got, 40), prompt
+    metrics = httpx.get(f"{target.http_url}/metrics").text
+    count = float(next(line.split()[-1] for line in metrics.splitlines()
+                       if line.startswith("duo:iteration_requests_count")))
+    total = float(next(line.split()[-1] for line in metrics.splitlines()
+                       if line.startswith("duo:iteration_requests_sum")))
+    assert total / count > 1.5, "the streams' steps were not decoded together"
