@@ -36,6 +36,20 @@ alone-tcores = X.XXx tok/s; per-token cost of the split: +Y ms" (by the decode r
 token), also in bench.json as summary[T]["rpc_split"]. Writes bench.json and bench.png to --out,
 prints a table per temperature.
 
+--concurrency C1 C2 ... also sends C requests at once, by C clients released together, at each
+level C (1 always runs: the speedups are against it). At level C, each prompt in turn leads a batch
+of C prompts drawn round-robin from the set, so every level sends the same mix (at C = 1: each
+prompt once, as without the flag); the modes still take turns, batch by batch. Every duo-target
+runs with --parallel max(C), so no request waits inside it for a turn (and duo-draft drafts up to
+16 sessions per target: beyond, requests decode alone). Per mode and level: the aggregate tok/s (all
+tokens / wall time from a batch's first request sent to its last finished, summed over batches),
+per-request tok/s (mean and min), TTFT p50 and p95 measured by the client (send to first token),
+acceptance and tokens per step over all the level's requests, and the speedup over one client:
+"duo: 2 clients: 1.60x, 4 clients: 2.10x the aggregate of one at a time". In bench.json:
+summary[T]["concurrency"][label][C], and "sequence_costs_s": S(m), the target decoding one token for
+each of m sequences in one call on its cores, for m up to max(C); m*S(1)/S(m) bounds the target
+alone's speedup. The chart of aggregate tok/s against clients goes to bench-concurrency.png.
+
 Example (2 cores: draft on core 0, target on core 1; F32 target = a slow, memory-bound target):
   python scripts/bench.py --target qwen2.5-coder-1.5b-instruct-f32 --draft qwen2.5-coder-0.5b-instruct \
       --draft-cores 0 --target-cores 1 --prompts code --temperatures 0 0.7 --reps 2 \
@@ -49,12 +63,18 @@ Coupled against residual verification of sampled drafts (greedy is the same in b
 The cost of splitting the target over RPC servers, on the same cores (needs an RPC build):
   python scripts/bench.py --target qwen2.5-coder-1.5b-instruct --target-cores 1 \
       --modes alone-tcores alone-rpc --temperatures 0
+
+1, 2, 4 and 8 clients at once, against the target alone and duo:
+  python scripts/bench.py --target qwen2.5-coder-1.5b-instruct-f16 --draft qwen2.5-coder-0.5b-instruct \
+      --draft-cores 0 --target-cores 1 --modes alone-tcores duo --prompts code --temperatures 0 \
+      --concurrency 1 2 4 8 --reps 1
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import platform
@@ -63,11 +83,22 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
+from collections.abc import Iterator
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench_cluster import UNSEEDED, Cluster, Code, baseline_worktree, generate, start_variant, wait_ready  # noqa: E402
+from bench_cluster import (  # noqa: E402
+    UNSEEDED,
+    Cluster,
+    Code,
+    baseline_worktree,
+    generate,
+    generate_together,
+    start_variant,
+    wait_ready,
+)
+from bench_concurrency import batch_wall_times, plot_concurrency, print_concurrency, with_concurrency  # noqa: E402
 from bench_report import UNDELAYED_MODES, Run, Variant, plot, print_table, run_from_stats, summarise  # noqa: E402
 
 from duo import hub  # noqa: E402
@@ -106,18 +137,31 @@ def check_modes(modes: list[str]) -> None:
                          "(it builds with CMAKE_ARGS=-DGGML_RPC=on), or leave alone-rpc out of --modes")
 
 
+COST_PREFIX = "def snake_game():\n" + "    x = step(x)\n" * 40  # cut to 200 tokens
+COST_BATCH = " score = score + 1 if food == head else score"
+
+
+@contextlib.contextmanager
+def pinned(cores: set[int]) -> Iterator[None]:
+    """This process on `cores` only, for the duration."""
+    saved = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cores)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, saved)
+
+
 def measure_verify_costs(target: Path, cores: set[int], max_batch: int, reps: int) -> dict[int, float]:
     """T(n): median seconds to decode a batch of n tokens after a 200-token prefix, on `cores`."""
     from duo.model import Model
 
-    saved = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, cores)
-    try:
+    with pinned(cores):
         model = Model(target, device="cpu", threads=len(cores))
         context = model.new_context(1024)
-        prefix = model.tokenize("def snake_game():\n" + "    x = step(x)\n" * 40)[:200]
+        prefix = model.tokenize(COST_PREFIX)[:200]
         context.decode(prefix, 0, logits_for=[])
-        batch = model.tokenize(" score = score + 1 if food == head else score")[:max_batch]
+        batch = model.tokenize(COST_BATCH)[:max_batch]
         costs = {}
         for n in range(1, max_batch + 1):
             times = []
@@ -130,12 +174,39 @@ def measure_verify_costs(target: Path, cores: set[int], max_batch: int, reps: in
         context.close()
         model.close()
         return costs
-    finally:
-        os.sched_setaffinity(0, saved)
+
+
+def measure_sequence_costs(target: Path, cores: set[int], counts: list[int], reps: int) -> dict[int, float]:
+    """S(m): median seconds to decode one token for each of m sequences in one call, on `cores`, each
+    sequence after the same 200-token prefix (forked from the first: shared cells; what is measured is
+    reading the weights once for m tokens)."""
+    from duo.model import Model, Part
+
+    with pinned(cores):
+        model = Model(target, device="cpu", threads=len(cores))
+        context = model.new_context(1024, n_seq=max(counts))
+        prefix = model.tokenize(COST_PREFIX)[:200]
+        context.decode(prefix, 0, logits_for=[])
+        for seq in range(1, max(counts)):
+            context.fork(seq, len(prefix))
+        token = model.tokenize(COST_BATCH)[0]
+        costs = {}
+        for m in counts:
+            times = []
+            for _ in range(reps):
+                began = time.perf_counter()
+                context.decode_parts([Part(seq, len(prefix), [token]) for seq in range(m)])
+                times.append(time.perf_counter() - began)
+                for seq in range(m):
+                    context.rollback(len(prefix), seq)
+            costs[m] = statistics.median(times)
+        context.close()
+        model.close()
+        return costs
 
 
 def machine_info(args: argparse.Namespace) -> dict:
-    from duo.model import available_backends
+    from duo.backends import available_backends
 
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())
@@ -146,30 +217,56 @@ def machine_info(args: argparse.Namespace) -> dict:
             "python": platform.python_version()}
 
 
+def round_robin(prompts: list[str], first: int, count: int) -> list[str]:
+    """`count` prompts, from prompts[first] on, starting over at the end of the list."""
+    return [prompts[(first + i) % len(prompts)] for i in range(count)]
+
+
 def measure(clusters: list[Cluster], args: argparse.Namespace, prompts: list[str]) -> list[Run]:
-    """Every prompt at every temperature on every cluster, the clusters taking turns within each
-    repetition so that machine noise hits all of them alike. Requests carry no seed: each target
-    verifies sampled ones as its --unseeded says."""
+    """At every temperature and concurrency level C, a batch of C prompts led by each prompt in turn
+    (round_robin), sent at once to every cluster, the clusters taking turns within each repetition so
+    that machine noise hits all of them alike. Requests carry no seed: each target verifies sampled
+    ones as its --unseeded says."""
     for cluster in clusters:
         wait_ready(cluster)
         generate(cluster.address, prompts[0], 0.0, 16, 0)  # warm caches
     runs = []
+    batches = itertools.count()
     for rep in range(args.reps):
         for temperature in args.temperatures:
-            for prompt in prompts:
-                for cluster in clusters:
-                    last, seconds, ttft = generate(cluster.address, prompt, temperature, args.max_tokens)
-                    run = run_from_stats(cluster.variant, prompt, temperature, rep, last.stats, seconds, ttft)
-                    runs.append(run)
-                    print(f"rep {rep} T={temperature} {run.label:<24} {run.verification or '-':<8} "
-                          f"{run.tokens_per_second:6.2f} tok/s ({run.tokens} tokens, accepted "
-                          f"{run.draft_accepted}/{run.draft_verified}) {prompt[:40]}", file=sys.stderr)
-                    mode = cluster.variant.mode
-                    expected = (UNSEEDED[mode] if temperature > 0 else "greedy") if mode in UNSEEDED else None
-                    if expected and run.verification != expected:
-                        print(f"  warning: {run.label} verified {run.verification or 'without saying how'}, "
-                              f"not {expected}", file=sys.stderr)
+            for clients in args.concurrency:
+                for first in range(len(prompts)):
+                    for cluster in clusters:
+                        runs += measure_batch(cluster, round_robin(prompts, first, clients), temperature, rep,
+                                              next(batches), args.max_tokens)
     return runs
+
+
+def measure_batch(cluster: Cluster, prompts: list[str], temperature: float, rep: int, batch: int,
+                  max_tokens: int) -> list[Run]:
+    """The prompts sent to `cluster` at once, a client each; a Run per request."""
+    runs = []
+    for prompt, answer in zip(prompts, generate_together(cluster.address, prompts, temperature, max_tokens)):
+        run = run_from_stats(cluster.variant, prompt, temperature, rep, answer.last.stats, answer.seconds, answer.ttft,
+                             concurrency=len(prompts), batch=batch, sent_s=answer.sent_s)
+        runs.append(run)
+        clients = f"C={run.concurrency} " if run.concurrency > 1 else ""
+        print(f"rep {rep} T={temperature} {clients}{run.label:<24} {run.verification or '-':<8} "
+              f"{run.tokens_per_second:6.2f} tok/s ({run.tokens} tokens, accepted "
+              f"{run.draft_accepted}/{run.draft_verified}) {prompt[:40]}", file=sys.stderr)
+        warn_unexpected_verification(run, cluster.variant.mode)
+    if len(runs) > 1:
+        print(f"  {len(runs)} at once: {sum(r.tokens for r in runs) / batch_wall_times(runs)[batch]:.2f} tok/s "
+              f"in all", file=sys.stderr)
+    return runs
+
+
+def warn_unexpected_verification(run: Run, mode: str) -> None:
+    """A warning where the target verified otherwise than the mode asks (greedy at temperature 0)."""
+    expected = (UNSEEDED[mode] if run.temperature > 0 else "greedy") if mode in UNSEEDED else None
+    if expected and run.verification != expected:
+        print(f"  warning: {run.label} verified {run.verification or 'without saying how'}, not {expected}",
+              file=sys.stderr)
 
 
 def stop_all(clusters: list[Cluster]) -> None:
@@ -177,7 +274,7 @@ def stop_all(clusters: list[Cluster]) -> None:
         cluster.stop()
 
 
-def parse_args() -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default=hub.DEFAULT_TARGET, help="target model: name or path")
     parser.add_argument("--draft", default=hub.DEFAULT_DRAFT, help="draft model: name or path")
@@ -196,8 +293,29 @@ def parse_args() -> argparse.Namespace:
                         help="also run duo as of this git revision (mode duo@REV), from a temporary worktree")
     parser.add_argument("--sync-k", type=int, default=4, help="draft length of the synchronous loop")
     parser.add_argument("--cost-max-batch", type=int, default=9, help="largest batch in the verify cost curve")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1], metavar="C",
+                        help="also send C requests at once, by C clients, at each level C; 1 always runs (the "
+                             "speedups are against it) and the targets run with --parallel max(C) (default: 1)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench-out")
-    return parser.parse_args()
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    args = build_parser().parse_args(argv)
+    args.concurrency = concurrency_levels(args.concurrency)
+    return args
+
+
+def concurrency_levels(asked: list[int]) -> list[int]:
+    """The levels to run, in order, 1 among them; SystemExit for a level below 1."""
+    if min(asked) < 1:
+        raise SystemExit(f"bench: --concurrency levels must be >= 1, not {min(asked)}")
+    return sorted({1, *asked})
+
+
+def target_parallel(levels: list[int]) -> int | None:
+    """duo-target's --parallel: room for the most clients at once (None, its default, for one at a time)."""
+    return max(levels) if max(levels) > 1 else None
 
 
 def main() -> int:
@@ -211,6 +329,11 @@ def main() -> int:
 
     print(f"measuring the verify cost curve on cores {args.target_cores} ...", file=sys.stderr)
     costs = measure_verify_costs(target, set(args.target_cores), args.cost_max_batch, reps=5)
+    parallel = target_parallel(args.concurrency)
+    sequence_costs = {}
+    if parallel:
+        print(f"measuring the cost of up to {parallel} sequences in one call ...", file=sys.stderr)
+        sequence_costs = measure_sequence_costs(target, set(args.target_cores), args.concurrency, reps=5)
     baseline_mode = f"duo@{args.baseline_rev}" if args.baseline_rev else None
     baseline_commit = None
     with contextlib.ExitStack() as stack:
@@ -222,18 +345,24 @@ def main() -> int:
         stack.callback(stop_all, clusters)  # before the worktree goes: callbacks run last in, first out
         for variant in variants:
             clusters.append(start_variant(variant, codes.get(variant.mode, Code.at(ROOT)), (target, draft),
-                                          (set(args.target_cores), set(args.draft_cores)), args.sync_k, logs))
+                                          (set(args.target_cores), set(args.draft_cores)), args.sync_k, logs,
+                                          parallel))
         runs = measure(clusters, args, prompts)
 
-    summary = summarise(runs, variants, costs)
+    summary = with_concurrency(summarise(runs, variants, costs), runs, variants, costs)
     machine = machine_info(args)
     report = {"machine": machine, "args": {k: str(v) for k, v in vars(args).items()},
               "baseline_commit": baseline_commit, "target": str(target), "draft": str(draft),
-              "verify_costs_s": costs, "summary": summary, "runs": [asdict(r) for r in runs]}
+              "target_parallel": parallel, "verify_costs_s": costs, "sequence_costs_s": sequence_costs,
+              "summary": summary, "runs": [asdict(r) for r in runs]}
     (args.out / "bench.json").write_text(json.dumps(report, indent=2))
     print_table(summary, costs, machine)
+    if parallel:
+        print_concurrency(summary, sequence_costs, parallel)
     try:
         plot(summary, costs, machine, args.out / "bench.png")
+        if parallel:
+            plot_concurrency(summary, machine, args.out / "bench-concurrency.png")
     except ImportError:
         print("(matplotlib is not installed: no chart; pip install matplotlib)", file=sys.stderr)
     print(f"\nwrote {args.out / 'bench.json'}", file=sys.stderr)

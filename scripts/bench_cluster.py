@@ -6,6 +6,8 @@ duo and duo-coupled start this tree's duo-target with `--unseeded residual` and 
 the baseline's gets no such flag (revisions before coupled sampling do not know it).
 alone-rpc starts two `duo rpc-server`s on the target's cores, waits until both accept connections,
 then a duo-target, also on those cores, whose layers they hold half each (--rpc, --tensor-split 1,1).
+With clients at once (--concurrency), every duo-target gets --parallel as many as the most clients,
+so no request waits inside it for a turn; generate_together sends a batch of requests at once.
 """
 
 from __future__ import annotations
@@ -17,10 +19,12 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import grpc
 
@@ -157,14 +161,17 @@ def _start_alone_rpc(variant: Variant, code: Code, address: str, target_args: li
 
 
 def start_variant(variant: Variant, code: Code, models: tuple[Path, Path], cores: tuple[set[int], set[int]],
-                  sync_k: int, logs: Path) -> Cluster:
+                  sync_k: int, logs: Path, parallel: int | None = None) -> Cluster:
     """Start a variant's processes. `models` and `cores` are (target, draft); a delayed link
-    puts a delay proxy, on all cores, between the target and its draft."""
+    puts a delay proxy, on all cores, between the target and its draft. `parallel`: the target's
+    --parallel (None: its default)."""
     (target, draft), (target_cores, draft_cores) = models, cores
     all_cores = set(os.sched_getaffinity(0))
     name = variant.label.replace(" +", "-").replace("@", "-at-")
     address = f"127.0.0.1:{free_port()}"
     target_args = ["--model", str(target), "--listen", address, "--device", "cpu", "--log-level", "WARNING"]
+    if parallel is not None:
+        target_args += ["--parallel", str(parallel)]
     if variant.mode == "alone-rpc":
         return _start_alone_rpc(variant, code, address, target_args, target_cores, name, logs)
     if variant.mode.startswith("alone"):
@@ -207,6 +214,29 @@ def generate(address: str, prompt: str, temperature: float, max_tokens: int,
             if first is None and last.token_ids:
                 first = time.perf_counter() - started
     return last, time.perf_counter() - started, first or 0.0
+
+
+class Answer(NamedTuple):
+    """One of generate_together's generations."""
+
+    last: pb.GenerateResponse  # the last message, with the target's Stats
+    sent_s: float  # when its client sent it, seconds after the first of its batch was sent
+    seconds: float  # from its send to its last message
+    ttft: float  # from its send to its first token
+
+
+def generate_together(address: str, prompts: list[str], temperature: float, max_tokens: int) -> list[Answer]:
+    """A generation of each prompt, all at once: a client (thread and channel) each, released together."""
+    release = threading.Barrier(len(prompts))
+
+    def one(prompt: str) -> tuple[float, pb.GenerateResponse, float, float]:
+        release.wait()
+        return (time.perf_counter(), *generate(address, prompt, temperature, max_tokens))
+
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        results = list(pool.map(one, prompts))
+    first_sent = min(sent for sent, *_ in results)
+    return [Answer(last, sent - first_sent, seconds, ttft) for sent, last, seconds, ttft in results]
 
 
 def wait_ready(cluster: Cluster, timeout: float = 300) -> None:

@@ -63,6 +63,9 @@ class Run:
     wait_seconds: float
     verification: str = ""  # "greedy", "coupled" or "residual"; "" from revisions before coupled sampling
     seed: int = 0  # the sampled request's seed (the target draws it: the bench sends none)
+    concurrency: int = 1  # requests of its batch, sent together by as many clients
+    batch: int = 0  # which batch: runs of one batch ran at the same time
+    sent_s: float = 0.0  # when its client sent it, seconds after its batch's first request was sent
 
     @property
     def label(self) -> str:
@@ -74,15 +77,15 @@ class Run:
 
 
 def run_from_stats(variant: Variant, prompt: str, temperature: float, rep: int, stats: Any,
-                   seconds: float, ttft: float) -> Run:
+                   seconds: float, ttft: float, *, concurrency: int = 1, batch: int = 0, sent_s: float = 0.0) -> Run:
     """A Run from a Generate's final Stats. Fields a target's revision lacks (branch_hits, waits,
     wait_seconds came with issue 10; verification and seed with coupled sampling) read as 0 or "",
-    so the bench measures older revisions too."""
+    so the bench measures older revisions too. `concurrency`, `batch`, `sent_s`: see Run."""
     return Run(variant.mode, variant.link_delay_ms, prompt, temperature, rep, stats.generated_tokens,
                seconds, ttft, stats.verify_steps, stats.draft_tokens_received, stats.draft_tokens_verified,
                stats.draft_tokens_accepted, stats.draft_rejections, list(stats.batch_sizes),
                getattr(stats, "branch_hits", 0), getattr(stats, "waits", 0), getattr(stats, "wait_seconds", 0.0),
-               getattr(stats, "verification", ""), getattr(stats, "seed", 0))
+               getattr(stats, "verification", ""), getattr(stats, "seed", 0), concurrency, batch, sent_s)
 
 
 def ideal_rate(acceptance: float, costs: dict[int, float]) -> tuple[float, int]:
@@ -207,12 +210,13 @@ def rpc_split_line(split: dict) -> str:
 
 
 def summarise(runs: list[Run], variants: list[Variant], costs: dict[int, float]) -> dict[str, dict]:
-    """Per temperature, kept apart: each variant's summary (in `variants` order) and duo's ratios."""
+    """Per temperature, kept apart: each variant's summary (in `variants` order) and duo's ratios, over the
+    requests sent by one client at a time (bench_concurrency summarises the others)."""
     summary = {}
     for temperature in sorted({r.temperature for r in runs}):
         by_label = {}
         for variant in variants:
-            mine = [r for r in runs if r.label == variant.label and r.temperature == temperature]
+            mine = [r for r in runs if r.label == variant.label and r.temperature == temperature and r.concurrency == 1]
             if mine:
                 by_label[variant.label] = summarise_variant(mine, costs)
         summary[str(temperature)] = {"modes": by_label, "ratios": duo_ratios(by_label),

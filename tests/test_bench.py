@@ -1,7 +1,9 @@
-"""scripts/bench*.py without models: what runs at which link delay, the per-mode numbers, the baseline's code."""
+"""scripts/bench*.py without models: what runs at which link delay, the per-mode numbers, clients at once, the
+baseline's code."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -14,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
 import bench  # noqa: E402
 import bench_cluster  # noqa: E402
+import bench_concurrency  # noqa: E402
 import bench_report  # noqa: E402
 from bench_cluster import Code, baseline_worktree, spawn  # noqa: E402
 from bench_report import Run, Variant, run_from_stats, summarise  # noqa: E402
@@ -273,3 +276,147 @@ def test_baseline_worktree_checks_out_the_revision_and_is_removed_afterwards(tmp
         tree = code.root
     assert not tree.exists() and not tree.parent.exists()
     assert _git(repo, "worktree", "list").count("\n") == 1
+
+
+def _concurrent(mode: str, clients: int, batch: int, sent_s: float, seconds: float, *, tokens: int = 100,
+                ttft: float = 1.0, temperature: float = 0.0) -> Run:
+    run = _run(mode, temperature=temperature, tokens=tokens, seconds=seconds)
+    run.ttft, run.concurrency, run.batch, run.sent_s = ttft, clients, batch, sent_s
+    return run
+
+
+MACHINE = {"cpu": "cpu", "cores": 2, "target_cores": [1], "draft_cores": [0]}
+
+
+def test_concurrency_levels_always_include_one_and_come_in_order():
+    assert bench.parse_args([]).concurrency == [1]
+    assert bench.parse_args(["--concurrency", "8", "2", "4", "2"]).concurrency == [1, 2, 4, 8]
+    with pytest.raises(SystemExit, match=">= 1"):
+        bench.parse_args(["--concurrency", "0", "2"])
+
+
+def test_targets_get_room_for_the_most_clients_and_keep_their_default_one_at_a_time(tmp_path, monkeypatch):
+    assert bench.target_parallel([1]) is None and bench.target_parallel([1, 2, 8]) == 8
+    commands = {}
+    monkeypatch.setattr(bench_cluster, "spawn", lambda command, cores, log, code: commands.update({log.name: command}))
+    models, cores = (Path("t.gguf"), Path("d.gguf")), ({1}, {0})
+    bench_cluster.start_variant(Variant("duo"), Code.at(bench_cluster.ROOT), models, cores, 4, tmp_path, 8)
+    bench_cluster.start_variant(Variant("alone-tcores"), Code.at(bench_cluster.ROOT), models, cores, 4, tmp_path)
+    target = commands["duo-target.log"]
+    assert target[target.index("--parallel") + 1] == "8"
+    assert "--parallel" not in commands["alone-tcores.log"]
+
+
+def test_batches_draw_prompts_round_robin_so_every_level_sends_the_same_mix():
+    prompts = ["a", "b", "c"]
+    assert [bench.round_robin(prompts, first, 1) for first in range(3)] == [["a"], ["b"], ["c"]]  # as without the flag
+    four = [p for first in range(3) for p in bench.round_robin(prompts, first, 4)]
+    assert bench.round_robin(prompts, 1, 4) == ["b", "c", "a", "b"]
+    assert sorted(four) == sorted(prompts * 4)
+
+
+def test_percentiles_interpolate_between_neighbours():
+    values = [0.4, 0.1, 0.3, 0.2, 0.5]
+    assert bench_concurrency.percentile(values, 0.5) == pytest.approx(0.3)
+    assert bench_concurrency.percentile(values, 0.95) == pytest.approx(0.48)  # 0.4 + 0.8 * (0.5 - 0.4)
+    assert bench_concurrency.percentile([0.7], 0.95) == pytest.approx(0.7)
+
+
+def test_a_batch_lasts_from_its_first_request_sent_to_its_last_finished():
+    runs = [_concurrent("duo", 2, 7, 0.0, 10.0), _concurrent("duo", 2, 7, 0.5, 12.0),
+            _concurrent("duo", 2, 8, 0.0, 4.0)]
+    assert bench_concurrency.batch_wall_times(runs) == pytest.approx({7: 12.5, 8: 4.0})
+
+
+def test_aggregate_rate_counts_overlapping_requests_once_and_speedup_is_over_one_client():
+    runs = [_concurrent("alone-tcores", 1, 0, 0.0, 10.0, ttft=0.2),
+            _concurrent("alone-tcores", 1, 1, 0.0, 10.0, ttft=0.4),
+            # Four at once, 100 tokens each, over 16 s of wall time: 25 tok/s against one client's 10.
+            *[_concurrent("alone-tcores", 4, 2, 0.1 * i, 15.0 + 0.1 * i, ttft=t)
+              for i, t in enumerate([1.0, 2.0, 3.0, 4.0])]]
+    levels = bench_concurrency.summarise_levels(runs, {})
+    assert list(levels) == [1, 4]
+    one, four = levels[1], levels[4]
+    assert one["aggregate_tokens_per_second"] == pytest.approx(10.0) and one["speedup"] == pytest.approx(1.0)
+    assert (four["clients"], four["requests"], four["batches"], four["tokens"]) == (4, 4, 1, 400)
+    assert four["wall_s"] == pytest.approx(0.3 + 15.3)
+    assert four["aggregate_tokens_per_second"] == pytest.approx(400 / 15.6)
+    assert four["speedup"] == pytest.approx(400 / 15.6 / 10.0)
+    assert four["per_request_tokens_per_second"] == pytest.approx(
+        {"mean": sum(100 / (15 + 0.1 * i) for i in range(4)) / 4, "min": 100 / 15.3})
+    assert four["ttft_s"] == pytest.approx({"p50": 2.5, "p95": 3.85})
+    assert four["token_acceptance"] == pytest.approx(0.75) and four["mean_accepted_length"] == pytest.approx(2.0)
+
+
+def test_concurrency_joins_the_summary_per_temperature_and_label_and_one_client_keeps_the_modes_table():
+    runs = [_concurrent(mode, clients, batch, 0.0, seconds, temperature=temperature)
+            for temperature in (0.0, 0.7)
+            for mode, clients, batch, seconds in [("alone-tcores", 1, 0, 10.0), ("duo", 1, 1, 5.0),
+                                                  ("alone-tcores", 2, 2, 10.0), ("alone-tcores", 2, 2, 10.0),
+                                                  ("duo", 2, 3, 8.0), ("duo", 2, 3, 8.0)]]
+    variants = [Variant("alone-tcores"), Variant("duo")]
+    summary = bench_concurrency.with_concurrency(summarise(runs, variants, {}), runs, variants, {})
+    assert list(summary) == ["0.0", "0.7"]
+    entry = summary["0.7"]
+    assert entry["modes"]["duo"]["tokens_per_second"] == pytest.approx(20.0)  # one client at a time only
+    assert entry["ratios"] == pytest.approx({"duo / alone-tcores": 2.0})
+    assert list(entry["concurrency"]) == ["alone-tcores", "duo"]
+    assert entry["concurrency"]["alone-tcores"][2]["speedup"] == pytest.approx(2.0)
+    assert entry["concurrency"]["duo"][2]["aggregate_tokens_per_second"] == pytest.approx(25.0)
+    assert entry["concurrency"]["duo"][2]["speedup"] == pytest.approx(1.25)
+    dumped = json.loads(json.dumps(summary))
+    assert set(dumped["0.0"]["concurrency"]["duo"]) == {"1", "2"}
+
+
+def test_one_client_at_a_time_leaves_the_summary_as_it_was():
+    runs, variants = [_run("alone-tcores"), _run("duo")], [Variant("alone-tcores"), Variant("duo")]
+    summary = summarise(runs, variants, {})
+    assert bench_concurrency.with_concurrency(summary, runs, variants, {}) == summary
+    assert "concurrency" not in summary["0.0"]
+
+
+def test_the_concurrency_table_says_what_several_clients_get_against_one(capsys):
+    runs = [_concurrent("alone-tcores", 1, 0, 0.0, 10.0), *[_concurrent("alone-tcores", 4, 1, 0.0, 16.0)] * 4,
+            _concurrent("duo", 1, 2, 0.0, 5.0), *[_concurrent("duo", 4, 3, 0.0, 10.0)] * 4]
+    variants = [Variant("alone-tcores"), Variant("duo")]
+    summary = bench_concurrency.with_concurrency(summarise(runs, variants, {}), runs, variants, {})
+    bench_concurrency.print_concurrency(summary, {1: 0.1, 2: 0.13, 4: 0.2}, 4)
+    out = capsys.readouterr().out
+    assert "duo-target --parallel 4" in out
+    assert "alone-tcores: 4 clients: 2.50x the aggregate of one at a time" in out
+    assert "duo: 4 clients: 2.00x the aggregate of one at a time" in out
+    [row] = [line for line in out.splitlines() if line.startswith("duo ")]
+    assert row.split()[:4] == ["duo", "1", "20.00", "1.00x"]
+    assert "2:1.30  4:2.00" in out and "2:1.54x  4:2.00x" in out  # S(m)/S(1), and m*S(1)/S(m)
+
+
+def test_the_concurrency_chart_is_drawn(tmp_path):
+    pytest.importorskip("matplotlib")
+    runs = [_concurrent("duo", 1, 0, 0.0, 10.0), *[_concurrent("duo", 2, 1, 0.0, 12.0)] * 2]
+    summary = bench_concurrency.with_concurrency(summarise(runs, [Variant("duo")], {}), runs, [Variant("duo")], {})
+    bench_concurrency.plot_concurrency(summary, MACHINE, tmp_path / "bench-concurrency.png")
+    assert (tmp_path / "bench-concurrency.png").stat().st_size > 0
+
+
+def test_requests_sent_together_are_released_at_once_and_timed_from_the_first_send(monkeypatch):
+    from duo._proto import duo_pb2 as pb
+
+    calls = []
+
+    def generate(address, prompt, temperature, max_tokens):
+        calls.append(prompt)
+        return pb.GenerateResponse(), {"a": 1.0, "b": 2.0}[prompt], 0.5
+
+    monkeypatch.setattr(bench_cluster, "generate", generate)
+    answers = bench_cluster.generate_together("127.0.0.1:1", ["a", "b"], 0.0, 8)
+    assert sorted(calls) == ["a", "b"]
+    assert [a.seconds for a in answers] == [1.0, 2.0] and all(a.ttft == 0.5 for a in answers)
+    assert min(a.sent_s for a in answers) == 0.0 and max(a.sent_s for a in answers) < 0.5
+
+
+def test_runs_record_their_batch():
+    run = run_from_stats(Variant("duo"), "p", 0.0, 0, SimpleNamespace(
+        generated_tokens=10, verify_steps=5, draft_tokens_received=8, draft_tokens_verified=6, draft_tokens_accepted=4,
+        draft_rejections=2, batch_sizes=[0, 2, 3]), 2.0, 0.5, concurrency=4, batch=9, sent_s=0.01)
+    assert (run.concurrency, run.batch, run.sent_s) == (4, 9, 0.01)
+    assert _run("duo").concurrency == 1
