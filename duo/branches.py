@@ -20,9 +20,6 @@ import numpy as np
 
 from duo.sampling import SparseDist
 
-# The KV sequence branches are drafted on, beside the chain's (0). It shares the chain's prefix up
-# to the fork without recomputing it (duo.model.Context.fork).
-BRANCH_SEQ = 1
 # Branches per chain the draft keeps at most (duo-draft --max-branches); the target accepts this many
 # per commit, and counts epochs accordingly.
 MAX_BRANCHES = 4

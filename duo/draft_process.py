@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import logging
 import socket
 import sys
@@ -17,10 +16,11 @@ from duo import wire
 from duo._proto import duo_pb2 as pb
 from duo._proto import duo_pb2_grpc as pb_grpc
 from duo.branches import MAX_BRANCHES
-from duo.draft import BRANCH, Drafter, DraftSession, InvalidEvent
+from duo.draft import KV_CELLS_PER_CONTEXT, Drafted, Drafter, InvalidEvent
 from duo.draft_metrics import DraftMetrics, metrics_server
+from duo.draft_session import DraftSession
 from duo.hub import HubError, resolve_model
-from duo.model import IncompatibleVocab, Model, ModelError, check_compatible
+from duo.model import MAX_SEQUENCES, IncompatibleVocab, Model, ModelError, check_compatible
 from duo.runtime import (HttpServer, ModelWorker, add_process_arguments, grpc_server_options, model_options, run_async,
                          run_server, setup_logging)
 from duo.tls import check_pair, server_credentials
@@ -30,7 +30,7 @@ log = logging.getLogger("duo.draft")
 
 @dataclass(frozen=True)
 class SessionLimits:
-    """How many sessions the draft holds a context for (each a KV cache of --ctx-size): in all, and per target."""
+    """How many sessions the draft drafts for (each a slot of sequences in its one KV cache): in all, and per target."""
 
     total: int = 64
     per_target: int = 16
@@ -61,10 +61,13 @@ class DraftServicer(pb_grpc.DraftServicer):
         self.metrics = metrics
         self.vocab = drafter.model.vocab()
         self.connections: set[Connection] = set()
-        metrics.watch(sessions_open=self.sessions_open, connections=lambda: len(self.connections))
+        self.wake = asyncio.Event()  # a target sent something: a session may have work
+        self.rounds: asyncio.Task[None] | None = None  # while targets are connected
+        metrics.watch(sessions_open=self.sessions_open, connections=lambda: len(self.connections),
+                      kv_cells_used=lambda: drafter.cells_used)
 
     def sessions_open(self) -> int:
-        """Sessions holding (or getting) a context, over all connections."""
+        """Sessions holding (or getting) a slot, over all connections."""
         return sum(connection.holding for connection in self.connections)
 
     async def Handshake(self, request: pb.Hello, context: grpc.aio.ServicerContext) -> pb.Hello:
@@ -83,8 +86,12 @@ class DraftServicer(pb_grpc.DraftServicer):
 
     async def Speculate(self, request_iterator: AsyncIterable[pb.TargetEvent],
                         context: grpc.aio.ServicerContext) -> AsyncIterator[pb.DraftEvent]:
-        connection = Connection(self.drafter, self.limits, self.metrics, self.sessions_open, context.peer())
+        connection = Connection(self.drafter, self.limits, self.metrics, self.sessions_open, self.wake.set,
+                                context.peer())
         self.connections.add(connection)
+        if self.rounds is None or self.rounds.done():  # done: it failed, and said why in the log
+            self.rounds = asyncio.create_task(self._draft_rounds())
+            self.rounds.add_done_callback(_rounds_ended)
         connection.start(request_iterator)
         try:
             while (event := await connection.next_event()) is not None:
@@ -94,48 +101,70 @@ class DraftServicer(pb_grpc.DraftServicer):
                 await connection.stop()
             finally:
                 self.connections.discard(connection)
+                if not self.connections and self.rounds is not None:
+                    self.rounds.cancel()
+                    self.rounds = None
+
+    async def _draft_rounds(self) -> None:
+        """Round after round, one batched model call drafts for every session of every target that has
+        work (Drafter.draft_round); when none has, sleep until a target sends something. A commit that
+        arrives during a round waits at most that round for its chain."""
+        while True:
+            self.wake.clear()
+            owners = {session: connection for connection in self.connections
+                      for session in connection.sessions.values()}
+            drafted = await self.drafter.draft_round(owners)
+            if not drafted:
+                await self.wake.wait()
+                continue
+            # Chunks first: ending a failed session waits for its release on the model thread.
+            for result in sorted(drafted, key=lambda result: result.error is not None):
+                await owners[result.session].deliver(result)
+
+
+def _rounds_ended(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("drafting stopped on an error", exc_info=task.exception())
 
 
 class Connection:
-    """One target's Speculate stream: its sessions, drafted in turns, and the events going back to it.
+    """One target's Speculate stream: its sessions, and the events going back to it.
 
     A session that cannot be opened, or fails while drafting or following the target's events, gets
-    a SessionError and loses its context; the stream and the other sessions go on.
+    a SessionError and loses its slot; the stream and the other sessions go on.
     """
 
     def __init__(self, drafter: Drafter, limits: SessionLimits, metrics: DraftMetrics,
-                 all_sessions: Callable[[], int], peer: str) -> None:
+                 all_sessions: Callable[[], int], wake: Callable[[], None], peer: str) -> None:
         self.drafter = drafter
         self.limits = limits
         self.metrics = metrics
         self.all_sessions = all_sessions
         self.peer = peer
         self.sessions: dict[int, DraftSession] = {}
-        self.opening = 0  # sessions whose context is being made
+        self.opening = 0  # sessions being opened
         self.outbox: asyncio.Queue[pb.DraftEvent | None] = asyncio.Queue()  # None ends the stream
-        self.wake = asyncio.Event()
-        self.tasks: list[asyncio.Task[None]] = []
+        self.wake = wake
+        self.reader: asyncio.Task[None] | None = None
 
     @property
     def holding(self) -> int:
         return len(self.sessions) + self.opening
 
     def start(self, request_iterator: AsyncIterable[pb.TargetEvent]) -> None:
-        self.tasks = [asyncio.create_task(self._read(request_iterator)), asyncio.create_task(self._draft())]
-        for task in self.tasks:
-            task.add_done_callback(self._ended)
+        self.reader = asyncio.create_task(self._read(request_iterator))
+        self.reader.add_done_callback(self._ended)
 
     async def next_event(self) -> pb.DraftEvent | None:
         return await self.outbox.get()
 
     async def stop(self) -> None:
-        """End the stream's work and free every context it holds, whatever was under way."""
-        for task in self.tasks:
-            task.cancel()
+        """End the stream's work and free every slot it holds, whatever was under way."""
+        self.reader.cancel()
         sessions = list(self.sessions.values())
         self.sessions.clear()
         await self.drafter.close(*sessions)
-        await asyncio.wait(self.tasks)
+        await asyncio.wait([self.reader])
         log.info("target %s left; closed %d session(s)", self.peer, len(sessions))
 
     def _ended(self, task: asyncio.Task[None]) -> None:
@@ -152,7 +181,7 @@ class Connection:
                 await self._open(event.open)
             elif kind is not None:
                 await self._follow(kind, getattr(event, kind))
-            self.wake.set()
+            self.wake()
 
     async def _open(self, message: pb.OpenSession) -> None:
         if (old := self.sessions.pop(message.session_id, None)) is not None:
@@ -185,35 +214,16 @@ class Connection:
         except Exception as error:  # whatever it is, it concerns this session alone
             await self._fail(session, error)
 
-    async def _draft(self) -> None:
-        """Round-robin over the sessions whose next work comes first (DraftSession.next_work); sleep until
-        an event when none has any. A branch step takes one draft step, so a commit that arrives
-        meanwhile waits at most that long for its chain."""
-        for turn in itertools.count():
-            work = [(priority, session) for session in self.sessions.values()
-                    if (priority := session.next_work()) is not None]
-            if not work:
-                self.wake.clear()
-                await self.wake.wait()
-                continue
-            first = min(priority for priority, _ in work)
-            ready = [session for priority, session in work if priority == first]
-            session = ready[turn % len(ready)]
-            try:
-                chunk = await (self.drafter.branch(session) if first == BRANCH else self.drafter.step(session))
-            except Exception as error:  # whatever it is, it concerns this session alone
-                await self._fail(session, error)
-                continue
-            if chunk is not None:
-                self.outbox.put_nowait(pb.DraftEvent(chunk=chunk))
-                self.metrics.chunks_sent.inc()
-            else:
-                # Nothing was drafted (a commit came meanwhile): let the reader apply it before the
-                # next turn, so that a turn with no work can never keep the event loop to itself.
-                await asyncio.sleep(0)
+    async def deliver(self, drafted: Drafted) -> None:
+        """Send what a round drafted for one of this stream's sessions, or end that session on its error."""
+        if drafted.error is not None:
+            await self._fail(drafted.session, drafted.error)
+        elif drafted.chunk is not None:
+            self.outbox.put_nowait(pb.DraftEvent(chunk=drafted.chunk))
+            self.metrics.chunks_sent.inc()
 
     async def _fail(self, session: DraftSession, error: Exception) -> None:
-        """End an open session with a SessionError and free its context."""
+        """End an open session with a SessionError and free its slot."""
         if session.closed:
             return  # the target closed it meanwhile: nobody waits for an error
         if self.sessions.get(session.session_id) is session:
@@ -246,8 +256,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="mutual TLS: accept only targets presenting a certificate signed by this PEM CA")
     limits = SessionLimits()
     parser.add_argument("--max-sessions", type=int, default=limits.total, metavar="N",
-                        help="sessions drafted at once over all targets, each with a context of --ctx-size; "
-                             "beyond, a target decodes alone for the new one")
+                        help="sessions drafted at once over all targets, each up to --ctx-size positions in the "
+                             "shared KV cache (--kv-cells); beyond, a target decodes alone for the new one")
+    parser.add_argument("--kv-cells", type=int, default=None, metavar="N",
+                        help="KV cache cells shared by all sessions, allocated at start (default: "
+                             f"{KV_CELLS_PER_CONTEXT} x --ctx-size); a session that finds no room decodes alone")
     parser.add_argument("--max-sessions-per-target", type=int, default=limits.per_target, metavar="N",
                         help="sessions drafted at once for one target connection")
     parser.add_argument("--max-branches", type=int, default=MAX_BRANCHES, metavar="N",
@@ -268,20 +281,35 @@ def check_flags(args: argparse.Namespace) -> None:
         raise ValueError("--max-sessions and --max-sessions-per-target must be at least 1")
     if not 0 <= args.max_branches <= MAX_BRANCHES or args.branch_len < 0:
         raise ValueError(f"--max-branches must be between 0 and {MAX_BRANCHES} and --branch-len >= 0")
+    per_session = 2 if args.max_branches else 1  # a session's chain sequence, and its branches'
+    if args.max_sessions * per_session > MAX_SEQUENCES:
+        raise ValueError(f"--max-sessions {args.max_sessions} needs {args.max_sessions * per_session} sequences "
+                         f"({per_session} per session), beyond llama.cpp's {MAX_SEQUENCES} per context")
+    if args.kv_cells is not None and args.kv_cells < args.ctx_size:
+        raise ValueError(f"--kv-cells {args.kv_cells} is less than --ctx-size {args.ctx_size}: no session could "
+                         "reach its context")
 
 
 async def serve(args: argparse.Namespace, model: Model, metrics: DraftMetrics,
                 http: tuple[HttpServer, socket.socket] | None) -> None:
     drafter = Drafter(model, ModelWorker(), args.ctx_size, max(1, args.top_k_cap), observer=metrics,
-                      max_branches=args.max_branches, branch_len=args.branch_len)
+                      max_branches=args.max_branches, branch_len=args.branch_len, max_sessions=args.max_sessions,
+                      cells=args.kv_cells)
+    try:
+        await drafter.start()  # the shared KV cache, allocated once for all sessions
+    except ModelError as error:
+        raise SystemExit(f"duo-draft: {error}; try a smaller --kv-cells") from error
     limits = SessionLimits(total=args.max_sessions, per_target=args.max_sessions_per_target)
     server = grpc.aio.server(options=grpc_server_options())
     pb_grpc.add_DraftServicer_to_server(DraftServicer(drafter, limits, metrics), server)
     credentials = server_credentials(args.tls_cert, args.tls_key, args.tls_ca) if args.tls_cert else None
     security = " over mutual TLS" if args.tls_ca else " over TLS" if args.tls_cert else ""
     endpoints = args.listen + (f", metrics on {args.metrics}" if args.metrics else "")
-    await run_server(server, args.listen, f"duo-draft serving {describe(model)} on {endpoints}{security}",
-                     credentials=credentials, http=http)
+    try:
+        await run_server(server, args.listen, f"duo-draft serving {describe(model)} on {endpoints}{security}",
+                         credentials=credentials, http=http)
+    finally:
+        await drafter.stop()
 
 
 def main(argv: list[str] | None = None) -> int:

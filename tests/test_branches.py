@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from duo._proto import duo_pb2 as pb
 from duo.branches import Branch, Doubt, branch_length, choose_fork, doubt_of
-from duo.draft import BRANCH, CHAIN_AHEAD, CHAIN_NEEDED, Drafter, DraftSession
+from duo.draft import Drafter
+from duo.draft_session import BRANCH, CHAIN_AHEAD, CHAIN_NEEDED, DraftSession, Slot
 from duo.runtime import ModelWorker
 from duo.sampling import SamplingParams, SparseDist
+from test_draft_and_plan import draft_until_idle
 
 PROMPT = [9707, 11, 1879]
 
@@ -67,7 +68,7 @@ def test_the_chain_the_next_step_needs_comes_before_branches_and_branches_before
 
 def session_with_chain(chain: list[int], committed: int) -> DraftSession:
     return DraftSession(session_id=1, chain=chain, committed=committed, params=SamplingParams(),
-                        rng=np.random.default_rng(0), max_ahead=8, p_min=0.0, context=SimpleNamespace(n_ctx=256), max_branches=2,
+                        rng=np.random.default_rng(0), max_ahead=8, p_min=0.0, slot=Slot(0, 1), n_ctx=256, max_branches=2,
                         next_epoch=3)
 
 
@@ -100,19 +101,21 @@ def test_in_spare_time_the_draft_branches_at_its_least_sure_position_with_the_to
     async def run():
         drafter = Drafter(draft_model, ModelWorker(), n_ctx=256, top_k_cap=10, max_branches=1, branch_len=2)
         session = await drafter.open(pb.OpenSession(session_id=1, committed=PROMPT, max_ahead=4))
-        while session.wants_to_draft():
-            await drafter.step(session)
-        assert session.next_work() == BRANCH
-        chunks = [await drafter.branch(session) for _ in range(2)]
+        chunks, _ = await draft_until_idle(drafter, [session])
         await drafter.close(session)
-        return session, chunks
+        await drafter.stop()
+        return session, chunks[1]
 
-    session, (first, second) = asyncio.run(run())
+    session, chunks = asyncio.run(run())
+    # The two drafts the next step wants, the branch for it, then the chain up to max_ahead.
+    assert [(c.epoch, c.start) for c in chunks if c.epoch == 0] == [(0, 3), (0, 4), (0, 5), (0, 6)]
+    first, second = [c for c in chunks if c.epoch != 0]
+    assert chunks.index(first) == 2 and chunks.index(second) == 3
     fork = min(range(3, 5), key=lambda position: session.doubts[position].margin)  # the next step's 2
     assert first.HasField("branch_of") and first.branch_of == session.epoch == 0
     assert (first.start, first.tokens[0]) == (fork, session.doubts[fork].alternative)
     assert first.epoch > session.epoch and second.epoch == first.epoch and not second.HasField("branch_of")
-    assert second.start == fork + 2 and session.next_work() is None  # the one branch is long enough
+    assert second.start == fork + 2 and session.branches[0].finished  # the one branch is long enough
     # The branch's drafts are what the draft model gives after the chain's prefix and the assumed token.
     branch = session.chain[:fork] + [first.tokens[0]]
     fresh = draft_model.new_context(256)

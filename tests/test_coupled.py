@@ -15,6 +15,7 @@ from duo.draft import Drafter, InvalidEvent
 from duo.runtime import ModelWorker
 from duo.sampling import SamplingParams, coupled_sample, distribution, noise_key, uniforms, verify_coupled
 from processes import generate, start, wait_for_draft
+from test_draft_and_plan import draft_once
 from test_duo import PROMPTS, homogeneity_p_value, sample_positions, stream_and_interrupt
 from test_http_api import client, model_name
 
@@ -113,8 +114,9 @@ def test_a_coupled_draft_proposes_the_coupled_sample_of_its_whole_distribution_a
     async def first_chunk() -> tuple[pb.DraftChunk, SamplingParams]:
         drafter = Drafter(draft_model, ModelWorker(), n_ctx=64, top_k_cap=10)
         session = await drafter.open(open_message(pb.COUPLED))
-        chunk = await drafter.step(session)
+        chunk = await draft_once(drafter, session)
         await drafter.close(session)
+        await drafter.stop()
         return chunk, session.params
 
     chunk, params = asyncio.run(first_chunk())

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 from duo._proto import duo_pb2 as pb
 from duo.draft import Drafter
+from duo.batching import StepBatcher
+from duo.draft_session import DraftSession
+from duo.policy import StepCosts
 from duo.runtime import ModelWorker
 from duo.sampling import SamplingParams
 from duo.target import Generation, Request, SpecSettings
@@ -15,12 +19,38 @@ async def open_session(drafter: Drafter, prompt: list[int], p_min: float = 0.0, 
     return await drafter.open(pb.OpenSession(session_id=1, committed=prompt, max_ahead=max_ahead, p_min=p_min))
 
 
+async def draft_once(drafter: Drafter, session: DraftSession) -> pb.DraftChunk | None:
+    """One round for `session` alone: its chunk (None: nothing to send); its error, raised."""
+    [drafted] = await drafter.draft_round([session])
+    if drafted.error is not None:
+        raise drafted.error
+    return drafted.chunk
+
+
+async def draft_until_idle(drafter: Drafter, sessions: list[DraftSession],
+                           max_rounds: int = 200) -> tuple[dict[int, list[pb.DraftChunk]], int]:
+    """Rounds for `sessions` until none has work: each session's chunks, and the number of rounds; an
+    error of any session is raised."""
+    chunks: dict[int, list[pb.DraftChunk]] = {session.session_id: [] for session in sessions}
+    for rounds in range(max_rounds):
+        drafted = await drafter.draft_round(sessions)
+        if not drafted:
+            return chunks, rounds
+        for result in drafted:
+            if result.error is not None:
+                raise result.error
+            if result.chunk is not None:
+                chunks[result.session.session_id].append(result.chunk)
+    raise AssertionError(f"still drafting after {max_rounds} rounds")
+
+
 def test_the_draft_streams_tokens_that_continue_its_chain(draft_model):
     async def run():
         drafter = Drafter(draft_model, ModelWorker(), n_ctx=256, top_k_cap=10)
         session = await open_session(drafter, [9707, 11, 1879])
-        chunks = [await drafter.step(session) for _ in range(3)]
+        chunks = [await draft_once(drafter, session) for _ in range(3)]
         await drafter.close(session)
+        await drafter.stop()
         return chunks
 
     chunks = asyncio.run(run())
@@ -32,11 +62,12 @@ def test_draft_p_min_pauses_the_chain_at_a_doubtful_position_until_the_next_comm
     async def run():
         drafter = Drafter(draft_model, ModelWorker(), n_ctx=256, top_k_cap=10)
         session = await open_session(drafter, [9707, 11, 1879], p_min=0.999999)
-        chunk = await drafter.step(session)
+        chunk = await draft_once(drafter, session)
         paused = session.paused and not session.wants_to_draft()
         session.apply_commit(3, [279])
         resumed = session.wants_to_draft()
         await drafter.close(session)
+        await drafter.stop()
         return chunk, paused, resumed
 
     chunk, paused, resumed = asyncio.run(run())
@@ -49,13 +80,14 @@ def test_a_commit_that_agrees_keeps_the_chain_and_its_epoch(draft_model):
         drafter = Drafter(draft_model, ModelWorker(), n_ctx=256, top_k_cap=10)
         session = await open_session(drafter, [9707, 11, 1879])
         for _ in range(3):
-            await drafter.step(session)
+            await draft_once(drafter, session)
         chain = list(session.chain)
         session.apply_commit(3, chain[3:5])  # the target accepted two drafts
         kept = (session.chain == chain, session.epoch, session.committed)
         session.apply_commit(5, [chain[5] + 1])  # ... then disagreed with the third
         restarted = (session.chain == chain[:5] + [chain[5] + 1], session.epoch, session.committed)
         await drafter.close(session)
+        await drafter.stop()
         return kept, restarted
 
     kept, restarted = asyncio.run(run())
@@ -68,8 +100,9 @@ def test_a_commit_that_overtakes_the_chain_starts_a_new_epoch_at_its_end(draft_m
         drafter = Drafter(draft_model, ModelWorker(), n_ctx=256, top_k_cap=10)
         session = await open_session(drafter, [9707, 11, 1879])
         session.apply_commit(3, [5, 6])
-        chunk = await drafter.step(session)
+        chunk = await draft_once(drafter, session)
         await drafter.close(session)
+        await drafter.stop()
         return chunk
 
     chunk = asyncio.run(run())
@@ -81,25 +114,29 @@ def test_max_ahead_bounds_how_far_the_draft_runs(draft_model):
         drafter = Drafter(draft_model, ModelWorker(), n_ctx=256, top_k_cap=10)
         session = await open_session(drafter, [9707, 11, 1879], max_ahead=2)
         for _ in range(2):
-            await drafter.step(session)
+            await draft_once(drafter, session)
         full = session.wants_to_draft()
         session.apply_commit(3, session.chain[3:4])
         room_again = session.wants_to_draft()
         session.max_ahead = 0  # the target's policy lets the draft rest
         resting = session.wants_to_draft()
         await drafter.close(session)
+        await drafter.stop()
         return full, room_again, resting
 
     assert asyncio.run(run()) == (False, True, False)
 
 
 def plan_for(pending: int, **settings) -> tuple[int, int]:
-    """(drafts in the batch, drafts verified) for a generation holding `pending` chain tokens."""
+    """(drafts in the batch, drafts verified) for a generation holding `pending` chain tokens, as the
+    target's batched call plans it."""
     generation = Generation(1, Request([1, 2, 3], SamplingParams()), model=None, settings=SpecSettings(**settings))
     generation.chain.receive(0, 3, list(range(100, 100 + pending)), [])
-    batch, n_rows, drafts, _ = generation.plan(room=1000, policy=None)
-    assert batch[0] == 3 and n_rows == len(batch)  # the newest committed token leads the batch
-    return len(batch) - 1, len(drafts)
+    batcher = StepBatcher(ModelWorker(), SimpleNamespace(n_seq=1, n_batch=512), StepCosts())
+    [planned] = batcher._plan([(generation.verify_work(0, room=1000, policy=None), None)])
+    tokens = list(planned.part.tokens)
+    assert tokens[0] == 3 and list(planned.part.outputs()) == list(range(len(tokens)))  # the newest committed token leads
+    return len(tokens) - 1, len(planned.drafts)
 
 
 def test_draft_max_caps_the_batch_and_the_next_draft_is_checked_by_the_last_row():

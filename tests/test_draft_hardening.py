@@ -1,5 +1,5 @@
 """The draft is optional and untrusted, and so is its target: --draft-p-min keeps sampling exact, a bad session
-costs that session only, no llama context outlives its session, sessions are capped, and the draft reports
+costs that session only, no session's sequences outlive it, sessions are capped, and the draft reports
 its work as Prometheus metrics."""
 
 from __future__ import annotations
@@ -15,14 +15,16 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from duo._proto import duo_pb2 as pb
-from duo.draft import Drafter, DraftSession, proposes
+from duo.draft import Drafter
 from duo.draft_metrics import DraftMetrics
 from duo.draft_process import DraftServicer, SessionLimits, main
+from duo.draft_session import DraftSession, proposes
 from duo.model import Context, Model, ModelError
 from duo.runtime import ModelWorker
 from duo.sampling import SamplingParams, SparseDist, sample, verify
 from duo.target import SYNC_WAIT_S
 from processes import free_port, generate, start, wait_for_draft
+from test_draft_and_plan import draft_once
 from test_duo import homogeneity_p_value, sample_positions
 
 PROMPT = [9707, 11, 1879]
@@ -79,9 +81,10 @@ def test_whether_the_draft_pauses_does_not_depend_on_the_token_it_draws(draft_mo
         for seed in range(12):
             session = await drafter.open(pb.OpenSession(session_id=seed, committed=PROMPT, max_ahead=4, p_min=p_min,
                                                         sampling=pb.SamplingParams(temperature=1.0, seed=seed)))
-            chunk = await drafter.step(session)
+            chunk = await draft_once(drafter, session)
             tokens.append(None if chunk is None or chunk.paused else chunk.tokens[0])
             await drafter.close(session)
+        await drafter.stop()
         return tokens
 
     below = asyncio.run(proposals(top1 - 1e-4))
@@ -162,7 +165,7 @@ def drafter_proposals(drafter: Drafter, session: DraftSession) -> Callable[[list
         if len(committed) > session.committed:
             drafter.commit(session, session.committed, committed[session.committed:])
         proposals = []
-        while session.wants_to_draft() and (chunk := await drafter.step(session)) is not None and not chunk.paused:
+        while session.wants_to_draft() and (chunk := await draft_once(drafter, session)) is not None and not chunk.paused:
             q = chunk.dists[0]
             proposals.append((chunk.tokens[0], SparseDist(np.array(q.ids), np.array(q.probs) / sum(q.probs))))
         return proposals
@@ -191,6 +194,7 @@ def test_with_every_proposal_verified_sampling_with_p_min_follows_the_target(dra
             with_draft.append(await target_tokens(target, prompt, n_tokens, rng, drafter_proposals(drafter, session)))
             await drafter.close(session)
             alone.append(await target_tokens(target, prompt, n_tokens, rng, nothing_proposed))
+        await drafter.stop()
         return with_draft, alone
 
     try:
@@ -207,13 +211,15 @@ def test_with_every_proposal_verified_sampling_with_p_min_follows_the_target(dra
 
 
 class CountingModel:
-    """The draft model, counting the llama contexts made and closed through it; each creation, close or
-    decode first waits `delay` seconds (on the model thread), so that a test can cancel in the middle."""
+    """The draft model, counting the llama contexts made and closed through it and their batched decodes
+    (the parts of each); each creation, close or decode first waits `delay` seconds (on the model
+    thread), so that a test can cancel in the middle."""
 
     def __init__(self, model: Model, *, delay: float = 0.0) -> None:
         self._model = model
         self.delay = delay
         self.made = self.closed = 0
+        self.calls: list[int] = []  # parts per decode_parts call
         self.creating, self.closing, self.decoding = threading.Event(), threading.Event(), threading.Event()
 
     def __getattr__(self, name: str):
@@ -224,7 +230,7 @@ class CountingModel:
         time.sleep(self.delay)
         context = self._model.new_context(n_ctx, **options)
         self.made += 1
-        close, decode = context.close, context.decode
+        close, decode_parts = context.close, context.decode_parts
 
         def slow_close() -> None:
             self.closing.set()
@@ -232,22 +238,29 @@ class CountingModel:
             close()
             self.closed += 1
 
-        def slow_decode(*args, **kwargs) -> np.ndarray:
+        def slow_decode_parts(parts) -> list[np.ndarray]:
             self.decoding.set()
             time.sleep(self.delay)
-            return decode(*args, **kwargs)
-        context.close, context.decode = slow_close, slow_decode
+            self.calls.append(len(parts))
+            return decode_parts(parts)
+        context.close, context.decode_parts = slow_close, slow_decode_parts
         return context
 
-    @property
-    def open_contexts(self) -> int:
-        return self.made - self.closed
-
-    async def wait_until_closed(self, made: int, timeout: float = 5) -> None:
-        """Until `made` contexts were made and all were closed, or `timeout`."""
+    async def wait_until_made(self, timeout: float = 5) -> None:
         deadline = time.monotonic() + timeout
-        while (self.made, self.closed) != (made, made) and time.monotonic() < deadline:
+        while not self.made and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
+
+
+def slots_held(drafter: Drafter) -> int:
+    return drafter.max_sessions - drafter.slots_free
+
+
+async def holds_nothing(drafter: Drafter) -> bool:
+    """Whether no session holds a slot or a cell, once the model thread ran what was queued on it
+    (it runs its calls in order)."""
+    await drafter.worker.run(time.sleep, 0)
+    return slots_held(drafter) == 0 and drafter.cells_used == 0
 
 
 class Peer:
@@ -299,10 +312,11 @@ class Stream:
         await self.task
 
 
-def servicer_for(model: Model, *, drafter_class: type[Drafter] = Drafter, n_ctx: int = 64,
+def servicer_for(model: Model, *, drafter_class: type[Drafter] = Drafter, n_ctx: int = 64, cells: int | None = None,
                  limits: SessionLimits = SessionLimits()) -> tuple[DraftServicer, DraftMetrics]:
     metrics = DraftMetrics()
-    drafter = drafter_class(model, ModelWorker(), n_ctx=n_ctx, top_k_cap=10, observer=metrics)
+    drafter = drafter_class(model, ModelWorker(), n_ctx=n_ctx, top_k_cap=10, observer=metrics,
+                            max_sessions=limits.total, cells=cells)
     return DraftServicer(drafter, limits, metrics), metrics
 
 
@@ -325,7 +339,7 @@ def test_a_session_the_draft_cannot_open_gets_a_session_error_and_the_others_go_
                                                                                    words):
     model = CountingModel(draft_model)
 
-    async def run() -> tuple[dict[int, str], int, DraftMetrics]:
+    async def run() -> tuple[dict[int, str], int, DraftMetrics, bool]:
         servicer, metrics = servicer_for(model)
         stream = Stream(servicer)
         stream.open(1)
@@ -335,25 +349,40 @@ def test_a_session_the_draft_cannot_open_gets_a_session_error_and_the_others_go_
         stream.send(commit=pb.Commit(session_id=1, start=3, tokens=[stream.chunks(1)[0].tokens[0] + 1]))
         await stream.until(lambda: len(stream.chunks(1)) == 8)  # session 1 drafts on after the bad open
         await stream.end()
-        return stream.errors(), servicer.sessions_open(), metrics
+        freed = await holds_nothing(servicer.drafter)
+        await servicer.drafter.stop()
+        return stream.errors(), servicer.sessions_open(), metrics, freed
 
-    errors, still_open, metrics = asyncio.run(run())
+    errors, still_open, metrics, freed = asyncio.run(run())
     assert list(errors) == [2]
     for word in words:
         assert word in errors[2]
     assert refused(metrics, reason) == 1
-    assert still_open == 0 and model.open_contexts == 0
+    assert still_open == 0 and freed
+    assert (model.made, model.closed) == (1, 1)  # one context for all sessions, closed with the drafter
+
+
+class Raising:
+    """A random generator that raises `error` when drawn from."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def random(self) -> float:
+        raise self.error
 
 
 class FailingDrafter(Drafter):
-    """Drafting for session 2 raises `FailingDrafter.error`, as a bug or a broken model would."""
+    """Drawing session 2's tokens (in the batched call with the others) raises `FailingDrafter.error`, as a
+    bug or a broken model would."""
 
     error: Exception = AssertionError("a bug")
 
-    async def step(self, session: DraftSession) -> pb.DraftChunk | None:
+    async def open(self, message: pb.OpenSession) -> DraftSession:
+        session = await super().open(message)
         if session.session_id == 2:
-            raise self.error
-        return await super().step(session)
+            session.rng = Raising(self.error)
+        return session
 
 
 @pytest.mark.parametrize("error, reason", [
@@ -368,24 +397,26 @@ def test_a_session_whose_drafting_fails_gets_a_session_error_and_the_others_go_o
         pass
     Failing.error = error
 
-    async def run() -> tuple[dict[int, str], DraftMetrics, int]:
+    async def run() -> tuple[dict[int, str], DraftMetrics, int, bool]:
         servicer, metrics = servicer_for(model, drafter_class=Failing)
         stream = Stream(servicer)
         for session_id in (1, 2, 3):
             stream.open(session_id, sampling=SAMPLED)
         await stream.until(lambda: 2 in stream.errors() and len(stream.chunks(1)) == len(stream.chunks(3)) == 4)
-        held = model.open_contexts  # sessions 1 and 3; session 2's context is freed at once
+        held = slots_held(servicer.drafter)  # sessions 1 and 3; session 2's slot is freed at once
         stream.send(commit=pb.Commit(session_id=2, start=3, tokens=[5]))  # the target does not know yet: ignored
         stream.send(close=pb.CloseSession(session_id=2))
         stream.send(commit=pb.Commit(session_id=1, start=3, tokens=[stream.chunks(1)[0].tokens[0]]))
         await stream.until(lambda: len(stream.chunks(1)) == 5)
         await stream.end()
-        return stream.errors(), metrics, held
+        freed = await holds_nothing(servicer.drafter)
+        await servicer.drafter.stop()
+        return stream.errors(), metrics, held, freed
 
-    errors, metrics, held = asyncio.run(run())
+    errors, metrics, held, freed = asyncio.run(run())
     assert errors == {2: str(error)}
     assert refused(metrics, reason) == 1
-    assert held == 2 and model.open_contexts == 0
+    assert held == 2 and freed
 
 
 @pytest.mark.parametrize("event, reason, words", [
@@ -398,7 +429,7 @@ def test_a_session_whose_drafting_fails_gets_a_session_error_and_the_others_go_o
 def test_a_bad_commit_or_steer_ends_its_session_alone(draft_model, event, reason, words):
     model = CountingModel(draft_model)
 
-    async def run() -> tuple[dict[int, str], DraftMetrics, int]:
+    async def run() -> tuple[dict[int, str], DraftMetrics, int, bool]:
         servicer, metrics = servicer_for(model)
         stream = Stream(servicer)
         stream.open(1)
@@ -407,22 +438,24 @@ def test_a_bad_commit_or_steer_ends_its_session_alone(draft_model, event, reason
         stream.send(**event)
         stream.send(commit=pb.Commit(session_id=1, start=3, tokens=[stream.chunks(1)[0].tokens[0] + 1]))
         await stream.until(lambda: 2 in stream.errors() and len(stream.chunks(1)) == 8)
-        held = model.open_contexts
+        held = slots_held(servicer.drafter)
         await stream.end()
-        return stream.errors(), metrics, held
+        freed = await holds_nothing(servicer.drafter)
+        await servicer.drafter.stop()
+        return stream.errors(), metrics, held, freed
 
-    errors, metrics, held = asyncio.run(run())
+    errors, metrics, held, freed = asyncio.run(run())
     assert list(errors) == [2] and all(word in errors[2] for word in words), errors
     assert refused(metrics, reason) == 1
-    assert held == 1 and model.open_contexts == 0
+    assert held == 1 and freed
 
 
-def test_a_stream_cancelled_while_a_context_is_being_made_still_closes_it(draft_model):
-    """Cancelling the coroutine that awaits a model call does not stop the call: the context is made
-    after the stream is gone, and must be closed then."""
+def test_a_stream_cancelled_while_the_shared_context_is_being_made_leaves_it_to_the_drafter(draft_model):
+    """Cancelling the coroutine that awaits a model call does not stop the call: the shared context is
+    made after the stream is gone; it is the drafter's (the next session uses it), and no slot is taken."""
     model = CountingModel(draft_model, delay=0.2)
 
-    async def run() -> None:
+    async def run() -> tuple[bool, bool]:
         servicer, _ = servicer_for(model)
         stream = Stream(servicer)
         stream.open(1)
@@ -430,29 +463,39 @@ def test_a_stream_cancelled_while_a_context_is_being_made_still_closes_it(draft_
         stream.task.cancel()  # as grpc does when the target goes away
         await asyncio.gather(stream.task, return_exceptions=True)
         assert model.made == 0  # still being made
-        await model.wait_until_closed(made=1)
-        assert servicer.sessions_open() == 0 and not servicer.connections
+        await model.wait_until_made()
+        gone = servicer.sessions_open() == 0 and not servicer.connections
+        again = Stream(servicer)
+        again.open(1)
+        await again.until(lambda: len(again.chunks(1)) == 4)
+        await again.end()
+        freed = await holds_nothing(servicer.drafter)
+        await servicer.drafter.stop()
+        return gone, freed
 
-    asyncio.run(run())
+    assert asyncio.run(run()) == (True, True)
     assert model.made == 1 and model.closed == 1
 
 
-def test_a_close_waiting_behind_a_step_runs_even_if_the_stream_is_cancelled(draft_model):
-    """A close queued on the model thread behind a slow step, then the stream cancelled: it still runs."""
+def test_a_close_waiting_behind_a_round_runs_even_if_the_stream_is_cancelled(draft_model):
+    """A close queued on the model thread behind a slow round, then the stream cancelled: it still runs."""
     model = CountingModel(draft_model, delay=0.2)
 
-    async def run() -> None:
+    async def run() -> bool:
         servicer, _ = servicer_for(model)
         stream = Stream(servicer)
         stream.open(1)
-        await asyncio.to_thread(model.decoding.wait, 5)  # a step is on the model thread
+        await asyncio.to_thread(model.decoding.wait, 5)  # a round is on the model thread
         stream.send(close=pb.CloseSession(session_id=1))
         await stream.until(lambda: not servicer.sessions_open())  # the close is queued
         stream.task.cancel()
         await asyncio.gather(stream.task, return_exceptions=True)
-        await model.wait_until_closed(made=1)
+        cache = servicer.drafter.cache
+        freed = await holds_nothing(servicer.drafter) and cache.context.past(0) == 0
+        await servicer.drafter.stop()
+        return freed
 
-    asyncio.run(run())
+    assert asyncio.run(run())
     assert model.made == 1 and model.closed == 1
 
 
@@ -478,6 +521,7 @@ def test_sessions_beyond_the_per_target_or_total_cap_are_refused_until_one_close
         errors = first.errors(), second.errors()
         await first.end()
         await second.end()
+        await servicer.drafter.stop()
         return errors
 
     first_errors, second_errors = asyncio.run(run())
@@ -513,12 +557,15 @@ def test_beyond_its_session_cap_the_draft_refuses_and_the_target_decodes_alone_a
         metrics = scrape(url)
         assert metrics['duo_draft:sessions_refused_total{reason="max_sessions_per_target"}'] >= 1
         assert metrics["duo_draft:draft_tokens_total"] > 0 and metrics["duo_draft:chunks_sent_total"] > 0
-        assert metrics["duo_draft:step_seconds_count"] >= metrics["duo_draft:draft_tokens_total"]
+        # A round draws at most one token for each session it decodes for.
+        assert 0 < metrics["duo_draft:round_seconds_count"] == metrics["duo_draft:sessions_per_round_count"]
+        assert metrics["duo_draft:sessions_per_round_sum"] >= metrics["duo_draft:draft_tokens_total"]
+        assert metrics["duo_draft:tokens_per_round_sum"] >= metrics["duo_draft:sessions_per_round_sum"]
         assert metrics["duo_draft:num_connections"] == 1
         deadline = time.monotonic() + 10
-        while scrape(url)["duo_draft:num_sessions_open"] and time.monotonic() < deadline:
+        while (after := scrape(url))["duo_draft:num_sessions_open"] or after["duo_draft:kv_cells_used"]:
+            assert time.monotonic() < deadline, after
             time.sleep(0.05)
-        assert scrape(url)["duo_draft:num_sessions_open"] == 0
     finally:
         target.stop()
         draft.stop()
@@ -529,7 +576,10 @@ def test_beyond_its_session_cap_the_draft_refuses_and_the_target_decodes_alone_a
     (["--max-sessions", "0"], ["--max-sessions", "at least 1"]),
     (["--max-sessions-per-target", "0"], ["at least 1"]),
     (["--metrics", "not-an-address"], ["not HOST:PORT"]),
-], ids=["no sessions", "no sessions per target", "bad metrics address"])
+    (["--max-sessions", "129"], ["--max-sessions 129", "258 sequences", "256"]),
+    (["--kv-cells", "1000", "--ctx-size", "2048"], ["--kv-cells 1000", "--ctx-size 2048"]),
+], ids=["no sessions", "no sessions per target", "bad metrics address", "sequences beyond llama.cpp's",
+        "fewer cells than a session's context"])
 def test_duo_draft_refuses_flags_it_cannot_serve_before_loading_the_model(flags, words, capsys, tmp_path):
     assert main(["--model", str(tmp_path / "never-loaded.gguf"), *flags]) == 1
     error = capsys.readouterr().err
