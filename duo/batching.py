@@ -107,7 +107,6 @@ class StepBatcher:
         self._thinking: set[int] = set()  # served by the last call and not yet back
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self.calls = 0  # model calls made
         self.observers: list[CallObserver] = []
 
     @property
@@ -160,7 +159,6 @@ class StepBatcher:
             self._deliver(planned, results, seconds)
 
     def _deliver(self, planned: list[_Planned], results: list[Verdict | int | Exception], seconds: float) -> None:
-        self.calls += 1
         tokens = sum(len(item.part.tokens) for item in planned)
         self.costs.observe(tokens, seconds)
         for observer in self.observers:
