@@ -17,7 +17,7 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from duo.model import Context, ModelError, Part
+from duo.model import Context, ModelError, Part, common_prefix_length
 from duo.policy import AdaptivePolicy, StepCosts, choose_together
 from duo.runtime import ModelWorker
 from duo.sampling import SamplingParams, SparseDist, Verdict, verify
@@ -101,8 +101,7 @@ class StepBatcher:
         self.worker = worker
         self.context = context
         self.costs = costs
-        self._free = list(range(context.n_seq - 1, -1, -1))  # sequences no request holds (pop: lowest first)
-        self._stale: set[int] = set()  # left by a request: cleared at the start of the next call
+        self._free = list(range(context.n_seq))  # sequences no request holds (their cells kept for reuse)
         self._queue: list[tuple[Work, asyncio.Future]] = []
         self._thinking: set[int] = set()  # served by the last call and not yet back
         self._changed = asyncio.Event()
@@ -114,17 +113,37 @@ class StepBatcher:
         """Requests holding a sequence."""
         return self.context.n_seq - len(self._free)
 
-    def join(self) -> int:
-        """A sequence for a new request."""
+    def join(self, prompt: Sequence[int]) -> int:
+        """A sequence for a new request: of the free ones, the one whose cells lose the least of what they
+        hold (`prompt` continues its conversation, or it is empty) rather than another conversation's
+        cache, a later turn of which may come; among equals, the one free the longest.
+
+        adopt() then gives it the longest prefix of `prompt` held anywhere, whichever sequence it took.
+        """
         if not self._free:
             raise ModelError(f"all {self.context.n_seq} sequences of the target's context are in use")
-        return self._free.pop()
+
+        def lost(seq: int) -> int:  # read while the model thread may run a call: a hint, never a hazard
+            held = self.context.held(seq)
+            return len(held) - common_prefix_length(held, prompt)
+
+        seq = min(self._free, key=lost)  # the first of equals: _free is in the order they were freed
+        self._free.remove(seq)
+        return seq
+
+    async def adopt(self, seq: int, prompt: Sequence[int]) -> int:
+        """Give the request on `seq` the longest prefix of `prompt` that any sequence holds, with no
+        recompute (duo.model.Context.adopt_prefix); the prompt tokens it need not decode.
+
+        On the model thread, which runs one job at a time in order: no call touches the context meanwhile.
+        """
+        return await self.worker.run(self.context.adopt_prefix, seq, list(prompt))
 
     def leave(self, seq: int) -> None:
-        """The request on `seq` ended: its cells are freed by the next call, its sequence reused."""
+        """The request on `seq` ended: its sequence is free for another, its cells kept until then (a
+        later request may start from them)."""
         self.away(seq)
         self._queue = [(work, future) for work, future in self._queue if work.seq != seq]
-        self._stale.add(seq)
         self._free.append(seq)
 
     def away(self, seq: int) -> None:
@@ -149,8 +168,7 @@ class StepBatcher:
             planned: list[_Planned] = []
             try:
                 planned = self._plan(batch)
-                stale, self._stale = sorted(self._stale), set()
-                results, seconds = await self.worker.run(_decode_and_verify, self.context, planned, stale)
+                results, seconds = await self.worker.run(_decode_and_verify, self.context, planned)
             except Exception as error:  # the call failed: every request in it hears why
                 for _, future in batch:
                     if not future.done():
@@ -241,14 +259,12 @@ class StepBatcher:
         return min(chunk, room)
 
 
-def _decode_and_verify(context: Context, planned: Sequence[_Planned],
-                       stale: Sequence[int]) -> tuple[list[Verdict | int | Exception], float]:
-    """One model call (on the model thread): free the cells of requests that left, decode every part,
-    verify each request's drafts against its rows and drop its rejected drafts' cache entries. A
-    request whose verification fails gets its error alone."""
+def _decode_and_verify(context: Context,
+                       planned: Sequence[_Planned]) -> tuple[list[Verdict | int | Exception], float]:
+    """One model call (on the model thread): decode every part, verify each request's drafts against
+    its rows and drop its rejected drafts' cache entries. A request whose verification fails gets its
+    error alone."""
     began = time.perf_counter()
-    for seq in stale:
-        context.clear(seq)
     rows = context.decode_parts([item.part for item in planned])
     results: list[Verdict | int | Exception] = []
     for item, logits in zip(planned, rows):

@@ -69,7 +69,8 @@ class Piece:
 
 def stats_fields(stats: GenerationStats, draft_connected: bool) -> dict[str, float | int | bool | str | list[int]]:
     """A request's stats under the names of proto/duo.proto's Stats message (also used in HTTP's duo_stats)."""
-    return {"prompt_tokens": stats.prompt_tokens, "generated_tokens": stats.generated_tokens,
+    return {"prompt_tokens": stats.prompt_tokens, "cached_prompt_tokens": stats.cached_prompt_tokens,
+            "generated_tokens": stats.generated_tokens,
             "draft_tokens_received": stats.draft_tokens_received,
             "draft_tokens_verified": stats.draft_tokens_verified,
             "draft_tokens_accepted": stats.draft_tokens_accepted, "verify_steps": stats.verify_steps,

@@ -10,8 +10,8 @@ from typing import Sequence
 import numpy as np
 
 from duo.branches import Branch, Doubt
-from duo.draft_session import BRANCH, DraftSession, Drawn, Slot, common_prefix_length, draw, proposes
-from duo.model import Context, ModelError, Part
+from duo.draft_session import BRANCH, DraftSession, Drawn, Slot, draw, proposes
+from duo.model import Context, ModelError, Part, common_prefix_length
 
 
 @dataclass(frozen=True)

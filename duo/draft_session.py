@@ -8,6 +8,7 @@ from typing import Sequence
 import numpy as np
 
 from duo.branches import Branch, Doubt, branch_length, choose_fork, doubt_of, preferred_draft_len
+from duo.model import common_prefix_length
 from duo.sampling import SamplingParams, SparseDist, coupled_ranking, distribution, sample
 
 # DraftSession.next_work's priorities.
@@ -155,16 +156,6 @@ class DraftSession:
                        if end <= position < len(self.chain)}
         self.committed = end
         self.paused = False
-
-
-def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    if list(a[:n]) == list(b[:n]):
-        return n  # the usual case (a chain grown by a token), at C speed: each round asks for every session
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
 
 
 def proposes(logits: np.ndarray, p_min: float) -> bool:

@@ -105,7 +105,8 @@ def run_generate(args: argparse.Namespace) -> int:
 def format_stats(stats: pb.Stats) -> str:
     acceptance = (stats.draft_tokens_accepted / stats.draft_tokens_verified) if stats.draft_tokens_verified else 0.0
     per_step = stats.generated_tokens / stats.verify_steps if stats.verify_steps else 0.0
-    return (f"[{stats.generated_tokens} tokens, {stats.tokens_per_second:.1f} tok/s, "
+    return (f"[{stats.generated_tokens} tokens, {stats.tokens_per_second:.1f} tok/s, prompt {stats.prompt_tokens} "
+            f"tokens ({stats.cached_prompt_tokens} cached), "
             f"first token {stats.time_to_first_token_s * 1000:.0f} ms, {stats.verify_steps} verify steps "
             f"({per_step:.2f} tokens/step), draft: {stats.draft_tokens_received} received, "
             f"{stats.draft_tokens_accepted}/{stats.draft_tokens_verified} accepted ({acceptance:.0%})]")

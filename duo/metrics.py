@@ -57,6 +57,8 @@ class Metrics:
         self.accepted_by_verification = Counter("duo:draft_tokens_accepted_by_verification", "Draft tokens "
                                                 "accepted, by verification mode.", ["verification"], registry=r)
         self.prompt_tokens = Counter("duo:prompt_tokens", "Prompt tokens processed.", registry=r)
+        self.prompt_tokens_cached = Counter("duo:prompt_tokens_cached", "Prompt tokens found in the cache "
+                                            "(a shared prefix): reused, not decoded.", registry=r)
         self.request_success = Counter("duo:request_success", "Requests that finished, by finish reason.",
                                        ["finish_reason"], registry=r)
         self.e2e_latency = Histogram("duo:e2e_request_latency_seconds",
@@ -122,6 +124,7 @@ class Metrics:
     def request_finished(self, stats: GenerationStats, finish_reason: str | None) -> None:
         """Count one request that ran; `finish_reason` None: the client left before the end."""
         self.prompt_tokens.inc(stats.prompt_tokens)
+        self.prompt_tokens_cached.inc(stats.cached_prompt_tokens)
         self.generation_tokens.inc(stats.generated_tokens)
         self.branch_hits.inc(stats.branch_hits)
         self.requests_by_verification.labels(verification=stats.verification).inc()

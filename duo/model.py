@@ -244,17 +244,21 @@ class Context:
         self.n_seq = n_seq
         # llama.cpp pads the cache to a multiple of 256 but caps a batch at the context size asked for.
         self.n_batch = llama_cpp.llama_n_batch(self._ctx.ctx)
-        self._n_past = [0] * n_seq  # sequence s holds positions [0, _n_past[s]) in the KV cache
+        self._held: list[list[int]] = [[] for _ in range(n_seq)]  # the tokens in sequence s's cache, by position
         self._batch = _internals.LlamaBatch(n_tokens=self.n_batch, embd=0, n_seq_max=1, verbose=False)
 
     @property
     def n_past(self) -> int:
         """Positions [0, n_past) of the main sequence are in the KV cache."""
-        return self._n_past[0]
+        return len(self._held[0])
 
     def past(self, seq: int) -> int:
         """Positions [0, past(seq)) of sequence `seq` are in the KV cache."""
-        return self._n_past[seq]
+        return len(self._held[seq])
+
+    def held(self, seq: int) -> Sequence[int]:
+        """The tokens sequence `seq` holds, position by position."""
+        return self._held[seq]
 
     def decode(self, tokens: Sequence[int], pos: int, logits_for: Sequence[int] | None = None,
                seq: int = 0) -> np.ndarray:
@@ -286,7 +290,7 @@ class Context:
                 self.rollback(part.pos, part.seq)
             raise ModelError(f"llama_decode failed: {error}") from error
         for part in parts:
-            self._n_past[part.seq] = part.pos + len(part.tokens)
+            self._held[part.seq][part.pos:] = part.tokens
         n_rows = sum(len(part.outputs()) for part in parts)
         logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits(self._ctx.ctx), shape=(n_rows, self.model.n_vocab))
         rows, first = [], 0
@@ -297,8 +301,8 @@ class Context:
         return rows
 
     def _check_room(self, part: Part) -> None:
-        if part.pos != self._n_past[part.seq]:
-            raise ModelError(f"decode at position {part.pos}, but the KV cache holds {self._n_past[part.seq]} "
+        if part.pos != self.past(part.seq):
+            raise ModelError(f"decode at position {part.pos}, but the KV cache holds {self.past(part.seq)} "
                              f"positions of sequence {part.seq}")
         if part.pos + len(part.tokens) > self.n_ctx:
             raise ModelError(f"context full: {part.pos} + {len(part.tokens)} tokens exceed the context of {self.n_ctx}")
@@ -320,13 +324,13 @@ class Context:
 
     def rollback(self, n: int, seq: int = 0) -> None:
         """Forget positions >= n of sequence `seq` so that decoding can resume at position n."""
-        if n >= self._n_past[seq]:
+        if n >= self.past(seq):
             return
         if not self._ctx.kv_cache_seq_rm(seq, n, -1):
             raise ModelError(
                 f"{self.model.path.name} cannot roll its state back to position {n} (recurrent or hybrid "
                 "models keep no per-position cache); duo needs an attention-only model")
-        self._n_past[seq] = n
+        del self._held[seq][n:]
 
     def fork(self, seq: int, n: int, source: int = 0) -> None:
         """Make sequence `seq` hold positions [0, n) of sequence `source`, and nothing else.
@@ -334,19 +338,46 @@ class Context:
         No recompute: the cells of those positions are tagged with `seq` too. This costs next to
         nothing where re-decoding the prefix would cost a batch of n tokens.
         """
-        n = min(n, self._n_past[source])
+        n = min(n, self.past(source))
         self._ctx.kv_cache_seq_rm(seq, 0, -1)
         self._ctx.kv_cache_seq_cp(source, seq, 0, n)
-        self._n_past[seq] = n
+        self._held[seq] = self._held[source][:n]
+
+    def adopt_prefix(self, seq: int, tokens: Sequence[int]) -> int:
+        """Make sequence `seq` hold the longest prefix of `tokens` that any sequence holds, and nothing
+        else; return its length (the tokens that need no decoding).
+
+        Requests that share a system prompt, or a conversation's next turn (its prompt is the previous
+        prompt and answer plus a new message), then skip the shared part: its own cells where `seq`
+        holds it, else cells shared with the sequence that does (fork), with no recompute either way.
+        """
+        def shared(s: int) -> int:
+            return common_prefix_length(self._held[s], tokens)
+
+        source = max(range(self.n_seq), key=lambda s: (shared(s), s == seq))
+        n = shared(source)
+        if source == seq:
+            self.rollback(n, seq)
+        else:
+            self.fork(seq, n, source)
+        return n
 
     def clear(self, seq: int) -> None:
         """Forget all of sequence `seq`, freeing its cells for the other sequences."""
         self._ctx.kv_cache_seq_rm(seq, 0, -1)
-        self._n_past[seq] = 0
+        self._held[seq] = []
 
     def close(self) -> None:
         self._batch.close()
         self._ctx.close()
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens `a` and `b` share."""
+    n = min(len(a), len(b))
+    if list(a[:n]) == list(b[:n]):  # the common case (a session catching up) in one comparison
+        return n
+    return next(i for i in range(n) if a[i] != b[i])
 
 
 _LOG_CALLBACK = None

@@ -161,9 +161,10 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     return task.result()
 
 
-def usage(piece: Piece) -> dict[str, int]:
+def usage(piece: Piece) -> dict[str, Any]:
     prompt, completion = piece.stats.prompt_tokens, piece.stats.generated_tokens
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": piece.stats.cached_prompt_tokens}}
 
 
 class OpenAIApi:

@@ -67,6 +67,7 @@ class GenerationStats:
     """
 
     prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0  # the prompt's prefix that was in the cache already (not decoded again)
     generated_tokens: int = 0
     draft_tokens_received: int = 0
     draft_tokens_verified: int = 0
@@ -304,13 +305,13 @@ class Target:
         if len(request.prompt_tokens) >= n_ctx:
             raise ModelError(f"the prompt has {len(request.prompt_tokens)} tokens; the context holds "
                              f"{n_ctx}: shorten it or start duo-target with a larger --ctx-size")
-        seq = batcher.join()
+        seq = batcher.join(request.prompt_tokens)
         try:
             if self.link:
                 if generation.policy is not None:
                     generation.max_ahead = generation.policy.max_ahead()
                 self.link.register(generation)
-            await self._prefill(batcher, seq, request.prompt_tokens[:-1])
+            generation.stats.cached_prompt_tokens = await self._prefill(batcher, seq, request.prompt_tokens[:-1])
             while True:
                 step = await self._step(generation, batcher, seq)
                 if step.finish_reason is None and len(generation.committed) >= n_ctx:
@@ -329,12 +330,14 @@ class Target:
             batcher.leave(seq)
 
     @staticmethod
-    async def _prefill(batcher: StepBatcher, seq: int, tokens: list[int]) -> None:
+    async def _prefill(batcher: StepBatcher, seq: int, tokens: list[int]) -> int:
         """Decode the prompt (but its last token, which the first step decodes) in chunks that ride
-        along the running generations' steps."""
-        pos = 0
+        along the running generations' steps, after the prefix some sequence already holds; return the
+        length of that prefix."""
+        cached = pos = await batcher.adopt(seq, tokens)
         while pos < len(tokens):
             pos += await batcher.run(PrefillWork(seq, pos, tokens[pos:]))
+        return cached
 
     async def _await_drafts(self, generation: Generation, want: int) -> None:
         """Synchronous mode: wait until `want` drafts are pending, the draft stopped, or it is gone."""

@@ -135,6 +135,70 @@ def test_sequences_are_reused_by_later_generations(target_model):
     assert asyncio.run(in_turns()) == expected * 5
 
 
+SYSTEM = [151644, 8948, 198, 2610, 525, 264, 10950, 17847, 13, 151645, 198, 151644, 872, 198]  # a chat's system turn
+
+
+def stream(target: Target, request: Request, started: asyncio.Event | None = None) -> "asyncio.Future":
+    """Run `request` on `target` in a task: (its tokens, its final stats); set `started` at its first token."""
+    async def one():
+        tokens, stats = [], None
+        async for step, stats in target.generate(request):
+            tokens.extend(step.tokens)
+            if started is not None:
+                started.set()
+        return tokens, stats
+
+    return asyncio.ensure_future(one())
+
+
+def test_later_requests_decode_only_what_follows_the_prefix_a_sequence_holds(target_model):
+    """A shared system turn, then a conversation's next turn: each reuses the cache, and answers as afresh."""
+    first, second = SYSTEM + [7985, 264, 1140], SYSTEM + [29016, 279, 914, 11]
+    target = Target(target_model, ModelWorker(), None, n_ctx=256, settings=SpecSettings(), parallel=2)
+    log = CallLog(target)
+    asyncio.run(log.attach())
+
+    async def in_turns():
+        try:
+            one, stats_one = await stream(target, greedy(first))
+            two, stats_two = await stream(target, greedy(second))
+            follow_up = first + one + [151645, 198, 151644, 872, 198, 3838]
+            three, stats_three = await stream(target, greedy(follow_up))
+            return (one, two, three), (stats_one, stats_two, stats_three), follow_up
+        finally:
+            await target.close()
+
+    outputs, stats, follow_up = asyncio.run(in_turns())
+    # The first decodes its whole prompt (but the last token, which its first step decodes); the second
+    # only its user turn; the follow-up finds the first request's prompt and answer (but the answer's
+    # last token, committed and never decoded) on the sequence the first one left.
+    assert [s.cached_prompt_tokens for s in stats] == [0, len(SYSTEM), len(first) + len(outputs[0]) - 1]
+    prompt_tokens = [sum(len(part.tokens) for part in call if not part.logits_for) for call in log.calls]
+    assert sum(prompt_tokens) == (len(first) - 1) + (len(second) - 1 - len(SYSTEM)) + (len(follow_up) - len(first) - len(outputs[0]))
+    for prompt, got in zip((first, second, follow_up), outputs):
+        assert leaves_greedy_path_only_at_a_near_tie(target_model, prompt, got, 24)
+
+
+def test_a_request_arriving_while_another_runs_starts_from_that_ones_prefix_and_neither_is_disturbed(target_model):
+    first, second = SYSTEM + [7985, 264, 1140], SYSTEM + [29016, 279, 914, 11]
+    target = Target(target_model, ModelWorker(), None, n_ctx=256, settings=SpecSettings(), parallel=2)
+
+    async def overlapping():
+        started = asyncio.Event()
+        try:
+            running = stream(target, greedy(first, 40), started)
+            await started.wait()
+            late = await stream(target, greedy(second))
+            return await running, late
+        finally:
+            await target.close()
+
+    (one, stats_one), (two, stats_two) = asyncio.run(overlapping())
+    assert stats_two.cached_prompt_tokens == len(SYSTEM)
+    assert leaves_greedy_path_only_at_a_near_tie(target_model, first, one, 40)
+    assert leaves_greedy_path_only_at_a_near_tie(target_model, second, two, 24)
+
+
 @pytest.fixture(scope="module")
 def served(tiny_target, tiny_draft, tmp_path_factory):
     """A draft and a target running 8 generations at once, and a target alone."""

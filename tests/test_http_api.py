@@ -93,6 +93,22 @@ def test_chat_completions_render_the_messages_with_the_models_chat_template(serv
     assert response.usage.prompt_tokens == n_prompt > 10  # the template adds role markers to the 4 text tokens
 
 
+def test_a_chat_sharing_the_previous_ones_system_prompt_reports_that_prefix_as_cached(served_alone):
+    system = {"role": "system", "content": "You are a careful assistant who answers in one short sentence."}
+    first, second = ([system, {"role": "user", "content": text}] for text in ("hello", "what is a prime?"))
+    with grpc.insecure_channel(served_alone.address) as channel:
+        tokenize = pb_grpc.TargetStub(channel).Tokenize
+        ids = [list(tokenize(pb.TokenizeRequest(messages=[pb.ChatMessage(**m) for m in chat])).token_ids)
+               for chat in (first, second)]
+    shared = next(i for i, (a, b) in enumerate(zip(*ids)) if a != b)
+    assert shared > 15  # the template's system turn and the start of the user's
+    answers = [client(served_alone).chat.completions.create(model=model_name(served_alone), messages=chat,
+                                                            max_tokens=8, temperature=0) for chat in (first, second)]
+    assert answers[1].usage.prompt_tokens_details.cached_tokens == shared
+    assert answers[1].model_extra["duo_stats"]["cached_prompt_tokens"] == shared
+    assert answers[1].usage.prompt_tokens == len(ids[1])
+
+
 def test_a_streamed_chat_adds_up_to_the_whole_answer_and_ends_with_usage(served_alone):
     messages = [{"role": "user", "content": "tell me a story"}]
     whole = client(served_alone).chat.completions.create(model=model_name(served_alone), messages=messages,
@@ -270,6 +286,7 @@ def test_metrics_count_drafts_acceptance_tokens_and_requests_after_a_speculative
     assert per_pos == moved("duo:spec_decode_num_accepted_tokens_total")
     assert moved("duo:generation_tokens_total") == 64
     assert moved("duo:prompt_tokens_total") == response.usage.prompt_tokens
+    assert moved("duo:prompt_tokens_cached_total") == response.usage.prompt_tokens_details.cached_tokens
     assert moved("duo:request_success_total", finish_reason="length") == 1
     assert moved("duo:requests_by_verification_total", verification="greedy") == 1
     assert moved("duo:draft_tokens_accepted_by_verification_total", verification="greedy") == stats["draft_tokens_accepted"]

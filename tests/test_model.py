@@ -167,3 +167,26 @@ def test_a_forked_sequence_continues_the_main_prefix_as_if_decoded_afresh(target
     np.testing.assert_allclose(context.decode(tokens[-1:], len(tokens) - 1), main_last, atol=1e-3)
     context.close()
     fresh.close()
+
+
+def test_a_sequence_adopts_the_longest_prefix_any_sequence_holds_and_continues_it_as_if_decoded_afresh(target_model):
+    system = target_model.tokenize("<|im_start|>system\nYou write Python.<|im_end|>\n<|im_start|>user\n")
+    first, other, second = (target_model.tokenize(text, add_special=False)
+                            for text in ("sort a list", "unrelated words here", "reverse a string"))
+    context = target_model.new_context(128, n_seq=3, cells=3 * 128)
+    context.decode(system + first, 0, seq=0)
+    context.decode(other, 0, seq=1)
+    assert context.adopt_prefix(2, system + second) == len(system)  # from sequence 0: the system turn
+    assert list(context.held(2)) == system
+    # The source may go on, even roll back below the shared prefix: the adopted cells stay sequence 2's.
+    context.rollback(3, seq=0)
+    adopted = context.decode(second, len(system), logits_for=range(len(second)), seq=2)
+    fresh = target_model.new_context(128)
+    fresh.decode(system, 0)
+    np.testing.assert_allclose(adopted, fresh.decode(second, len(system), logits_for=range(len(second))), atol=1e-3)
+    # A sequence that holds more of the prompt than any other keeps it, and drops what differs.
+    assert context.adopt_prefix(2, system + second[:2] + other) == len(system) + 2
+    assert list(context.held(2)) == system + second[:2]
+    assert context.adopt_prefix(1, [7, 8, 9]) == 0 and context.past(1) == 0
+    context.close()
+    fresh.close()
