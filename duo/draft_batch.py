@@ -135,6 +135,11 @@ class DraftCache:
         growing it decodes one token a round, as the chain does.
         """
         session, want, seq = work.session, work.tokens, work.seq
+        if work.fork is None and not session.kv_tokens:
+            # A new session starts from the longest prefix of its tokens that any sequence holds (another
+            # session's system prompt, say): no recompute. Its cells count as this session's own too, which
+            # errs on the safe side of --kv-cells.
+            session.kv_tokens = want[:self.context.adopt_prefix(seq, want[:-1])]
         if work.fork is not None and common_prefix_length(session.branch_kv, want) < work.fork:
             self.context.fork(seq, work.fork, source=session.slot.chain)
             session.branch_kv = want[:self.context.past(seq)]

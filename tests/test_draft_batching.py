@@ -236,3 +236,30 @@ def test_the_metrics_count_sessions_and_tokens_per_batched_call(draft_model):
     assert sample("duo_draft:sessions_per_round_sum") == 3
     assert sample("duo_draft:tokens_per_round_sum") == sum(len(draft_model.tokenize(text)) for text in TEXTS[:3])
     assert sample("duo_draft:draft_tokens_total") == 3
+
+
+def test_a_new_session_starts_from_a_prefix_another_session_holds_and_drafts_as_it_would_alone(draft_model):
+    system = draft_model.tokenize("<|im_start|>system\nYou write careful Python.<|im_end|>\n<|im_start|>user\n")
+    first, second = (pb.OpenSession(session_id=i, committed=system + draft_model.tokenize(text, add_special=False),
+                                    max_ahead=8) for i, text in ((1, "sort a list"), (2, "reverse a string")))
+    decoded: list[Part] = []
+
+    async def run() -> list[pb.DraftChunk]:
+        drafter = Drafter(draft_model, ModelWorker(), **SETTINGS)
+        await drafter.start()
+        context = drafter.cache.context
+        decode_parts = context.decode_parts
+        context.decode_parts = lambda parts: decoded.extend(parts) or decode_parts(parts)
+        one = await drafter.open(first)
+        await draft_until_idle(drafter, [one])
+        decoded.clear()
+        two = await drafter.open(second)
+        chunks, _ = await draft_with_a_commit(drafter, [two])
+        await drafter.close(one, two)
+        await drafter.stop()
+        return chunks[2]
+
+    chunks = asyncio.run(run())
+    # Its first call decodes only what follows the shared system turn.
+    assert (decoded[0].pos, list(decoded[0].tokens)) == (len(system), list(second.committed[len(system):]))
+    assert_drafted_alike({2: chunks}, {2: asyncio.run(drafted_alone(draft_model, second))})
