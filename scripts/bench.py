@@ -67,7 +67,7 @@ The cost of splitting the target over RPC servers, on the same cores (needs an R
 1, 2, 4 and 8 clients at once, against the target alone and duo:
   python scripts/bench.py --target qwen2.5-coder-1.5b-instruct-f16 --draft qwen2.5-coder-0.5b-instruct \
       --draft-cores 0 --target-cores 1 --modes alone-tcores duo --prompts code --temperatures 0 \
-      --concurrency 1 2 4 8 --reps 1
+      --concurrency 1 2 4 8 --reps 1 --max-tokens 96
 """
 
 from __future__ import annotations

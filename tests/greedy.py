@@ -1,4 +1,4 @@
-"""Greedy equality "up to floating-point near-ties", for tests of concurrent requests.
+"""Greedy (and coupled-sampling) equality "up to floating-point near-ties", for tests of concurrent requests.
 
 Requests decoded in one batched call share the attention's kernels with each other's tokens, which
 changes the rounding of their logits: on the tiny random-weight models (logits up to about 50) the
@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from duo.model import Model
+from duo.sampling import SamplingParams, coupled_ranking, distribution
 
 NEAR_TIE = 0.01  # logits: ten times the drift batching was seen to cause
 
@@ -42,6 +43,25 @@ def leaves_greedy_path_only_at_a_near_tie(model: Model, prompt: str | list[int],
             if model.is_end_of_generation(best):
                 return True
             logits = context.decode([best], context.n_past)[-1]
+        return True
+    finally:
+        context.close()
+
+
+def leaves_coupled_path_only_at_a_near_tie(model: Model, prompt: str, got: list[int], n_tokens: int,
+                                           params: SamplingParams, seed: int) -> bool:
+    """Whether `got` follows the target's own coupled samples for `seed` (decoded here, alone) until it
+    ends or leaves them where the exponential race's two best keys (log p + noise, so a logit's
+    rounding moves them by it over the temperature) were within NEAR_TIE / temperature."""
+    tokens = model.tokenize(prompt)
+    context = model.new_context(len(tokens) + n_tokens + 1)
+    try:
+        logits = context.decode(tokens, 0)[-1]
+        for i, token in enumerate(got[:n_tokens]):
+            ids, keys = coupled_ranking(distribution(logits, params), seed, len(tokens) + i, n=2)
+            if token != ids[0]:
+                return bool(token == ids[1] and keys[0] - keys[1] < NEAR_TIE / params.temperature)
+            logits = context.decode([token], context.n_past)[-1]
         return True
     finally:
         context.close()

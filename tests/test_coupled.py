@@ -14,6 +14,7 @@ from duo._proto import duo_pb2 as pb
 from duo.draft import Drafter, InvalidEvent
 from duo.runtime import ModelWorker
 from duo.sampling import SamplingParams, coupled_sample, distribution, noise_key, uniforms, verify_coupled
+from greedy import leaves_coupled_path_only_at_a_near_tie
 from processes import generate, start, wait_for_draft
 from test_draft_and_plan import draft_once
 from test_duo import PROMPTS, homogeneity_p_value, sample_positions, stream_and_interrupt
@@ -176,7 +177,7 @@ def test_the_same_seed_gives_the_same_tokens_with_the_draft_killed_mid_generatio
         draft.stop()
 
 
-def test_four_concurrent_requests_each_get_their_seeds_tokens(served_alone, served_duo):
+def test_four_concurrent_requests_each_get_their_seeds_tokens(served_alone, served_duo, target_model):
     seeds = [7, 7, 8, 9]
     expected = {seed: generate(served_alone.address, PROMPTS[2], max_tokens=40, temperature=0.8, seed=seed)[0]
                 for seed in set(seeds)}
@@ -190,7 +191,11 @@ def test_four_concurrent_requests_each_get_their_seeds_tokens(served_alone, serv
         thread.start()
     for thread in threads:
         thread.join()
-    assert results == [expected[seed] for seed in seeds]
+    # Each follows its own seed's samples; batched with the others (and starting from their cached
+    # prompt) its logits round a little differently, so it may part from them only at a near-tie.
+    params = SamplingParams(temperature=0.8)
+    for seed, tokens in [*zip(seeds, results), *expected.items()]:
+        assert tokens and leaves_coupled_path_only_at_a_near_tie(target_model, PROMPTS[2], tokens, 40, params, seed), seed
 
 
 @pytest.mark.parametrize("truncation", [{}, {"top_k": 5, "top_p": 0.9, "min_p": 0.05}])
