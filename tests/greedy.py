@@ -48,20 +48,32 @@ def leaves_greedy_path_only_at_a_near_tie(model: Model, prompt: str | list[int],
         context.close()
 
 
-def leaves_coupled_path_only_at_a_near_tie(model: Model, prompt: str, got: list[int], n_tokens: int,
-                                           params: SamplingParams, seed: int) -> bool:
-    """Whether `got` follows the target's own coupled samples for `seed` (decoded here, alone) until it
-    ends or leaves them where the exponential race's two best keys (log p + noise, so a logit's
-    rounding moves them by it over the temperature) were within NEAR_TIE / temperature."""
-    tokens = model.tokenize(prompt)
+def leaves_coupled_path_only_at_a_near_tie(model: Model, prompt: str | list[int], got: list[int] | str,
+                                           n_tokens: int, params: SamplingParams, seed: int) -> bool:
+    """Whether `got` (token ids, or text) follows the target's own coupled samples for `seed` (decoded
+    here, alone) until it ends or leaves them where the exponential race's two best keys (log p + noise,
+    so a logit's rounding moves them by it over the temperature) were within NEAR_TIE / temperature."""
+    tokens = model.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
     context = model.new_context(len(tokens) + n_tokens + 1)
     try:
         logits = context.decode(tokens, 0)[-1]
-        for i, token in enumerate(got[:n_tokens]):
+        text, wanted = b"", got.encode() if isinstance(got, str) else None
+        for i in range(n_tokens):
             ids, keys = coupled_ranking(distribution(logits, params), seed, len(tokens) + i, n=2)
-            if token != ids[0]:
-                return bool(token == ids[1] and keys[0] - keys[1] < NEAR_TIE / params.temperature)
-            logits = context.decode([token], context.n_past)[-1]
+            best, near_tie = int(ids[0]), bool(keys[0] - keys[1] < NEAR_TIE / params.temperature)
+            if isinstance(got, list):
+                if i >= len(got):
+                    return True
+                if got[i] != best:
+                    return near_tie and got[i] == ids[1]
+            else:
+                piece = b"" if model.is_end_of_generation(best) else model.token_piece(best)
+                if not wanted.startswith(text + piece):
+                    return near_tie
+                text += piece
+            if model.is_end_of_generation(best):
+                return True
+            logits = context.decode([best], context.n_past)[-1]
         return True
     finally:
         context.close()

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import grpc
 import numpy as np
 import pytest
 from scipy.stats import chisquare
 
 from duo import sampling
 from duo._proto import duo_pb2 as pb
+from duo._proto import duo_pb2_grpc as pb_grpc
 from duo.draft import Drafter, InvalidEvent
 from duo.runtime import ModelWorker
 from duo.sampling import SamplingParams, coupled_sample, distribution, noise_key, uniforms, verify_coupled
@@ -212,8 +214,9 @@ def test_coupled_samples_through_duo_follow_the_target_distribution(served_sync,
         assert homogeneity_p_value(a, b) > 1e-3, f"position {position} differs"
 
 
-def test_the_openai_clients_seed_check_passes_with_a_draft_attached(served_alone, served_duo):
-    """Same seed, same text: through the draft or not, streamed or not, completion or chat."""
+def test_the_openai_clients_seed_check_passes_with_a_draft_attached(served_alone, served_duo, target_model):
+    """Same seed, same text (up to near-ties, see below): through the draft or not, streamed or not,
+    completion or chat."""
     def text(process, stream: bool = False, chat: bool = False) -> str:
         api, name = client(process), model_name(process)
         common = {"model": name, "max_tokens": 32, "temperature": 0.9, "seed": 42, "stream": stream}
@@ -224,8 +227,18 @@ def test_the_openai_clients_seed_check_passes_with_a_draft_attached(served_alone
         response = api.completions.create(prompt=PROMPTS[1], **common)
         return "".join(c.choices[0].text for c in response) if stream else response.choices[0].text
 
-    assert text(served_duo) == text(served_duo) == text(served_duo, stream=True) == text(served_alone)
-    assert text(served_duo, chat=True) == text(served_duo, chat=True, stream=True) == text(served_alone, chat=True)
+    # Each is the target's own coupled sample for seed 42, as decoded afresh here. It may part from it
+    # only at a near-tie, because a prompt's cells cached by an earlier request (and batching) round
+    # the logits a little differently.
+    chat = pb.TokenizeRequest(messages=[pb.ChatMessage(role="user", content="hello")])
+    with grpc.insecure_channel(served_alone.address) as channel:
+        chat_prompt = list(pb_grpc.TargetStub(channel).Tokenize(chat).token_ids)
+    params = SamplingParams(temperature=0.9)
+    for prompt, is_chat in ((PROMPTS[1], False), (chat_prompt, True)):
+        texts = [text(served_duo, chat=is_chat), text(served_duo, chat=is_chat),
+                 text(served_duo, stream=True, chat=is_chat), text(served_alone, chat=is_chat)]
+        for got in texts:
+            assert got and leaves_coupled_path_only_at_a_near_tie(target_model, prompt, got, 32, params, 42), got
 
 
 def test_unseeded_requests_use_the_configured_mode_and_report_a_seed_that_replays_them(tiny_target, served_draft,

@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from conftest import CONTEXT_SIZE
 from duo._proto import duo_pb2 as pb
 from duo._proto import duo_pb2_grpc as pb_grpc
+from greedy import leaves_greedy_path_only_at_a_near_tie
 from processes import Process, generate, start
 
 PROMPTS = ["def fibonacci(n):", "Once upon a time", "The quick brown fox", "import numpy as np\n",
@@ -300,7 +301,7 @@ def test_metrics_count_drafts_acceptance_tokens_and_requests_after_a_speculative
 # --- concurrency, queueing, disconnects ---------------------------------------------------------------
 
 
-def test_eight_concurrent_streaming_clients_each_get_their_own_greedy_output(served_duo, served_alone):
+def test_eight_concurrent_streaming_clients_each_get_their_own_greedy_output(served_duo, served_alone, target_model):
     expected = {prompt: greedy_text(served_alone, prompt, 40) for prompt in PROMPTS}
     results: dict[str, str] = {}
     errors: list[BaseException] = []
@@ -319,7 +320,9 @@ def test_eight_concurrent_streaming_clients_each_get_their_own_greedy_output(ser
     for thread in threads:
         thread.join(120)
     assert not errors, errors
-    assert results == expected
+    for prompt, text in results.items():  # batched requests round logits differently: near-ties aside
+        assert text == expected[prompt] or leaves_greedy_path_only_at_a_near_tie(target_model, prompt, text, 40), prompt
+    assert results.keys() == expected.keys()
     wait_until_idle(served_duo)
 
 
