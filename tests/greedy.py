@@ -10,6 +10,8 @@ token for token, and may leave it only where the path's two best logits were wit
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from duo.model import Model
@@ -17,35 +19,25 @@ from duo.sampling import SamplingParams, coupled_ranking, distribution
 
 NEAR_TIE = 0.01  # logits: ten times the drift batching was seen to cause
 
+# The target's choice from a position's logits: (its token, whether an answer may leave it there for
+# the given token, or for text (None) for whichever token the text continues with).
+Choice = Callable[[np.ndarray, int], tuple[int, Callable[[int | None], bool]]]
+
 
 def leaves_greedy_path_only_at_a_near_tie(model: Model, prompt: str | list[int], got: list[int] | str,
                                           n_tokens: int) -> bool:
     """Whether `got` (token ids, or text) follows the target's own greedy continuation of `prompt` (text,
     or token ids) until it ends or leaves it where the best two logits were within NEAR_TIE."""
-    tokens = model.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
-    context = model.new_context(len(tokens) + n_tokens + 1)
-    try:
-        logits = context.decode(tokens, 0)[-1]
-        text = b""
-        wanted = got.encode() if isinstance(got, str) else None
-        for i in range(n_tokens):
-            best = int(np.argmax(logits))
-            if isinstance(got, list):
-                if i >= len(got):
-                    return True
-                if got[i] != best:
-                    return bool(logits[best] - logits[got[i]] < NEAR_TIE)
-            else:
-                piece = b"" if model.is_end_of_generation(best) else model.token_piece(best)
-                if not wanted.startswith(text + piece):
-                    return bool(logits[best] - np.partition(logits, -2)[-2] < NEAR_TIE)
-                text += piece
-            if model.is_end_of_generation(best):
-                return True
-            logits = context.decode([best], context.n_past)[-1]
-        return True
-    finally:
-        context.close()
+    def greedy(logits: np.ndarray, position: int) -> tuple[int, Callable[[int | None], bool]]:
+        best = int(np.argmax(logits))
+
+        def may_leave(token: int | None) -> bool:
+            other = np.partition(logits, -2)[-2] if token is None else logits[token]
+            return bool(logits[best] - other < NEAR_TIE)
+
+        return best, may_leave
+
+    return _leaves_path_only_at_a_near_tie(model, prompt, got, n_tokens, greedy)
 
 
 def leaves_coupled_path_only_at_a_near_tie(model: Model, prompt: str | list[int], got: list[int] | str,
@@ -53,23 +45,34 @@ def leaves_coupled_path_only_at_a_near_tie(model: Model, prompt: str | list[int]
     """Whether `got` (token ids, or text) follows the target's own coupled samples for `seed` (decoded
     here, alone) until it ends or leaves them where the exponential race's two best keys (log p + noise,
     so a logit's rounding moves them by it over the temperature) were within NEAR_TIE / temperature."""
+    def coupled(logits: np.ndarray, position: int) -> tuple[int, Callable[[int | None], bool]]:
+        ids, keys = coupled_ranking(distribution(logits, params), seed, position, n=2)
+        near_tie = bool(keys[0] - keys[1] < NEAR_TIE / params.temperature)
+        return int(ids[0]), lambda token: near_tie and (token is None or token == ids[1])
+
+    return _leaves_path_only_at_a_near_tie(model, prompt, got, n_tokens, coupled)
+
+
+def _leaves_path_only_at_a_near_tie(model: Model, prompt: str | list[int], got: list[int] | str, n_tokens: int,
+                                    choose: Choice) -> bool:
+    """Walk the target's own path from `prompt` (decoded here, alone), token by token as `choose` picks
+    it, while `got` follows it; where `got` leaves it, whether `choose` allows that there."""
     tokens = model.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
     context = model.new_context(len(tokens) + n_tokens + 1)
     try:
         logits = context.decode(tokens, 0)[-1]
         text, wanted = b"", got.encode() if isinstance(got, str) else None
         for i in range(n_tokens):
-            ids, keys = coupled_ranking(distribution(logits, params), seed, len(tokens) + i, n=2)
-            best, near_tie = int(ids[0]), bool(keys[0] - keys[1] < NEAR_TIE / params.temperature)
+            best, may_leave = choose(logits, len(tokens) + i)
             if isinstance(got, list):
                 if i >= len(got):
                     return True
                 if got[i] != best:
-                    return near_tie and got[i] == ids[1]
+                    return may_leave(got[i])
             else:
                 piece = b"" if model.is_end_of_generation(best) else model.token_piece(best)
                 if not wanted.startswith(text + piece):
-                    return near_tie
+                    return may_leave(None)
                 text += piece
             if model.is_end_of_generation(best):
                 return True
