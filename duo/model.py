@@ -351,11 +351,9 @@ class Context:
         prompt and answer plus a new message), then skip the shared part: its own cells where `seq`
         holds it, else cells shared with the sequence that does (fork), with no recompute either way.
         """
-        def shared(s: int) -> int:
-            return common_prefix_length(self._held[s], tokens)
-
-        source = max(range(self.n_seq), key=lambda s: (shared(s), s == seq))
-        n = shared(source)
+        shared = [common_prefix_length(held, tokens) for held in self._held]
+        source = max(range(self.n_seq), key=lambda s: (shared[s], s == seq))
+        n = shared[source]
         if source == seq:
             self.rollback(n, seq)
         else:
