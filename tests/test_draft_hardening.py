@@ -23,6 +23,7 @@ from duo.model import Context, Model, ModelError
 from duo.runtime import ModelWorker
 from duo.sampling import SamplingParams, SparseDist, sample, verify
 from duo.target import SYNC_WAIT_S
+from greedy import leaves_greedy_path_only_at_a_near_tie
 from processes import free_port, generate, start, wait_for_draft
 from test_draft_and_plan import draft_once
 from test_duo import homogeneity_p_value, sample_positions
@@ -535,7 +536,7 @@ def test_sessions_beyond_the_per_target_or_total_cap_are_refused_until_one_close
 
 
 def test_beyond_its_session_cap_the_draft_refuses_and_the_target_decodes_alone_as_metrics_show(
-        tiny_target, tiny_draft, served_alone, process_logs):
+        tiny_target, tiny_draft, served_alone, process_logs, target_model):
     metrics_port = free_port()
     draft = start("duo.draft_process", ["--model", str(tiny_draft), "--max-sessions-per-target", "1",
                                         "--metrics", str(metrics_port)], process_logs)
@@ -553,7 +554,10 @@ def test_beyond_its_session_cap_the_draft_refuses_and_the_target_decodes_alone_a
             thread.start()
         for thread in threads:
             thread.join()
-        assert results == expected
+        assert results.keys() == expected.keys()
+        for prompt, tokens in results.items():  # decoded together with the others: near-ties aside
+            assert tokens == expected[prompt] or leaves_greedy_path_only_at_a_near_tie(target_model, prompt, tokens,
+                                                                                        200), prompt
         metrics = scrape(url)
         assert metrics['duo_draft:sessions_refused_total{reason="max_sessions_per_target"}'] >= 1
         assert metrics["duo_draft:draft_tokens_total"] > 0 and metrics["duo_draft:chunks_sent_total"] > 0
