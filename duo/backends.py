@@ -5,34 +5,67 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import importlib
+import logging
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Callable
-
-import llama_cpp
 
 from duo.errors import ModelError
 
+log = logging.getLogger("duo.backends")
+
 DEVICES = ("cpu", "cuda", "metal", "vulkan", "auto")
+LLAMA_CPP_PYTHON = "0.3.36"  # as pinned in pyproject.toml
 
 # ggml backend registry names for each --device choice.
 _BACKEND_NAMES = {"cuda": ("CUDA", "ROCm", "HIP", "MUSA"), "metal": ("Metal", "MTL"), "vulkan": ("Vulkan",)}
 _BUILD_FLAGS = {"cuda": "-DGGML_CUDA=on", "metal": "-DGGML_METAL=on", "vulkan": "-DGGML_VULKAN=on"}
+_NO_DEVICE_CAUSES = {
+    "cuda": "no NVIDIA/AMD GPU is visible to this process: check nvidia-smi, CUDA_VISIBLE_DEVICES (empty hides "
+            "every GPU) and, in a container, that it was started with the GPUs (docker run --gpus all)",
+    "metal": "Metal finds no GPU on this machine",
+    "vulkan": "no Vulkan driver offers a device: check vulkaninfo and the GPU's Vulkan driver (ICD)",
+}
+
+
+@functools.cache
+def llama() -> ModuleType:
+    """llama_cpp, imported when a model or device is first needed rather than when duo is: `--help`, `duo
+    models` and the flag checks must work even where the build's own libraries cannot be loaded (a CUDA
+    build on a machine without the CUDA runtime), and that failure is then a clear error."""
+    try:
+        return importlib.import_module("llama_cpp")
+    except (ImportError, OSError) as error:
+        raise ModelError(f"llama-cpp-python cannot be loaded: {error}. A GPU build needs its runtime libraries "
+                         "(CUDA: the toolkit's libcudart and libcublas); run scripts/setup.sh again to rebuild") from error
+
+
+def reinstall_hint(device: str) -> str:
+    """A reinstall that works: pinned, without dependencies, keeping ggml's RPC backend."""
+    flags = _BUILD_FLAGS[device]
+    return (f"Rebuild it with {device} support: CMAKE_ARGS=\"{flags}\" scripts/setup.sh in duo's checkout, or "
+            f"CMAKE_ARGS=\"-DGGML_RPC=on {flags}\" pip install --force-reinstall --no-deps --no-cache-dir "
+            f"llama-cpp-python=={LLAMA_CPP_PYTHON}; or use --device cpu")
+
+
+def backend_devices() -> dict[str, int]:
+    """Each ggml backend this llama.cpp build registered, with the number of devices it found, e.g.
+    {'CUDA': 1, 'RPC': 0, 'CPU': 1}. A backend is registered even when it finds no device (CUDA with no
+    driver or CUDA_VISIBLE_DEVICES=""), so the count is what tells whether a GPU is really there."""
+    ggml = _ggml_library()
+    if ggml is None:  # no registry to ask: trust the build's own list
+        info = llama().llama_print_system_info().decode(errors="replace")
+        return {part.split(" : ")[0].strip(): 1 for part in info.split(" | ") if " : " in part}
+    _declare_registry(ggml)
+    registries = [ggml.ggml_backend_reg_get(i) for i in range(ggml.ggml_backend_reg_count())]
+    return {ggml.ggml_backend_reg_name(reg).decode(): ggml.ggml_backend_reg_dev_count(reg) for reg in registries}
 
 
 def available_backends() -> list[str]:
     """Names of the ggml backends this llama.cpp build registered (e.g. ['CPU'] or ['CUDA', 'CPU'])."""
-    ggml = _ggml_library()
-    if ggml is None:
-        info = llama_cpp.llama_print_system_info().decode(errors="replace")
-        return [part.split(" : ")[0].strip() for part in info.split(" | ") if " : " in part]
-    ggml.ggml_backend_reg_count.restype = ctypes.c_size_t
-    ggml.ggml_backend_reg_get.restype = ctypes.c_void_p
-    ggml.ggml_backend_reg_get.argtypes = [ctypes.c_size_t]
-    ggml.ggml_backend_reg_name.restype = ctypes.c_char_p
-    ggml.ggml_backend_reg_name.argtypes = [ctypes.c_void_p]
-    return [ggml.ggml_backend_reg_name(ggml.ggml_backend_reg_get(i)).decode()
-            for i in range(ggml.ggml_backend_reg_count())]
+    return list(backend_devices())
 
 
 NO_RPC = ("this llama-cpp-python was built without ggml's RPC backend: run scripts/setup.sh, which builds it "
@@ -41,7 +74,7 @@ _GGML_CPU_DEVICE, _GGML_GPU_DEVICE = 0, 1  # enum ggml_backend_dev_type
 
 
 def rpc_supported() -> bool:
-    return bool(llama_cpp.llama_supports_rpc())
+    return bool(llama().llama_supports_rpc())
 
 
 def _rpc_function(name: str, restype: type | None, *argtypes: type) -> Callable:
@@ -106,7 +139,7 @@ def _ggml_library() -> ctypes.CDLL | None:
     """The ggml library llama.cpp itself uses. Its soname comes first: the same file opened under
     another name (libggml.so for libggml.so.0) is a second copy of ggml with a backend registry of its
     own, where RPC servers registered would stay invisible to llama.cpp."""
-    lib_dir = Path(llama_cpp.__file__).parent / "lib"
+    lib_dir = Path(llama().__file__).parent / "lib"
     names = {"darwin": ["libggml.0.dylib", "libggml.dylib"], "win32": ["ggml.dll"]}
     for name in names.get(sys.platform, ["libggml.so.0", "libggml.so"]):
         if (lib_dir / name).exists():
@@ -119,17 +152,79 @@ def _ggml_library() -> ctypes.CDLL | None:
 
 def gpu_layers_for(device: str, n_gpu_layers: int | None) -> int:
     """How many layers to offload for `device`; a GPU this build cannot use is an error, never a fallback."""
+    return layers_for_devices(device, n_gpu_layers, backend_devices())
+
+
+def layers_for_devices(device: str, n_gpu_layers: int | None, backends: dict[str, int]) -> int:
+    """gpu_layers_for on a given registry (backend name -> devices found): -1 is every layer."""
     if device not in DEVICES:
         raise ModelError(f"unknown device {device!r}: choose one of {', '.join(DEVICES)}")
     if device == "cpu":
         return 0
-    backends = available_backends()
+    every = -1 if n_gpu_layers is None else n_gpu_layers
     if device == "auto":
-        has_gpu = any(name.startswith(_BACKEND_NAMES[kind]) for kind in _BACKEND_NAMES for name in backends)
-        return (-1 if n_gpu_layers is None else n_gpu_layers) if has_gpu else 0
-    if not any(name.startswith(_BACKEND_NAMES[device]) for name in backends):
-        raise ModelError(
-            f"--device {device}: this llama-cpp-python build has no {device} backend (it has: "
-            f"{', '.join(backends) or 'none'}). Reinstall it with GPU support: CMAKE_ARGS=\"{_BUILD_FLAGS[device]}\" "
-            "pip install --force-reinstall --no-cache-dir llama-cpp-python, or use --device cpu")
-    return -1 if n_gpu_layers is None else n_gpu_layers
+        has_gpu = any(count and name.startswith(_BACKEND_NAMES[kind])
+                      for kind in _BACKEND_NAMES for name, count in backends.items())
+        return every if has_gpu else 0
+    built = {name: count for name, count in backends.items() if name.startswith(_BACKEND_NAMES[device])}
+    if not built:
+        raise ModelError(f"--device {device}: this llama-cpp-python build has no {device} backend (it has: "
+                         f"{', '.join(backends) or 'none'}). {reinstall_hint(device)}")
+    if not any(built.values()):
+        raise ModelError(f"--device {device}: the {'/'.join(built)} backend is built in but found no device: "
+                         f"{_NO_DEVICE_CAUSES[device]}. Or use --device cpu")
+    return every
+
+
+def amx_compiled(system_info: str) -> bool:
+    """Whether llama.cpp was compiled with ggml's AMX kernels (its system info lists AMX_INT8 = 1)."""
+    return any(part.strip().replace(" ", "") == "AMX_INT8=1" for part in system_info.replace(":", "|").split("|"))
+
+
+def extra_buffers_safe() -> bool:
+    """Whether models may use ggml's extra CPU buffer types (weight repacking). With the AMX kernels compiled
+    in, one of them is the AMX buffer, whose matrix multiply crashes on batches of 2 to 8 tokens (llama.cpp
+    issue 20824), duo's verify batches: scripts/setup.sh builds without them, and a llama-cpp-python built
+    elsewhere (-march=native on a Xeon) loads its models without extra buffers instead, slower but whole."""
+    info = llama().llama_print_system_info().decode(errors="replace")
+    if not amx_compiled(info):
+        return True
+    log.warning("this llama-cpp-python has ggml's AMX kernels, which crash on 2-8 token batches (llama.cpp issue "
+                "20824): loading without extra CPU buffer types. Rebuild with scripts/setup.sh for full speed")
+    return False
+
+
+def describe_devices() -> list[str]:
+    """'NAME (description, free/total GiB)' for each GPU or RPC device that layers may go to."""
+    ggml = _ggml_library()
+    if ggml is None:
+        return []
+    _declare_registry(ggml)
+    found = []
+    for i in range(ggml.ggml_backend_dev_count()):
+        dev = ggml.ggml_backend_dev_get(i)
+        if ggml.ggml_backend_dev_type(dev) == _GGML_CPU_DEVICE:
+            continue
+        free, total = ctypes.c_size_t(), ctypes.c_size_t()
+        ggml.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+        found.append(f"{ggml.ggml_backend_dev_name(dev).decode()} ({ggml.ggml_backend_dev_description(dev).decode()}, "
+                     f"{free.value / 2**30:.1f} GiB free of {total.value / 2**30:.1f})")
+    return found
+
+
+def _declare_registry(ggml: ctypes.CDLL) -> None:
+    """The C signatures of ggml's backend and device registry (ctypes would truncate pointers to int)."""
+    for name, restype, argtypes in (
+            ("ggml_backend_reg_count", ctypes.c_size_t, []),
+            ("ggml_backend_reg_get", ctypes.c_void_p, [ctypes.c_size_t]),
+            ("ggml_backend_reg_name", ctypes.c_char_p, [ctypes.c_void_p]),
+            ("ggml_backend_reg_dev_count", ctypes.c_size_t, [ctypes.c_void_p]),
+            ("ggml_backend_dev_count", ctypes.c_size_t, []),
+            ("ggml_backend_dev_get", ctypes.c_void_p, [ctypes.c_size_t]),
+            ("ggml_backend_dev_type", ctypes.c_int, [ctypes.c_void_p]),
+            ("ggml_backend_dev_name", ctypes.c_char_p, [ctypes.c_void_p]),
+            ("ggml_backend_dev_description", ctypes.c_char_p, [ctypes.c_void_p]),
+            ("ggml_backend_dev_memory", None, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
+                                               ctypes.POINTER(ctypes.c_size_t)])):
+        function = getattr(ggml, name)
+        function.restype, function.argtypes = restype, argtypes

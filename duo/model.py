@@ -9,16 +9,12 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 from jinja2 import TemplateError
 
-import llama_cpp
-from llama_cpp import _internals
-from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-
-from duo.backends import add_rpc_server, gpu_layers_for
+from duo.backends import add_rpc_server, describe_devices, extra_buffers_safe, gpu_layers_for, llama
 from duo.errors import ModelError
 
 # llama.cpp's rules for a draft/target pair (common/speculative.cpp): the first few ids are
@@ -43,6 +39,22 @@ class Vocab:
     add_bos: bool
     add_eos: bool
     token_texts: tuple[bytes, ...]
+
+    @property
+    def n_layer(self) -> int:
+        return llama().llama_model_n_layer(self._model.model)
+
+    @property
+    def layers_offloaded(self) -> int:
+        """Repeating layers held by a GPU or RPC device (llama.cpp offloads the last n_gpu_layers)."""
+        wanted = self._n_gpu_layers
+        return self.n_layer if wanted < 0 else min(wanted, self.n_layer)
+
+    def placement(self) -> str:
+        """Where the model runs, for the start-up log: devices, layers offloaded, threads."""
+        where = ", ".join(self.offload_devices) if self.offload_devices else "CPU"
+        return (f"{self.description} on {where}: {self.layers_offloaded}/{self.n_layer} layers offloaded, "
+                f"{self.threads} thread{'s' if self.threads != 1 else ''}")
 
     @property
     def n_vocab(self) -> int:
@@ -87,28 +99,47 @@ class Model:
         path = Path(path)
         if not path.is_file():
             raise ModelError(f"model file not found: {path}")
-        llama_cpp.llama_backend_init()
+        llama().llama_backend_init()
         if not verbose:
             _silence_llama_log()
         for endpoint in rpc:
             add_rpc_server(endpoint)
-        params = _internals.LlamaModel.default_params()
+        params = llama()._internals.LlamaModel.default_params()
         params.n_gpu_layers = gpu_layers_for(device, n_gpu_layers)
         if rpc and params.n_gpu_layers == 0 and n_gpu_layers != 0:  # no local GPU: the RPC devices take the
             params.n_gpu_layers = -1 if n_gpu_layers is None else n_gpu_layers  # layers (llama.cpp's -ngl, --rpc)
         if tensor_split:
-            self._tensor_split = (ctypes.c_float * llama_cpp.LLAMA_MAX_DEVICES)(*tensor_split)  # alive while loading
+            self._tensor_split = (ctypes.c_float * llama().LLAMA_MAX_DEVICES)(*tensor_split)  # alive while loading
             params.tensor_split = self._tensor_split
+        params.use_extra_bufts = extra_buffers_safe()
         self.path = path
         self.device = device
         self.on_gpu = params.n_gpu_layers != 0
+        self._n_gpu_layers = params.n_gpu_layers
+        self.offload_devices = describe_devices() if self.on_gpu else []
         self.threads = threads or max(1, os.cpu_count() or 1)
         try:
-            self._model = _internals.LlamaModel(path_model=str(path), params=params, verbose=verbose)
+            self._model = llama()._internals.LlamaModel(path_model=str(path), params=params, verbose=verbose)
         except ValueError as error:
             raise ModelError(f"cannot load {path}: {error} (is it a GGUF model file?)") from error
         self._vocab: Vocab | None = None
-        self._chat_formatter: Jinja2ChatFormatter | None = None
+        self._chat_formatter: Any = None  # llama_cpp's Jinja2ChatFormatter
+
+    @property
+    def n_layer(self) -> int:
+        return llama().llama_model_n_layer(self._model.model)
+
+    @property
+    def layers_offloaded(self) -> int:
+        """Repeating layers held by a GPU or RPC device (llama.cpp offloads the last n_gpu_layers)."""
+        wanted = self._n_gpu_layers
+        return self.n_layer if wanted < 0 else min(wanted, self.n_layer)
+
+    def placement(self) -> str:
+        """Where the model runs, for the start-up log: devices, layers offloaded, threads."""
+        where = ", ".join(self.offload_devices) if self.offload_devices else "CPU"
+        return (f"{self.description} on {where}: {self.layers_offloaded}/{self.n_layer} layers offloaded, "
+                f"{self.threads} thread{'s' if self.threads != 1 else ''}")
 
     @property
     def n_vocab(self) -> int:
@@ -125,11 +156,11 @@ class Model:
     @property
     def can_rollback(self) -> bool:
         """Recurrent and hybrid models keep a running state that cannot be cut back to a position."""
-        return not (llama_cpp.llama_model_is_recurrent(self._model.model)
-                    or llama_cpp.llama_model_is_hybrid(self._model.model))
+        return not (llama().llama_model_is_recurrent(self._model.model)
+                    or llama().llama_model_is_hybrid(self._model.model))
 
     def is_end_of_generation(self, token: int) -> bool:
-        return bool(llama_cpp.llama_vocab_is_eog(self._model.vocab, token))
+        return bool(llama().llama_vocab_is_eog(self._model.vocab, token))
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
         """Text to ids; `add_special` adds BOS where the model's metadata asks for it."""
@@ -144,7 +175,7 @@ class Model:
         size = 64
         while True:
             buffer = ctypes.create_string_buffer(size)
-            n = llama_cpp.llama_token_to_piece(self._model.vocab, token, buffer, size, 0, special)
+            n = llama().llama_token_to_piece(self._model.vocab, token, buffer, size, 0, special)
             if n >= 0:
                 return buffer.raw[:n]
             size = -n
@@ -155,7 +186,7 @@ class Model:
             template = self._model.metadata().get("tokenizer.chat_template")
             if not template:
                 raise ModelError(f"{self.path.name} has no chat template; send a raw prompt instead")
-            self._chat_formatter = Jinja2ChatFormatter(
+            self._chat_formatter = llama().llama_chat_format.Jinja2ChatFormatter(
                 template=template,
                 eos_token=self.token_piece(self._model.token_eos(), special=True).decode(errors="replace"),
                 bos_token=self.token_piece(self._model.token_bos(), special=True).decode(errors="replace"),
@@ -167,15 +198,14 @@ class Model:
 
     def vocab(self) -> Vocab:
         if self._vocab is None:
-            vocab = self._model.vocab
+            vocab, text_of = self._model.vocab, llama().llama_vocab_get_text
             self._vocab = Vocab(
                 vocab_type=self._model.vocab_type(),
                 bos=self._model.token_bos(),
                 eos=self._model.token_eos(),
                 add_bos=self._model.add_bos_token(),
                 add_eos=self._model.add_eos_token(),
-                token_texts=tuple(llama_cpp.llama_vocab_get_text(vocab, i) or b""
-                                  for i in range(self.n_vocab)),
+                token_texts=tuple(text_of(vocab, i) or b"" for i in range(self.n_vocab)),
             )
         return self._vocab
 
@@ -219,7 +249,7 @@ class Context:
 
     def __init__(self, model: Model, *, n_ctx: int, n_batch: int, n_seq: int = 1, cells: int | None = None) -> None:
         n_ctx = min(n_ctx, model.n_ctx_train)
-        params = _internals.LlamaContext.default_params()
+        params = llama()._internals.LlamaContext.default_params()
         params.n_ctx = max(cells or n_ctx, n_ctx)
         params.n_batch = n_batch
         params.n_ubatch = n_batch
@@ -237,15 +267,15 @@ class Context:
             params.op_offload = False
         self.model = model
         try:
-            self._ctx = _internals.LlamaContext(model=model._model, params=params, verbose=False)
+            self._ctx = llama()._internals.LlamaContext(model=model._model, params=params, verbose=False)
         except ValueError as error:
             raise ModelError(f"cannot create a context of {params.n_ctx} tokens: {error}") from error
         self.n_ctx = n_ctx
         self.n_seq = n_seq
         # llama.cpp pads the cache to a multiple of 256 but caps a batch at the context size asked for.
-        self.n_batch = llama_cpp.llama_n_batch(self._ctx.ctx)
+        self.n_batch = llama().llama_n_batch(self._ctx.ctx)
         self._held: list[list[int]] = [[] for _ in range(n_seq)]  # the tokens in sequence s's cache, by position
-        self._batch = _internals.LlamaBatch(n_tokens=self.n_batch, embd=0, n_seq_max=1, verbose=False)
+        self._batch = llama()._internals.LlamaBatch(n_tokens=self.n_batch, embd=0, n_seq_max=1, verbose=False)
 
     @property
     def n_past(self) -> int:
@@ -292,7 +322,7 @@ class Context:
         for part in parts:
             self._held[part.seq][part.pos:] = part.tokens
         n_rows = sum(len(part.outputs()) for part in parts)
-        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits(self._ctx.ctx), shape=(n_rows, self.model.n_vocab))
+        logits = np.ctypeslib.as_array(llama().llama_get_logits(self._ctx.ctx), shape=(n_rows, self.model.n_vocab))
         rows, first = [], 0
         for part in parts:
             n = len(part.outputs())
@@ -387,10 +417,10 @@ def _silence_llama_log() -> None:
     if _LOG_CALLBACK is not None:
         return
 
-    @llama_cpp.llama_log_callback
+    @llama().llama_log_callback
     def log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
         if level == 4:  # GGML_LOG_LEVEL_ERROR
             sys.stderr.write(text.decode(errors="replace"))
 
     _LOG_CALLBACK = log
-    llama_cpp.llama_log_set(log, ctypes.c_void_p(0))
+    llama().llama_log_set(log, ctypes.c_void_p(0))
