@@ -245,6 +245,13 @@ def describe(model: Model) -> str:
     return f"{model.path.name} ({model.description})"
 
 
+def describe_placement(model: Model, args: argparse.Namespace) -> str:
+    """The model, where it runs, and what it holds, for the start-up line."""
+    cells = args.kv_cells or KV_CELLS_PER_CONTEXT * args.ctx_size
+    return (f"{model.path.name} ({model.placement()}; context {args.ctx_size} per session, up to "
+            f"{args.max_sessions} sessions in {cells} KV cells)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="duo-draft", description=__doc__)
     add_process_arguments(parser, listen="127.0.0.1:7070", serves="targets", per="session")
@@ -306,7 +313,7 @@ async def serve(args: argparse.Namespace, model: Model, metrics: DraftMetrics,
     security = " over mutual TLS" if args.tls_ca else " over TLS" if args.tls_cert else ""
     endpoints = args.listen + (f", metrics on {args.metrics}" if args.metrics else "")
     try:
-        await run_server(server, args.listen, f"duo-draft serving {describe(model)} on {endpoints}{security}",
+        await run_server(server, args.listen, f"duo-draft serving {describe_placement(model, args)} on {endpoints}{security}",
                          credentials=credentials, http=http)
     finally:
         await drafter.stop()

@@ -174,7 +174,8 @@ async def serve(args: argparse.Namespace, path: Path, settings: SpecSettings, op
         metrics.watch(draft_state=lambda: completions.draft_state,
                       draft_len=lambda: target.draft_len,
                       running=lambda: admission.running, waiting=lambda: admission.waiting)
-        log.info("model loaded in %.1f s: serving %s, %s", time.monotonic() - began, path.name,
+        log.info("model loaded in %.1f s: serving %s (%s; context %d per request, %d at once), %s",
+                 time.monotonic() - began, path.name, model.placement(), args.ctx_size, args.parallel,
                  f"drafts from {args.peer}" if link else "alone (no --peer)")
         await set_serving(health_servicer, True)
         if link:

@@ -13,6 +13,7 @@ import pytest
 from duo import cli
 from duo.backends import rpc_supported
 from duo.rpc import parse_endpoints, parse_tensor_split
+from greedy import leaves_greedy_path_only_at_a_near_tie
 from processes import Process, free_port, generate, start, wait_for_draft
 from test_duo import PROMPTS, stream_and_interrupt
 
@@ -111,3 +112,39 @@ def test_a_lost_rpc_server_ends_the_generation_with_an_error_and_the_target_says
         target.stop()
         for server in servers:
             server.stop()
+
+
+@needs_rpc
+def test_a_draft_on_an_rpc_device_drafts_for_a_cpu_target_as_one_on_the_cpu_does(
+        tiny_target, tiny_draft, target_model, served_draft, process_logs):
+    """A ggml RPC device is an offload device like a GPU: the draft's layers, weights and KV cache live in
+    its buffers and only logits come back. The draft's proposals after every partial acceptance come from
+    that device-side cache rolled back, so a rollback that left rejected tokens in it would lower the
+    acceptance below the CPU draft's on the same requests."""
+    server = start("duo.cli", ["rpc-server"], process_logs)
+    offloaded = start("duo.draft_process", ["--model", str(tiny_draft), "--rpc", server.address], process_logs)
+    acceptance = {}
+    try:
+        placed = next(line for line in offloaded.log().splitlines() if "duo-draft serving" in line)
+        assert f"RPC0 ({server.address}," in placed and "2/2 layers offloaded" in placed, placed
+        for name, draft in (("rpc", offloaded), ("cpu", served_draft)):
+            duo = start("duo.target_process", ["--model", str(tiny_target), "--peer", draft.address, "--sync", "4"],
+                        process_logs)
+            try:
+                wait_for_draft(duo.address)
+                accepted = rejected = 0
+                for prompt in PROMPTS:
+                    tokens, last = generate(duo.address, prompt, max_tokens=32)
+                    assert len(tokens) == 32 and leaves_greedy_path_only_at_a_near_tie(target_model, prompt, tokens, 32)
+                    accepted += last.stats.draft_tokens_accepted
+                    rejected += last.stats.draft_rejections
+                assert rejected > 0  # partial acceptances happened: the draft rolled back its cache
+                acceptance[name] = accepted / (accepted + rejected)
+                if name == "rpc":
+                    assert "CPU: 0/2 layers offloaded" in duo.log()
+            finally:
+                duo.stop()
+    finally:
+        offloaded.stop()
+        server.stop()
+    assert acceptance["rpc"] > 0.3 and abs(acceptance["rpc"] - acceptance["cpu"]) < 0.1, acceptance
