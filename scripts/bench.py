@@ -17,6 +17,12 @@ Modes, alternated within each repetition so that machine noise hits all of them 
                  target's cores, as alone-tcores: the difference is the split's cost
                  (RPC round trips per layer group). Opt-in (not in the default
                  --modes): it needs llama-cpp-python built with RPC              (a')
+  llama-server, llama-server-all, llama-server-spec, llama-server-spec-all
+                 llama.cpp's own server, alone and with its speculative decoding, built once
+                 from the same pinned llama.cpp (scripts/bench_llama.py says how each is pinned;
+                 --peers adds all four; llama-server-spec runs once per --spec-n-max and the best
+                 is named). Every variant is also compared with llama-server alone on the
+                 target's cores, by the decode rate and end to end.
 --link-delay-ms D1 D2 ... runs the modes that talk over the target-draft link (sync-split, duo,
 duo-coupled, duo@REV) once per one-way delay, through scripts/delay_proxy.py (0: a direct
 connection): a network between the two machines, as in duo's mission (a fast draft, a slow target).
@@ -64,6 +70,11 @@ The cost of splitting the target over RPC servers, on the same cores (needs an R
   python scripts/bench.py --target qwen2.5-coder-1.5b-instruct --target-cores 1 \
       --modes alone-tcores alone-rpc --temperatures 0
 
+duo beside llama.cpp's llama-server, alone and speculative, on the same two cores (F16 target):
+  python scripts/bench.py --target qwen2.5-coder-1.5b-instruct-f16 --draft qwen2.5-coder-0.5b-instruct \
+      --draft-cores 0 --target-cores 1 --modes alone-tcores duo --peers --prompts code \
+      --temperatures 0 0.7 --reps 1 --max-tokens 96
+
 1, 2, 4 and 8 clients at once, against the target alone and duo:
   python scripts/bench.py --target qwen2.5-coder-1.5b-instruct-f16 --draft qwen2.5-coder-0.5b-instruct \
       --draft-cores 0 --target-cores 1 --modes alone-tcores duo --prompts code --temperatures 0 \
@@ -79,6 +90,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from dataclasses import asdict
@@ -98,10 +110,23 @@ from bench_cluster import (  # noqa: E402
     start_variant,
     wait_ready,
 )
+from bench_llama import (  # noqa: E402
+    PEER_MODES,
+    PeerServer,
+    expand_modes,
+    is_peer,
+    llama_server_binary,
+    peer_generate,
+    peer_generate_together,
+    run_from_answer,
+    start_peer,
+    wait_peer_ready,
+)
 from bench_concurrency import batch_wall_times, plot_concurrency, print_concurrency, with_concurrency  # noqa: E402
 from bench_report import UNDELAYED_MODES, Run, Variant, plot, print_table, run_from_stats, summarise  # noqa: E402
 
 from duo import hub  # noqa: E402
+from duo.demo import free_port  # noqa: E402
 
 PROMPTS = {
     # As in the community tests of llama-server's speculative decoding.
@@ -116,11 +141,11 @@ OPT_IN_MODES = ("alone-rpc",)  # run only when --modes names them
 def plan_variants(modes: list[str], delays: list[float], baseline_mode: str | None) -> list[Variant]:
     """What to run, in table order: the modes without a delayed link once, then at each link delay
     the modes that use it (sync-split, duo, duo-coupled, and the baseline's duo after them)."""
-    linked = [m for m in modes if m not in UNDELAYED_MODES]
+    undelayed = [m for m in modes if m in UNDELAYED_MODES or is_peer(m)]
+    linked = [m for m in modes if m not in undelayed]
     if baseline_mode:
         linked.append(baseline_mode)
-    return ([Variant(m) for m in modes if m in UNDELAYED_MODES]
-            + [Variant(m, delay) for delay in delays for m in linked])
+    return [Variant(m) for m in undelayed] + [Variant(m, delay) for delay in delays for m in linked]
 
 
 def rpc_supported() -> bool:
@@ -217,19 +242,32 @@ def machine_info(args: argparse.Namespace) -> dict:
             "python": platform.python_version()}
 
 
+def this_commit() -> str:
+    """The commit measured, "+dirty" when the work tree differs from it."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True).stdout.strip()
+
+    commit = git("rev-parse", "HEAD") or "unknown"
+    return commit + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
 def round_robin(prompts: list[str], first: int, count: int) -> list[str]:
     """`count` prompts, from prompts[first] on, starting over at the end of the list."""
     return [prompts[(first + i) % len(prompts)] for i in range(count)]
 
 
-def measure(clusters: list[Cluster], args: argparse.Namespace, prompts: list[str]) -> list[Run]:
+def measure(clusters: list[Cluster | PeerServer], args: argparse.Namespace, prompts: list[str]) -> list[Run]:
     """At every temperature and concurrency level C, a batch of C prompts led by each prompt in turn
     (round_robin), sent at once to every cluster, the clusters taking turns within each repetition so
     that machine noise hits all of them alike. Requests carry no seed: each target verifies sampled
     ones as its --unseeded says."""
     for cluster in clusters:
-        wait_ready(cluster)
-        generate(cluster.address, prompts[0], 0.0, 16, 0)  # warm caches
+        if isinstance(cluster, PeerServer):
+            wait_peer_ready(cluster)
+            peer_generate(cluster.address, prompts[0], 0.0, 16)
+        else:
+            wait_ready(cluster)
+            generate(cluster.address, prompts[0], 0.0, 16, 0)  # warm caches
     runs = []
     batches = itertools.count()
     for rep in range(args.reps):
@@ -242,18 +280,24 @@ def measure(clusters: list[Cluster], args: argparse.Namespace, prompts: list[str
     return runs
 
 
-def measure_batch(cluster: Cluster, prompts: list[str], temperature: float, rep: int, batch: int,
+def measure_batch(cluster: Cluster | PeerServer, prompts: list[str], temperature: float, rep: int, batch: int,
                   max_tokens: int) -> list[Run]:
     """The prompts sent to `cluster` at once, a client each; a Run per request."""
-    runs = []
-    for prompt, answer in zip(prompts, generate_together(cluster.address, prompts, temperature, max_tokens)):
-        run = run_from_stats(cluster.variant, prompt, temperature, rep, answer.last.stats, answer.seconds, answer.ttft,
-                             concurrency=len(prompts), batch=batch, sent_s=answer.sent_s)
-        runs.append(run)
+    if isinstance(cluster, PeerServer):
+        runs = [run_from_answer(cluster.variant, prompt, temperature, rep, answer, concurrency=len(prompts),
+                                batch=batch)
+                for prompt, answer in zip(prompts, peer_generate_together(cluster.address, prompts, temperature,
+                                                                          max_tokens))]
+    else:
+        runs = [run_from_stats(cluster.variant, prompt, temperature, rep, answer.last.stats, answer.seconds,
+                               answer.ttft, concurrency=len(prompts), batch=batch, sent_s=answer.sent_s)
+                for prompt, answer in zip(prompts, generate_together(cluster.address, prompts, temperature,
+                                                                     max_tokens))]
+    for run in runs:
         clients = f"C={run.concurrency} " if run.concurrency > 1 else ""
         print(f"rep {rep} T={temperature} {clients}{run.label:<24} {run.verification or '-':<8} "
               f"{run.tokens_per_second:6.2f} tok/s ({run.tokens} tokens, accepted "
-              f"{run.draft_accepted}/{run.draft_verified}) {prompt[:40]}", file=sys.stderr)
+              f"{run.draft_accepted}/{run.draft_verified}) {run.prompt[:40]}", file=sys.stderr)
         warn_unexpected_verification(run, cluster.variant.mode)
     if len(runs) > 1:
         print(f"  {len(runs)} at once: {sum(r.tokens for r in runs) / batch_wall_times(runs)[batch]:.2f} tok/s "
@@ -269,7 +313,7 @@ def warn_unexpected_verification(run: Run, mode: str) -> None:
               file=sys.stderr)
 
 
-def stop_all(clusters: list[Cluster]) -> None:
+def stop_all(clusters: list[Cluster | PeerServer]) -> None:
     for cluster in clusters:
         cluster.stop()
 
@@ -284,8 +328,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7])
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--reps", type=int, default=2)
-    parser.add_argument("--modes", nargs="+", choices=MODES + OPT_IN_MODES, default=list(MODES),
-                        help=f"what to run (default: %(default)s; {', '.join(OPT_IN_MODES)} only when named)")
+    parser.add_argument("--modes", nargs="+", choices=MODES + OPT_IN_MODES + PEER_MODES, default=list(MODES),
+                        help=f"what to run (default: %(default)s; {', '.join(OPT_IN_MODES + PEER_MODES)} only when "
+                             "named)")
+    parser.add_argument("--peers", action="store_true",
+                        help=f"also run llama.cpp's llama-server modes: {', '.join(PEER_MODES)} (built once, cached)")
+    parser.add_argument("--spec-n-max", type=int, nargs="+", default=[4, 8, 16], metavar="N",
+                        help="llama-server-spec's draft lengths (--spec-draft-n-max), one variant each (default: "
+                             "%(default)s)")
     parser.add_argument("--link-delay-ms", type=float, nargs="+", default=[0.0], metavar="MS",
                         help="one-way delays of the target-draft link: sync-split, duo, duo-coupled (and the baseline) "
                              "run at each, through a delay proxy (0: a direct connection)")
@@ -303,6 +353,8 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = build_parser().parse_args(argv)
     args.concurrency = concurrency_levels(args.concurrency)
+    modes = args.modes + [m for m in PEER_MODES if args.peers and m not in args.modes]
+    args.modes = expand_modes(modes, args.spec_n_max)
     return args
 
 
@@ -341,21 +393,27 @@ def main() -> int:
         if baseline_mode:
             codes[baseline_mode], baseline_commit = stack.enter_context(baseline_worktree(args.baseline_rev))
         variants = plan_variants(args.modes, args.link_delay_ms, baseline_mode)
-        clusters: list[Cluster] = []
+        server = llama_server_binary() if any(is_peer(v.mode) for v in variants) else None
+        clusters: list[Cluster | PeerServer] = []
         stack.callback(stop_all, clusters)  # before the worktree goes: callbacks run last in, first out
+        cores = (set(args.target_cores), set(args.draft_cores))
         for variant in variants:
-            clusters.append(start_variant(variant, codes.get(variant.mode, Code.at(ROOT)), (target, draft),
-                                          (set(args.target_cores), set(args.draft_cores)), args.sync_k, logs,
-                                          parallel))
+            if server and is_peer(variant.mode):
+                clusters.append(start_peer(server, variant, (target, draft), cores, free_port(), parallel or 1,
+                                           logs / f"{variant.label}.log"))
+            else:
+                clusters.append(start_variant(variant, codes.get(variant.mode, Code.at(ROOT)), (target, draft), cores,
+                                              args.sync_k, logs, parallel))
         runs = measure(clusters, args, prompts)
 
     summary = with_concurrency(summarise(runs, variants, costs), runs, variants, costs)
     machine = machine_info(args)
-    report = {"machine": machine, "args": {k: str(v) for k, v in vars(args).items()},
+    report = {"machine": machine, "commit": this_commit(), "args": {k: str(v) for k, v in vars(args).items()},
               "baseline_commit": baseline_commit, "target": str(target), "draft": str(draft),
               "target_parallel": parallel, "verify_costs_s": costs, "sequence_costs_s": sequence_costs,
               "summary": summary, "runs": [asdict(r) for r in runs]}
     (args.out / "bench.json").write_text(json.dumps(report, indent=2))
+    print(f"\ncommit {report['commit']}")
     print_table(summary, costs, machine)
     if parallel:
         print_concurrency(summary, sequence_costs, parallel)

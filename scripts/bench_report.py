@@ -26,6 +26,8 @@ UNDELAYED_MODES = ("alone-tcores", "alone-all", "sync-shared", "alone-rpc")
 COUPLED_MODE, RESIDUAL_MODE = "duo-coupled", "duo"
 # The target split over RPC servers, and the same target on the same cores without them.
 RPC_MODE, LOCAL_MODE = "alone-rpc", "alone-tcores"
+# llama.cpp's own server alone on the target's cores: what every variant is also compared with.
+PEER_BASE = "llama-server"
 
 
 @dataclass(frozen=True)
@@ -130,7 +132,8 @@ def summarise_variant(runs: list[Run], costs: dict[int, float]) -> dict:
         "tokens_per_second": tokens / sum(r.seconds for r in runs),
         "decode_tokens_per_second": sum(r.tokens - 1 for r in runs) / sum(r.seconds - r.ttft for r in runs),
         "acceptance_rate": _ratio(accepted, verified),
-        "token_acceptance": _ratio(accepted, accepted + rejections),
+        # llama-server reports no rejections (nor verify steps): its acceptance is accepted / drafted only.
+        "token_acceptance": None if is_llama_server(runs[0].mode) else _ratio(accepted, accepted + rejections),
         # Tokens committed per verify step (mean accepted length, the bonus token included).
         "mean_accepted_length": _ratio(tokens, steps),
         "mean_draft_tokens_per_verify": _ratio(verified, steps),
@@ -149,6 +152,27 @@ def summarise_variant(runs: list[Run], costs: dict[int, float]) -> dict:
         entry["ideal"] = {"tokens_per_second": rate, "best_k": k,
                           "fraction": entry["decode_tokens_per_second"] / rate}
     return entry
+
+
+def is_llama_server(mode: str) -> bool:
+    return mode.startswith(PEER_BASE)
+
+
+def peer_ratios(by_label: dict[str, dict]) -> dict[str, dict[str, float]]:
+    """Every variant against llama-server alone on the target's cores, by the decode rate (after the first
+    token: the prompt's prefill, which duo's prompt cache shortens, is left out) and end to end."""
+    base = by_label.get(PEER_BASE)
+    if base is None:
+        return {}
+    return {label: {"decode": v["decode_tokens_per_second"] / base["decode_tokens_per_second"],
+                    "end_to_end": v["tokens_per_second"] / base["tokens_per_second"]}
+            for label, v in by_label.items()}
+
+
+def best_of(by_label: dict[str, dict], prefix: str) -> str | None:
+    """The label, among those starting with `prefix`, with the highest decode rate."""
+    labels = [label for label in by_label if label.startswith(prefix)]
+    return max(labels, key=lambda label: by_label[label]["decode_tokens_per_second"]) if labels else None
 
 
 def duo_ratios(by_label: dict[str, dict]) -> dict[str, float]:
@@ -221,7 +245,8 @@ def summarise(runs: list[Run], variants: list[Variant], costs: dict[int, float])
                 by_label[variant.label] = summarise_variant(mine, costs)
         summary[str(temperature)] = {"modes": by_label, "ratios": duo_ratios(by_label),
                                      "coupled_vs_residual": coupled_vs_residual(by_label),
-                                     "rpc_split": rpc_split(by_label)}
+                                     "rpc_split": rpc_split(by_label), "vs_llama_server": peer_ratios(by_label),
+                                     "best_llama_server_spec": best_of(by_label, "llama-server-spec-n")}
     return summary
 
 
@@ -263,6 +288,13 @@ def print_table(summary: dict[str, dict], costs: dict[int, float], machine: dict
                   f"tok/s: {_compared(pair['tokens_per_second'])}   ({pair['coupled']} / {pair['residual']}{note})")
         if entry.get("rpc_split"):
             print(f"  {rpc_split_line(entry['rpc_split'])}")
+        for label, v in entry["modes"].items():
+            if is_llama_server(label) and v["acceptance_rate"] is not None:
+                print(f"  {label}: draft tokens accepted / drafted {v['acceptance_rate']:.2f}")
+        if entry.get("best_llama_server_spec"):
+            print(f"  llama-server-spec, best draft length: {entry['best_llama_server_spec']}")
+        for label, ratio in entry.get("vs_llama_server", {}).items():
+            print(f"  {label:<24} / {PEER_BASE}: {ratio['decode']:.2f}x decode, {ratio['end_to_end']:.2f}x end to end")
     print("\nverify: how the target verified sampled drafts; alpha: per-token acceptance; tok/step: tokens "
           "committed per verify step;\nalone: share of steps decoded alone; branch: share of rejections whose next "
           "step found a branch;\nideal: share of max_k E(k)/T(k+1) reached (decode rate)")
