@@ -12,7 +12,7 @@ from duo.model import Part
 from duo.runtime import ModelWorker
 from duo.sampling import SamplingParams
 from duo.target import Request, SpecSettings, Target
-from greedy import leaves_greedy_path_only_at_a_near_tie
+from greedy import leaves_coupled_path_only_at_a_near_tie, leaves_greedy_path_only_at_a_near_tie
 from processes import generate, start, wait_for_draft
 
 PROMPTS = [[9707, 11, 1879], [785, 3974, 13876, 38835], [1986, 374, 264, 1273, 315], [151644, 872, 198, 14990],
@@ -81,7 +81,9 @@ def test_sampled_concurrent_generations_each_follow_their_own_seed(target_model)
              for request in requests]
     together = run(Target(target_model, ModelWorker(), None, n_ctx=256, settings=SpecSettings(), parallel=4),
                    requests)
-    assert together == alone
+    for request, got, expected in zip(requests, together, alone):  # batched: logits round apart (tests/greedy.py)
+        assert got == expected or leaves_coupled_path_only_at_a_near_tie(target_model, request.prompt_tokens, got, 16,
+                                                                         request.params, request.seed)
 
 
 def test_a_long_prompt_is_prefilled_in_chunks_beside_the_running_generations(target_model):
@@ -132,7 +134,8 @@ def test_sequences_are_reused_by_later_generations(target_model):
         await target.close()
         return outputs
 
-    assert asyncio.run(in_turns()) == expected * 5
+    for got in asyncio.run(in_turns()):  # each from cells another left: they may round apart (tests/greedy.py)
+        assert got == expected[0] or leaves_greedy_path_only_at_a_near_tie(target_model, PROMPTS[5], got, 24)
 
 
 SYSTEM = [151644, 8948, 198, 2610, 525, 264, 10950, 17847, 13, 151645, 198, 151644, 872, 198]  # a chat's system turn

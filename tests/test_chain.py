@@ -194,3 +194,67 @@ def test_has_pending_says_whether_pending_holds_tokens_through_a_chains_life():
     chain.on_commit()
     states.append(chain.has_pending() == bool(chain.pending()[0]) is False)
     assert all(states), states
+
+
+def _tagged(epoch: int, position: int):
+    """A distribution that names the line and position it was sent for (ids: the epoch; probs: one)."""
+    import numpy as np
+    from duo.sampling import SparseDist
+
+    return SparseDist(ids=np.array([epoch * 10_000 + position]), probs=np.array([1.0]))
+
+
+def test_every_pending_token_comes_with_the_distribution_the_draft_sent_for_its_position():
+    """A simulated draft streams chunks, branches and new epochs in random order while the target
+    commits: after every event, each pending token and its distribution are exactly what the draft sent
+    for the chain's epoch at that position (None only at a branch's assumed first token), however the
+    chain was cut by commits, extended, replaced by a branch or restarted."""
+    import random
+
+    for seed in range(60):
+        rng = random.Random(seed)
+        truth = [rng.randrange(50) for _ in range(200)]  # what the target commits, position by position
+        committed = truth[:3]
+        chain = DraftChain(committed)
+        sent: dict[tuple[int, int], tuple[int, object]] = {}
+        lines: dict[int, int] = {}  # the draft's lines: epoch -> the end it drafted to
+        main_epoch, next_epoch = None, 0
+
+        def send(epoch: int, start: int, tokens: list[int], branch_of: int | None = None) -> None:
+            dists = [_tagged(epoch, start + i) for i in range(len(tokens))]
+            for i, token in enumerate(tokens):
+                sent[(epoch, start + i)] = (token, None if branch_of is not None and i == 0 else dists[i])
+            lines[epoch] = start + len(tokens)
+            chain.receive(epoch, start, tokens, dists, branch_of=branch_of)
+
+        def guess(position: int) -> int:
+            return truth[position] if rng.random() < 0.75 else rng.randrange(50)
+
+        for _ in range(120):
+            action = rng.random()
+            if main_epoch is None or action < 0.1:  # the draft restarts its chain at the committed end
+                main_epoch, next_epoch = next_epoch, next_epoch + 1
+                start = len(committed)
+                send(main_epoch, start, [guess(start + i) for i in range(rng.randint(1, 3))])
+            elif action < 0.5:  # the chain grows
+                end = lines[main_epoch]
+                send(main_epoch, end, [guess(end + i) for i in range(rng.randint(1, 3))])
+            elif action < 0.7:  # a branch where the chain was unsure, or at its end
+                fork = rng.randint(len(committed), max(len(committed), lines[main_epoch]))
+                epoch, next_epoch = next_epoch, next_epoch + 1
+                send(epoch, fork, [truth[fork] if rng.random() < 0.6 else rng.randrange(50)]
+                     + [guess(fork + 1 + i) for i in range(rng.randint(0, 2))], branch_of=main_epoch)
+            else:  # the target verifies what is pending and commits what it accepts, then one of its own
+                pending, _ = chain.pending()
+                accepted = 0
+                while accepted < len(pending) and pending[accepted] == truth[len(committed) + accepted]:
+                    accepted += 1
+                committed.extend(truth[len(committed):len(committed) + accepted + 1])
+                chain.on_commit()
+                if chain.main is not None:
+                    main_epoch = chain.main.epoch  # a branch took over: the draft follows it
+            tokens, dists = chain.pending()
+            for i, (token, dist) in enumerate(zip(tokens, dists)):
+                expected_token, expected_dist = sent[(chain.main.epoch, len(committed) + i)]
+                assert token == expected_token, (seed, i)
+                assert dist is expected_dist, (seed, i, chain.main.epoch, len(committed) + i)

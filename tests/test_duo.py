@@ -7,18 +7,20 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter
 
 import grpc
 import pytest
-from scipy.stats import chi2_contingency
 
+from duo._proto import duo_pb2 as pb
+from duo.sampling import SamplingParams
+from exact_fit import first_two_p_values
 from greedy import leaves_greedy_path_only_at_a_near_tie
 from processes import Process, free_port, generate, start, wait_for_draft
 
 # Tests that need the draft to take part fix its length: on tiny models verifying is barely cheaper
 # than decoding, and the adaptive policy (tested on its own in test_policy.py) may rest the draft.
 FIXED = ["--draft-max", "4"]
+SAMPLED_PROMPT = "Once upon a time"  # the sampling tests' prompt
 PROMPTS = ["def fibonacci(n):", "Once upon a time", "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"]
 
 
@@ -59,72 +61,64 @@ def duo_sync(tiny_target, draft, log_dir):
     process.stop()
 
 
-def test_greedy_output_through_duo_equals_the_target_alone(duo, duo_sync, alone):
+def test_greedy_output_through_duo_equals_the_target_alone(duo, duo_sync, target_model):
     accepted = 0
     for prompt in PROMPTS:
-        expected, _ = generate(alone.address, prompt, max_tokens=64)
-        assert generate(duo.address, prompt, max_tokens=64)[0] == expected, prompt
+        assert leaves_greedy_path_only_at_a_near_tie(target_model, prompt, generate(duo.address, prompt, max_tokens=64)[0],
+                                                     64), prompt
         tokens, last = generate(duo_sync.address, prompt, max_tokens=64)
-        assert tokens == expected, prompt
+        assert leaves_greedy_path_only_at_a_near_tie(target_model, prompt, tokens, 64), prompt
         accepted += last.stats.draft_tokens_accepted
     assert accepted > 0, "the draft took no part"
 
 
-def sample_positions(address: str, n: int, n_tokens: int, *, seeded: bool = False, **truncation: float) -> list[list[int]]:
-    """n generations at temperature 1, run 4 at a time; their token ids. Unseeded, the target verifies by
-    residual rejection sampling (its default --unseeded); seeded (seeds 0..n-1), by coupled sampling."""
+def sample_positions(address: str, n: int, n_tokens: int, *, seeded: bool = False,
+                     **truncation: float) -> tuple[list[list[int]], list[pb.Stats]]:
+    """n generations of SAMPLED_PROMPT at temperature 1, run 4 at a time: their token ids and stats.
+    Unseeded, the target verifies by residual rejection sampling (its default --unseeded); seeded
+    (seeds 0..n-1), by coupled sampling."""
     results: list[list[int]] = [[] for _ in range(n)]
+    stats: list[pb.Stats] = [pb.Stats() for _ in range(n)]
 
     def work(offset: int) -> None:
         for i in range(offset, n, 4):
-            results[i], _ = generate(address, "Once upon a time", max_tokens=n_tokens, temperature=1.0,
-                                     seed=i if seeded else None, **truncation)
+            results[i], last = generate(address, SAMPLED_PROMPT, max_tokens=n_tokens, temperature=1.0,
+                                        seed=i if seeded else None, **truncation)
+            stats[i] = last.stats
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    return results
+    return results, stats
 
 
-def homogeneity_p_value(a: list[int], b: list[int]) -> float:
-    """Chi-square test that two samples of tokens come from one distribution (rare tokens pooled)."""
-    counts_a, counts_b = Counter(a), Counter(b)
-    common = [t for t in counts_a.keys() | counts_b.keys() if counts_a[t] + counts_b[t] >= 10]
-    rows = [[counts_a[t] for t in common], [counts_b[t] for t in common]]
-    rows[0].append(len(a) - sum(rows[0]))
-    rows[1].append(len(b) - sum(rows[1]))
-    if rows[0][-1] + rows[1][-1] == 0:
-        rows = [r[:-1] for r in rows]
-    return chi2_contingency(rows).pvalue
-
-
-def test_sampled_tokens_through_duo_follow_the_target_distribution(duo, duo_sync, alone):
-    n, n_tokens = 400, 4
-    through_duo = sample_positions(duo.address, n, n_tokens)
-    reference = sample_positions(alone.address, n, n_tokens)
-    assert len({tuple(t) for t in reference}) > 20, "the reference samples barely vary: the test would be weak"
-    for position in range(n_tokens):
-        a = [t[position] for t in through_duo if len(t) > position]
-        b = [t[position] for t in reference if len(t) > position]
-        assert homogeneity_p_value(a, b) > 1e-3, f"position {position} differs"
-    # The draft takes part in sampled generations: a target that waits for it at each step verifies
-    # its tokens and their distributions (the targets above need not wait for a tiny draft).
-    _, last = generate(duo_sync.address, "Once upon a time", max_tokens=32, temperature=1.0)
-    assert last.stats.verification == "residual"
-    assert last.stats.draft_tokens_verified > 0 and last.stats.draft_tokens_accepted > 0
+def test_sampled_tokens_through_duo_follow_the_target_distribution(duo_sync, target_model):
+    """Residual rejection sampling through both processes, on a target that verifies drafts at every step
+    (--sync 4): the first two tokens of 400 generations fit the target's exact distribution
+    (tests/exact_fit.py; test_sampling_power.py shows the same check failing realistic verifier bugs),
+    and the same requests verified and accepted drafts for a good share of their tokens."""
+    n = 400
+    through_duo, stats = sample_positions(duo_sync.address, n, 2)
+    assert len({tuple(t) for t in through_duo}) > 20, "the samples barely vary: the test would be weak"
+    assert all(len(t) == 2 for t in through_duo)
+    assert {s.verification for s in stats} == {"residual"}
+    accepted = sum(s.draft_tokens_accepted for s in stats)
+    assert sum(s.draft_tokens_verified for s in stats) > n and accepted >= 0.3 * 2 * n, accepted
+    p_values = first_two_p_values(target_model, target_model.tokenize(SAMPLED_PROMPT), through_duo,
+                                  SamplingParams(temperature=1.0))
+    assert min(p_values) > 1e-4, p_values
 
 
 def test_killing_the_draft_mid_generation_completes_the_request_with_the_same_output(
-        tiny_target, tiny_draft, alone, log_dir):
+        tiny_target, tiny_draft, target_model, log_dir):
     draft = start("duo.draft_process", ["--model", str(tiny_draft)], log_dir)
     target = start("duo.target_process", ["--model", str(tiny_target), "--peer", draft.address, *FIXED], log_dir)
     try:
         wait_for_draft(target.address)
-        expected, _ = generate(alone.address, PROMPTS[0], max_tokens=400)
         tokens, received_at_kill = stream_and_interrupt(target.address, PROMPTS[0], 400, draft.kill)
-        assert tokens == expected
+        assert leaves_greedy_path_only_at_a_near_tie(target_model, PROMPTS[0], tokens, 400)
         assert received_at_kill > 0
         # The restarted draft is found again, and serves the next generation.
         restarted = start("duo.draft_process", ["--model", str(tiny_draft)], log_dir, port=int(draft.address.split(":")[1]))
@@ -160,15 +154,13 @@ def stream_and_interrupt(address: str, prompt: str, max_tokens: int, interrupt, 
     return tokens, received_at_interrupt
 
 
-def test_a_restarted_draft_rejoins_a_generation_that_is_still_running(tiny_target, tiny_draft, alone, log_dir):
+def test_a_restarted_draft_rejoins_a_generation_that_is_still_running(tiny_target, tiny_draft, target_model, log_dir):
     draft = start("duo.draft_process", ["--model", str(tiny_draft)], log_dir)
     port = int(draft.address.split(":")[1])
     target = start("duo.target_process", ["--model", str(tiny_target), "--peer", draft.address, *FIXED], log_dir)
     replacement: list[Process] = []
     try:
         wait_for_draft(target.address)
-        expected, _ = generate(alone.address, PROMPTS[2], max_tokens=1500)
-
         def restart() -> None:
             draft.kill()
             replacement.append(start("duo.draft_process", ["--model", str(tiny_draft)], log_dir, port=port))
@@ -186,7 +178,7 @@ def test_a_restarted_draft_rejoins_a_generation_that_is_still_running(tiny_targe
                     restarted_at = response.stats.draft_tokens_received
                 elif restarted_at is not None:
                     received_after_restart = response.stats.draft_tokens_received - restarted_at
-        assert tokens == expected
+        assert leaves_greedy_path_only_at_a_near_tie(target_model, PROMPTS[2], tokens, 1500)
         assert received_after_restart > 0, "the restarted draft sent nothing to the running generation"
     finally:
         target.stop()
@@ -195,8 +187,7 @@ def test_a_restarted_draft_rejoins_a_generation_that_is_still_running(tiny_targe
             process.stop()
 
 
-def test_concurrent_generations_each_get_their_own_output(duo, alone, target_model):
-    expected = {prompt: generate(alone.address, prompt, max_tokens=48)[0] for prompt in PROMPTS}
+def test_concurrent_generations_each_get_their_own_output(duo, target_model):
     results: dict[str, list[int]] = {}
 
     def work(prompt: str) -> None:
@@ -208,23 +199,21 @@ def test_concurrent_generations_each_get_their_own_output(duo, alone, target_mod
     for thread in threads:
         thread.join()
     for prompt in PROMPTS:  # decoded together: their logits round differently (tests/greedy.py)
-        assert results[prompt] == expected[prompt] or leaves_greedy_path_only_at_a_near_tie(
-            target_model, prompt, results[prompt], 48), prompt
+        assert leaves_greedy_path_only_at_a_near_tie(target_model, prompt, results[prompt], 48), prompt
 
 
-def test_duo_generate_prints_json_with_text_ids_and_stats(duo, alone):
+def test_duo_generate_prints_json_with_text_ids_and_stats(duo, target_model):
     completed = subprocess.run(
         [sys.executable, "-m", "duo.cli", "generate", "--endpoint", duo.address, "--prompt", PROMPTS[0],
          "--max-tokens", "16", "--json"], capture_output=True, text=True, timeout=120)
     assert completed.returncode == 0, completed.stderr
     result = json.loads(completed.stdout)
-    expected, _ = generate(alone.address, PROMPTS[0], max_tokens=16)
-    assert result["token_ids"] == expected
+    assert leaves_greedy_path_only_at_a_near_tie(target_model, PROMPTS[0], result["token_ids"], 16)
     assert isinstance(result["text"], str) and result["text"]
     for key in ("generated_tokens", "draft_tokens_received", "draft_tokens_accepted", "verify_steps",
                 "tokens_per_second"):
         assert key in result["stats"]
-    assert result["stats"]["generated_tokens"] == len(expected)
+    assert result["stats"]["generated_tokens"] == len(result["token_ids"]) == 16
 
 
 def test_a_bad_request_gets_invalid_argument_and_the_server_keeps_serving(alone):
@@ -236,23 +225,23 @@ def test_a_bad_request_gets_invalid_argument_and_the_server_keeps_serving(alone)
     assert len(tokens) == 4
 
 
-def test_the_target_decodes_alone_while_no_draft_is_listening(tiny_target, alone, log_dir):
+def test_the_target_decodes_alone_while_no_draft_is_listening(tiny_target, target_model, log_dir):
     target = start("duo.target_process", ["--model", str(tiny_target), "--peer", f"127.0.0.1:{free_port()}"], log_dir)
     try:
-        expected, _ = generate(alone.address, PROMPTS[1], max_tokens=32)
         tokens, last = generate(target.address, PROMPTS[1], max_tokens=32)
-        assert tokens == expected
+        assert leaves_greedy_path_only_at_a_near_tie(target_model, PROMPTS[1], tokens, 32)
         assert not last.stats.draft_connected
     finally:
         target.stop()
 
 
-def test_greedy_output_with_the_adaptive_policy_equals_the_target_alone(tiny_target, draft, alone, log_dir):
+def test_greedy_output_with_the_adaptive_policy_equals_the_target_alone(tiny_target, draft, target_model, log_dir):
     target = start("duo.target_process", ["--model", str(tiny_target), "--peer", draft.address], log_dir)
     try:
         wait_for_draft(target.address)
         for prompt in PROMPTS:
-            assert generate(target.address, prompt, max_tokens=96)[0] == generate(alone.address, prompt, max_tokens=96)[0]
+            tokens = generate(target.address, prompt, max_tokens=96)[0]
+            assert leaves_greedy_path_only_at_a_near_tie(target_model, prompt, tokens, 96), prompt
     finally:
         target.stop()
 

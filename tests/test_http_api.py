@@ -65,12 +65,12 @@ def post(process: Process, path: str, body: dict | str, **kwargs) -> httpx.Respo
 # --- completions and chat ------------------------------------------------------------------------
 
 
-def test_completions_answer_the_greedy_text_with_usage_and_duo_stats(served_alone):
-    expected = greedy_text(served_alone, PROMPTS[1], 16)
+def test_completions_answer_the_greedy_text_with_usage_and_duo_stats(served_alone, target_model):
     response = client(served_alone).completions.create(model=model_name(served_alone), prompt=PROMPTS[1],
                                                        max_tokens=16, temperature=0)
     choice = response.choices[0]
-    assert choice.text == expected and choice.finish_reason == "length"
+    assert leaves_greedy_path_only_at_a_near_tie(target_model, PROMPTS[1], choice.text, 16)
+    assert choice.finish_reason == "length"
     assert response.object == "text_completion"
     with grpc.insecure_channel(served_alone.address) as channel:
         n_prompt = len(pb_grpc.TargetStub(channel).Tokenize(pb.TokenizeRequest(prompt=PROMPTS[1])).token_ids)
@@ -80,17 +80,17 @@ def test_completions_answer_the_greedy_text_with_usage_and_duo_stats(served_alon
     assert stats["generated_tokens"] == 16 and stats["verify_steps"] > 0
 
 
-def test_chat_completions_render_the_messages_with_the_models_chat_template(served_alone):
+def test_chat_completions_render_the_messages_with_the_models_chat_template(served_alone, target_model):
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello"}]
     request = pb.GenerateRequest(messages=[pb.ChatMessage(**m) for m in messages], max_tokens=12)
     with grpc.insecure_channel(served_alone.address) as channel:
-        expected = "".join(r.text for r in pb_grpc.TargetStub(channel).Generate(request, timeout=60))
-        n_prompt = len(pb_grpc.TargetStub(channel).Tokenize(pb.TokenizeRequest(messages=request.messages)).token_ids)
+        prompt = list(pb_grpc.TargetStub(channel).Tokenize(pb.TokenizeRequest(messages=request.messages)).token_ids)
+    n_prompt = len(prompt)
     response = client(served_alone).chat.completions.create(model=model_name(served_alone), messages=messages,
                                                             max_completion_tokens=12, temperature=0)
     assert response.object == "chat.completion"
     assert response.choices[0].message.role == "assistant"
-    assert response.choices[0].message.content == expected
+    assert leaves_greedy_path_only_at_a_near_tie(target_model, prompt, response.choices[0].message.content, 12)
     assert response.usage.prompt_tokens == n_prompt > 10  # the template adds role markers to the 4 text tokens
 
 
@@ -127,14 +127,14 @@ def test_a_streamed_chat_adds_up_to_the_whole_answer_and_ends_with_usage(served_
     assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
 
 
-def test_a_streamed_completion_is_server_sent_events_ending_in_done(served_alone):
+def test_a_streamed_completion_is_server_sent_events_ending_in_done(served_alone, target_model):
     with httpx.stream("POST", f"{served_alone.http_url}/v1/completions", timeout=60,
                       json={"prompt": PROMPTS[0], "max_tokens": 8, "temperature": 0, "stream": True}) as response:
         assert response.headers["content-type"].startswith("text/event-stream")
         lines = [line for line in response.iter_lines() if line]
     assert lines[-1] == "data: [DONE]"
     chunks = [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
-    assert "".join(c["choices"][0]["text"] for c in chunks) == greedy_text(served_alone, PROMPTS[0], 8)
+    assert leaves_greedy_path_only_at_a_near_tie(target_model, PROMPTS[0], "".join(c["choices"][0]["text"] for c in chunks), 8)
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
 
 
@@ -301,8 +301,7 @@ def test_metrics_count_drafts_acceptance_tokens_and_requests_after_a_speculative
 # --- concurrency, queueing, disconnects ---------------------------------------------------------------
 
 
-def test_eight_concurrent_streaming_clients_each_get_their_own_greedy_output(served_duo, served_alone, target_model):
-    expected = {prompt: greedy_text(served_alone, prompt, 40) for prompt in PROMPTS}
+def test_eight_concurrent_streaming_clients_each_get_their_own_greedy_output(served_duo, target_model):
     results: dict[str, str] = {}
     errors: list[BaseException] = []
 
@@ -321,8 +320,8 @@ def test_eight_concurrent_streaming_clients_each_get_their_own_greedy_output(ser
         thread.join(120)
     assert not errors, errors
     for prompt, text in results.items():  # batched requests round logits differently: near-ties aside
-        assert text == expected[prompt] or leaves_greedy_path_only_at_a_near_tie(target_model, prompt, text, 40), prompt
-    assert results.keys() == expected.keys()
+        assert leaves_greedy_path_only_at_a_near_tie(target_model, prompt, text, 40), prompt
+    assert results.keys() == set(PROMPTS)
     wait_until_idle(served_duo)
 
 

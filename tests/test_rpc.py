@@ -54,8 +54,7 @@ def rpc_servers(process_logs):
 
 @needs_rpc
 def test_a_target_split_over_two_rpc_servers_gives_the_greedy_output_of_the_target_alone(
-        tiny_target, served_alone, served_draft, rpc_servers, process_logs):
-    expected = {prompt: generate(served_alone.address, prompt, max_tokens=32)[0] for prompt in PROMPTS}
+        tiny_target, target_model, served_draft, rpc_servers, process_logs):
     endpoints = ",".join(server.address for server in rpc_servers)
     before = [resident_kib(server) for server in rpc_servers]
     split = start("duo.target_process", ["--model", str(tiny_target), "--rpc", endpoints], process_logs)
@@ -65,7 +64,7 @@ def test_a_target_split_over_two_rpc_servers_gives_the_greedy_output_of_the_targ
         grown = [resident_kib(server) - kib for server, kib in zip(rpc_servers, before)]
         assert all(kib > 512 for kib in grown) and sum(grown) > 30 * 1024, grown
         for prompt in PROMPTS:
-            assert generate(split.address, prompt, max_tokens=32)[0] == expected[prompt], prompt
+            assert leaves_greedy_path_only_at_a_near_tie(target_model, prompt, generate(split.address, prompt)[0], 32), prompt
     finally:
         split.stop()  # a ggml RPC server serves one client at a time
     duo = start("duo.target_process", ["--model", str(tiny_target), "--rpc", endpoints, "--tensor-split", "1,3",
@@ -75,7 +74,7 @@ def test_a_target_split_over_two_rpc_servers_gives_the_greedy_output_of_the_targ
         accepted = 0
         for prompt in PROMPTS:
             tokens, last = generate(duo.address, prompt, max_tokens=32)
-            assert tokens == expected[prompt], prompt
+            assert leaves_greedy_path_only_at_a_near_tie(target_model, prompt, tokens, 32), prompt
             accepted += last.stats.draft_tokens_accepted
         assert accepted > 0
     finally:

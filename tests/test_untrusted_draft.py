@@ -28,6 +28,7 @@ from duo._proto import duo_pb2_grpc as pb_grpc
 from duo.chain import ChainChunk, DraftChain
 from duo.link import DraftLink
 from duo.model import Model, Vocab
+from greedy import leaves_greedy_path_only_at_a_near_tie
 from processes import Process, free_port, generate, health_status, start, wait_for_draft
 
 FIXED = ["--draft-max", "4"]  # every step verifies what drafts it holds, whatever the adaptive policy thinks
@@ -386,7 +387,8 @@ def tokenize(process: Process, prompt: str) -> list[int]:
         return list(pb_grpc.TargetStub(channel).Tokenize(pb.TokenizeRequest(prompt=prompt), timeout=30).token_ids)
 
 
-def test_a_hostile_draft_fails_no_request_and_changes_no_greedy_output(tiny_target, tiny_draft, alone, log_dir):
+def test_a_hostile_draft_fails_no_request_and_changes_no_greedy_output(tiny_target, tiny_draft, alone, log_dir,
+                                                                        target_model):
     expected = {prompt: generate(alone.address, prompt, max_tokens=48)[0] for prompt in PROMPTS}
     vocab = vocab_of(tiny_draft)
     known = [tokenize(alone, prompt) + expected[prompt] for prompt in PROMPTS]
@@ -398,7 +400,7 @@ def test_a_hostile_draft_fails_no_request_and_changes_no_greedy_output(tiny_targ
             accepted = 0
             for prompt in PROMPTS:
                 tokens, last = generate(target.address, prompt, max_tokens=48)
-                assert tokens == expected[prompt]
+                assert leaves_greedy_path_only_at_a_near_tie(target_model, prompt, tokens, 48), prompt
                 accepted += last.stats.draft_tokens_accepted
             assert accepted > 0  # the valid prefixes were verified and kept
             for seed in range(3):
@@ -423,7 +425,7 @@ def wait_for_state(process: Process, state: str, timeout: float = 30) -> dict:
 
 
 def test_a_draft_of_another_model_leaves_the_target_decoding_alone_and_health_says_why(
-        tiny_target, tiny_mismatched, alone, log_dir):
+        tiny_target, tiny_mismatched, target_model, log_dir):
     draft = start("duo.draft_process", ["--model", str(tiny_mismatched)], log_dir)
     target = start("duo.target_process", ["--model", str(tiny_target), "--peer", draft.address], log_dir, http=True)
     try:
@@ -431,7 +433,7 @@ def test_a_draft_of_another_model_leaves_the_target_decoding_alone_and_health_sa
         assert "token 1000 differs" in body["draft_error"]
         for prompt in PROMPTS:
             tokens, last = generate(target.address, prompt, max_tokens=32)
-            assert tokens == generate(alone.address, prompt, max_tokens=32)[0]
+            assert leaves_greedy_path_only_at_a_near_tie(target_model, prompt, tokens, 32), prompt
             assert not last.stats.draft_connected
         with grpc.insecure_channel(target.address) as channel:
             assert pb_grpc.TargetStub(channel).ModelInfo(pb.ModelInfoRequest(), timeout=10).draft == "incompatible"
@@ -461,13 +463,12 @@ def timed_generation(address: str, prompt: str, max_tokens: int,
 
 
 def test_a_stopped_draft_costs_only_speculation_and_speculation_resumes_when_it_continues(
-        tiny_target, tiny_draft, alone, log_dir):
+        tiny_target, tiny_draft, alone, log_dir, target_model):
     draft = start("duo.draft_process", ["--model", str(tiny_draft)], log_dir)
     target = start("duo.target_process", ["--model", str(tiny_target), "--peer", draft.address, *FIXED], log_dir)
     prompt, n_tokens = PROMPTS[0], 500
     try:
         wait_for_draft(target.address)
-        expected = generate(alone.address, prompt, max_tokens=n_tokens)[0]
         ratios = []
         with ThreadPoolExecutor(1) as pool:
             # The target alone runs at the same time, so that both see the same load on a shared machine;
@@ -477,7 +478,7 @@ def test_a_stopped_draft_costs_only_speculation_and_speculation_resumes_when_it_
                 by_itself = pool.submit(timed_generation, alone.address, prompt, n_tokens)
                 tokens, last, seconds = timed_generation(target.address, prompt, n_tokens,
                                                          on_first=lambda: draft.popen.send_signal(signal.SIGSTOP))
-                assert tokens == expected
+                assert leaves_greedy_path_only_at_a_near_tie(target_model, prompt, tokens, n_tokens)
                 ratios.append(seconds / by_itself.result()[2])
         print(f"with a stopped draft / alone, wall time: {', '.join(f'{r:.2f}' for r in ratios)}")
         assert min(ratios) <= 1.3
