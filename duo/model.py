@@ -41,22 +41,6 @@ class Vocab:
     token_texts: tuple[bytes, ...]
 
     @property
-    def n_layer(self) -> int:
-        return llama().llama_model_n_layer(self._model.model)
-
-    @property
-    def layers_offloaded(self) -> int:
-        """Repeating layers held by a GPU or RPC device (llama.cpp offloads the last n_gpu_layers)."""
-        wanted = self._n_gpu_layers
-        return self.n_layer if wanted < 0 else min(wanted, self.n_layer)
-
-    def placement(self) -> str:
-        """Where the model runs, for the start-up log: devices, layers offloaded, threads."""
-        where = ", ".join(self.offload_devices) if self.offload_devices else "CPU"
-        return (f"{self.description} on {where}: {self.layers_offloaded}/{self.n_layer} layers offloaded, "
-                f"{self.threads} thread{'s' if self.threads != 1 else ''}")
-
-    @property
     def n_vocab(self) -> int:
         return len(self.token_texts)
 

@@ -7,6 +7,7 @@ import os
 import ssl
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import grpc
@@ -17,7 +18,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from duo._proto import duo_pb2 as pb
 from duo._proto import duo_pb2_grpc as pb_grpc
+from greedy import leaves_greedy_path_only_at_a_near_tie
 from pki import Pki, write_pki
+from processes import generate as plain_generate
 from processes import start
 
 API_KEY = "test-key-1234"
@@ -147,3 +150,29 @@ def test_a_certificate_without_its_key_is_refused_at_start_with_the_flag_named(t
                                 "--tls-cert", str(pki.server_cert), "--tls-key", str(pki.client_key)],
                                capture_output=True, text=True, timeout=60)
     assert completed.returncode == 1 and "not a usable certificate and key" in completed.stderr
+
+
+@pytest.mark.parametrize("case", ["the draft's certificate from another CA", "TLS on the draft only",
+                                  "TLS on the target only"])
+def test_a_link_whose_tls_does_not_match_leaves_the_target_decoding_alone_and_health_says_why(
+        case, tiny_target, tiny_draft, target_model, pki, process_logs):
+    draft_tls = ["--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key)]
+    draft = start("duo.draft_process", ["--model", str(tiny_draft), *(draft_tls if case != "TLS on the target only"
+                                                                        else [])], process_logs)
+    trusted = {"the draft's certificate from another CA": ["--peer-tls-ca", str(pki.other_ca)],
+               "TLS on the draft only": [], "TLS on the target only": ["--peer-tls-ca", str(pki.ca)]}[case]
+    target = start("duo.target_process", ["--model", str(tiny_target), "--peer", draft.address, *trusted],
+                   process_logs, http=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (body := httpx.get(f"{target.http_url}/health", timeout=10).json())["draft_error"]:
+            assert time.monotonic() < deadline, body
+            time.sleep(0.2)
+        assert body["draft"] == "disconnected" and body["draft_error"].startswith("UNAVAILABLE"), body
+        tokens, last = plain_generate(target.address, "Once upon a time", max_tokens=16)
+        assert not last.stats.draft_connected and last.stats.draft_tokens_received == 0
+        assert leaves_greedy_path_only_at_a_near_tie(target_model, "Once upon a time", tokens, 16)
+        assert " connected; speculating" not in target.log()  # the link never came up
+    finally:
+        target.stop()
+        draft.stop()

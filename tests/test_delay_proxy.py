@@ -16,7 +16,8 @@ delay_proxy = importlib.util.module_from_spec(_spec)
 sys.modules["delay_proxy"] = delay_proxy
 _spec.loader.exec_module(delay_proxy)
 
-# Scheduling slack on a loaded 2-core machine; the delays tested are several times larger.
+# Scheduling slack: the best of several round trips on a loaded 2-core machine; the delays tested are
+# several times larger.
 SLACK_S = 0.04
 
 
@@ -44,12 +45,15 @@ def test_a_round_trip_takes_twice_the_delay():
     delay = 0.05
 
     async def test(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        for _ in range(3):
+        trips = []
+        for _ in range(5):
             began = time.perf_counter()
             writer.write(b"ping")
             assert await reader.readexactly(4) == b"ping"
-            elapsed = time.perf_counter() - began
-            assert 2 * delay <= elapsed < 2 * delay + SLACK_S
+            trips.append(time.perf_counter() - began)
+        # Every trip waits the delay both ways; load can only add to a trip, so the best one shows that
+        # the proxy itself adds nothing more.
+        assert all(trip >= 2 * delay for trip in trips) and min(trips) < 2 * delay + SLACK_S, trips
 
     asyncio.run(_through_proxy(delay, test))
 

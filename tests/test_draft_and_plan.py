@@ -13,6 +13,7 @@ from duo.policy import StepCosts
 from duo.runtime import ModelWorker
 from duo.sampling import SamplingParams
 from duo.target import Generation, Request, SpecSettings
+from greedy import leaves_greedy_path_only_at_a_near_tie
 
 
 async def open_session(drafter: Drafter, prompt: list[int], p_min: float = 0.0, max_ahead: int = 8):
@@ -151,3 +152,31 @@ def test_below_draft_min_the_target_decodes_alone():
 
 def test_with_no_drafts_the_target_decodes_alone():
     assert plan_for(0, draft_max=4, adaptive=False) == (0, 0)
+
+
+def test_after_a_partial_acceptance_the_draft_proposes_what_a_fresh_decode_of_the_commit_gives(draft_model):
+    """The draft's cache holds six drafted tokens; the target accepts two and corrects the third. What the
+    draft proposes next must be its own greedy continuation of the committed tokens, as a fresh context
+    decodes it: a rollback that left the rejected tokens' cells behind would change those logits."""
+    prompt = [9707, 11, 1879]
+
+    async def run() -> tuple[list[int], list[int], int]:
+        drafter = Drafter(draft_model, ModelWorker(), n_ctx=256, top_k_cap=10)
+        session = await open_session(drafter, prompt, max_ahead=6)
+        for _ in range(6):
+            await draft_once(drafter, session)
+        drafted = list(session.chain[len(prompt):])
+        correction = next(token for token in range(100, 200) if token != drafted[2])
+        committed = prompt + drafted[:2] + [correction]
+        drafter.commit(session, len(prompt), committed[len(prompt):])
+        after = []
+        for _ in range(4):
+            chunk = await draft_once(drafter, session)
+            after += list(chunk.tokens)
+        await drafter.close(session)
+        await drafter.stop()
+        return committed, after, len(drafted)
+
+    committed, after, drafted = asyncio.run(run())
+    assert drafted == 6 and len(after) == 4
+    assert leaves_greedy_path_only_at_a_near_tie(draft_model, committed, after, 4), after

@@ -170,16 +170,20 @@ def test_a_restarted_draft_rejoins_a_generation_that_is_still_running(tiny_targe
 
         request = pb.GenerateRequest(prompt=PROMPTS[2], max_tokens=1500)
         tokens, received_after_restart, restarted_at = [], 0, None
+        accepted_at_restart = accepted_after_restart = 0
         with grpc.insecure_channel(target.address) as channel:
             for response in pb_grpc.TargetStub(channel).Generate(request, timeout=120):
                 tokens.extend(response.token_ids)
                 if restarted_at is None and response.stats.draft_tokens_received > 0 and len(tokens) > 20:
                     restart()
                     restarted_at = response.stats.draft_tokens_received
+                    accepted_at_restart = response.stats.draft_tokens_accepted
                 elif restarted_at is not None:
                     received_after_restart = response.stats.draft_tokens_received - restarted_at
+                    accepted_after_restart = response.stats.draft_tokens_accepted - accepted_at_restart
         assert leaves_greedy_path_only_at_a_near_tie(target_model, PROMPTS[2], tokens, 1500)
         assert received_after_restart > 0, "the restarted draft sent nothing to the running generation"
+        assert accepted_after_restart > 0, "nothing the restarted draft sent was accepted: it drafted on a wrong prefix"
     finally:
         target.stop()
         draft.stop()
@@ -254,3 +258,21 @@ def test_duo_generate_says_when_no_target_answers_instead_of_waiting():
     assert completed.returncode == 1
     assert "cannot reach duo-target" in completed.stderr
     assert time.monotonic() - began < 30
+
+
+def test_a_speculating_generation_runs_to_the_end_of_its_context_and_stops_there(tiny_target, draft, target_model,
+                                                                                 log_dir):
+    """Verify batches near the context's end are cut to what it has left: the generation fills the context
+    exactly (drafts verified to the last step), ends with "length", and the target serves on."""
+    target = start("duo.target_process", ["--model", str(tiny_target), "--peer", draft.address, "--sync", "4",
+                                          "--ctx-size", "64"], log_dir)
+    try:
+        wait_for_draft(target.address)
+        prompt_tokens = len(target_model.tokenize(PROMPTS[0]))
+        for _ in range(2):
+            tokens, last = generate(target.address, PROMPTS[0], max_tokens=500)
+            assert len(tokens) == 64 - prompt_tokens and last.finish_reason == "length"
+            assert last.stats.draft_tokens_accepted > 0
+            assert leaves_greedy_path_only_at_a_near_tie(target_model, PROMPTS[0], tokens, len(tokens))
+    finally:
+        target.stop()

@@ -307,6 +307,17 @@ def test_present_file_without_stamp_is_verified_not_downloaded(fake, home):
     assert hub.is_present("single", catalog=fake.catalog)
 
 
+def test_an_existing_file_with_wrong_content_and_no_stamp_is_replaced_by_the_verified_download(fake, home):
+    path = hub.model_path("single")
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"not the model at all")
+    assert not hub.is_present("single", catalog=fake.catalog)
+    [pulled] = hub.pull(["single"], progress=False, index_url=fake.index.index_url, catalog=fake.catalog)
+    assert pulled == path and path.read_bytes() == fake.content["single"]
+    assert fake.index.requests  # it was checked, found wrong, and downloaded
+    assert hub.is_present("single", catalog=fake.catalog)
+
+
 def test_changed_file_is_no_longer_present(fake, home):
     [path] = hub.pull(["single"], progress=False, index_url=fake.index.index_url, catalog=fake.catalog)
     path.write_bytes(b"something else")
