@@ -100,10 +100,7 @@ class StepBatcher:
     def __init__(self, worker: ModelWorker, context: Context, costs: StepCosts) -> None:
         self.worker = worker
         self.context = context
-        self.costs = costs  # T(n) of verify calls only: the policy's table
-        # Every call's cost, prompt chunks included, for sizing the chunks: a prefill skips the output
-        # layer and verification, so it would make verify batches of its size look cheaper than they are.
-        self.call_costs = StepCosts()
+        self.costs = costs
         self._free = list(range(context.n_seq))  # sequences no request holds (their cells kept for reuse)
         self._queue: list[tuple[Work, asyncio.Future]] = []
         self._thinking: set[int] = set()  # served by the last call and not yet back
@@ -181,9 +178,7 @@ class StepBatcher:
 
     def _deliver(self, planned: list[_Planned], results: list[Verdict | int | Exception], seconds: float) -> None:
         tokens = sum(len(item.part.tokens) for item in planned)
-        self.call_costs.observe(tokens, seconds)
-        if not any(isinstance(item.work, PrefillWork) for item in planned):
-            self.costs.observe(tokens, seconds)
+        self.costs.observe(tokens, seconds)
         for observer in self.observers:
             observer.on_call(len(planned), tokens)
         for item, result in zip(planned, results):
@@ -257,9 +252,9 @@ class StepBatcher:
         room = self.context.n_batch - step_tokens
         if not step_tokens:
             return room
-        limit = PREFILL_STALL * self.call_costs.batch_seconds(step_tokens)
+        limit = PREFILL_STALL * self.costs.batch_seconds(step_tokens)
         chunk = MIN_PREFILL_CHUNK
-        while chunk * 2 <= room and self.call_costs.batch_seconds(step_tokens + chunk * 2) <= limit:
+        while chunk * 2 <= room and self.costs.batch_seconds(step_tokens + chunk * 2) <= limit:
             chunk *= 2
         return min(chunk, room)
 

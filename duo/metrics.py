@@ -78,10 +78,6 @@ class Metrics:
         self.draft_len = Gauge("duo:spec_decode_draft_len",
                                "Draft tokens per step: the adaptive policy's current choice, or --draft-max.",
                                registry=r)
-        self.spec_gain = Gauge("duo:spec_decode_gain", "Why the adaptive policy speculates or not: tokens per wall "
-                               "second with the draft on over the same with it off, as last measured (duo.switch); "
-                               "speculation stays on at 1.05 or more, else the draft rests (0: not measured yet).",
-                               registry=r)
         self.requests_running = Gauge("duo:num_requests_running", "Generations running.", registry=r)
         self.requests_waiting = Gauge("duo:num_requests_waiting", "Requests waiting for a turn.", registry=r)
         self.iteration_requests = Histogram("duo:iteration_requests", "Requests whose step (or prompt chunk) one "
@@ -93,14 +89,13 @@ class Metrics:
                                              "Streaming clients dropped for reading nothing for --write-timeout.",
                                              registry=r)
 
-    def watch(self, *, draft_state: Callable[[], str], draft_len: Callable[[], float], spec_gain: Callable[[], float],
+    def watch(self, *, draft_state: Callable[[], str], draft_len: Callable[[], float],
               running: Callable[[], float], waiting: Callable[[], float]) -> None:
         """Read the gauges from these functions at every scrape."""
         self.draft_connected.set_function(lambda: float(draft_state() == "connected"))
         for state in DRAFT_STATES:
             self.draft_state.labels(state=state).set_function(lambda state=state: float(draft_state() == state))
         self.draft_len.set_function(draft_len)
-        self.spec_gain.set_function(spec_gain)
         self.requests_running.set_function(running)
         self.requests_waiting.set_function(waiting)
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from duo.switch import Switch
-
 # Exponential moving averages forget old measurements at this rate per observation, so the policy
 # follows a change of content (code vs prose) or of load within a few dozen steps.
 DECAY = 0.95
@@ -19,10 +17,9 @@ PRIOR_WEIGHT = 2.0
 # Now and then verify one more draft token than the best choice, so estimates for longer drafts
 # stay fresh even when the policy has settled on short ones (or none).
 EXPLORE_EVERY = 16
-# When no draft length pays by the cost model, the draft rests (on a shared memory bus its work slows
-# the target) except from this many steps before each exploration until the exploration has happened:
-# a rested draft first catches up on the committed tokens, then drafts. Whether speculation pays at all,
-# by what it delivers, is duo.switch's to say: while it is off the draft rests entirely.
+# When speculation does not pay, the draft rests (on a shared memory bus its work slows the target)
+# except from this many steps before each exploration until the exploration has happened: a rested
+# draft first catches up on the committed tokens, then drafts.
 PROBE_LEAD = 5
 
 
@@ -144,7 +141,6 @@ class AdaptivePolicy:
     costs: StepCosts = field(default_factory=StepCosts)
     shared: Acceptance | None = None
     acceptance: Acceptance = field(init=False)
-    switch: Switch = field(default_factory=Switch)  # whether speculation pays: shared by the target's requests
     draft_len: int = 0  # the best draft length given enough pending drafts: exposed in metrics
     _steps: int = 0
     _explore_due: bool = False  # an exploration waits for a step with drafts to explore with
@@ -158,13 +154,10 @@ class AdaptivePolicy:
 
     def settle(self, best: int, limit: int, preferred: int) -> int:
         """This step's draft length: `best` (of at most `limit`), or one more now and then to explore;
-        `preferred` is the best length with as many drafts as the request could want (for max_ahead),
-        0 while speculation is off."""
-        self.draft_len = preferred if self.switch.speculating else 0
-        if not self.switch.speculating:
-            return 0  # the off regime decodes alone: that is what the switch measures it by
+        `preferred` is the best length with as many drafts as the request could want (for max_ahead)."""
+        self.draft_len = preferred
         self._steps += 1
-        self._explore_due |= self.switch.speculating and self._steps % EXPLORE_EVERY == 0
+        self._explore_due |= self._steps % EXPLORE_EVERY == 0
         if self._explore_due and best < limit:
             self._explore_due = False
             best += 1
@@ -234,11 +227,8 @@ class AdaptivePolicy:
         drafts beyond the new end: the draft must already have run 2k + 1 ahead of the old one. It
         follows the preferred length, not this step's choice: when a step found few drafts pending,
         shortening the lead would only make the next step find fewer. When the preferred length is
-        0, the draft rests but for a short probe before each exploration step; while the switch has
-        speculation off, it rests entirely but for a lead into the next on trial.
+        0, the draft rests but for a short probe before each exploration step.
         """
-        if not self.switch.speculating:
-            return 2 if self.switch.draft_wanted() else 0  # resting, or leading into an on trial
         if self.draft_len == 0:
             probing = self._explore_due or self._steps % EXPLORE_EVERY >= EXPLORE_EVERY - PROBE_LEAD
             return 2 if probing else 0

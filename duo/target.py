@@ -20,7 +20,6 @@ from duo.batching import CallObserver, PrefillWork, StepBatcher, VerifyWork
 from duo.link import DraftLink
 from duo.model import Model, ModelError
 from duo.policy import Acceptance, AdaptivePolicy, DraftTiming, StepCosts
-from duo.switch import Switch
 from duo.runtime import ModelWorker
 from duo.sampling import COUPLED, GREEDY, RESIDUAL, SamplingParams, Verdict
 
@@ -267,7 +266,6 @@ class Target:
         # verification mode (they accept differently: greedy, coupled, residual).
         self.costs = StepCosts()
         self.acceptance_by_mode = {mode: Acceptance.prior(settings.draft_max) for mode in (GREEDY, COUPLED, RESIDUAL)}
-        self.switch = Switch()  # whether speculation pays here, by what it delivers (duo.switch)
         self.draft_len = settings.draft_max  # the latest request's preferred draft length (metrics)
         self.draft_timing = DraftTiming()  # one draft serves every request
         self.observers: list[StepObserver] = []
@@ -301,7 +299,7 @@ class Target:
         generation = Generation(next(self._ids), request, self.model, self.settings, self.draft_timing)
         if self.settings.adaptive:
             generation.policy = AdaptivePolicy(self.settings.draft_max, self.costs,
-                                               self.acceptance_by_mode[generation.verification], self.switch)
+                                               self.acceptance_by_mode[generation.verification])
         batcher = await self.batcher()
         n_ctx = batcher.context.n_ctx
         if len(request.prompt_tokens) >= n_ctx:
@@ -327,7 +325,6 @@ class Target:
                 if step.finish_reason:
                     return
         finally:
-            self.switch.request_done(generation.session_id)
             if self.link:
                 self.link.unregister(generation.session_id)
             batcher.leave(seq)
@@ -394,7 +391,6 @@ class Target:
             observer.on_step(record)
         if policy is not None:
             policy.observe_acceptance(record.n_verified, record.n_accepted)
-            self.switch.step_done(generation.session_id, len(step.tokens), record.n_verified)
             self.draft_len = policy.draft_len
             self._steer(generation, policy.max_ahead())
         return step

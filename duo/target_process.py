@@ -172,7 +172,7 @@ async def serve(args: argparse.Namespace, path: Path, settings: SpecSettings, op
         completions.ready(target, min(args.ctx_size, model.n_ctx_train))
         admission = completions.admission
         metrics.watch(draft_state=lambda: completions.draft_state,
-                      draft_len=lambda: target.draft_len, spec_gain=lambda: target.switch.gain or 0.0,
+                      draft_len=lambda: target.draft_len,
                       running=lambda: admission.running, waiting=lambda: admission.waiting)
         log.info("model loaded in %.1f s: serving %s (%s; context %d per request, %d at once), %s",
                  time.monotonic() - began, path.name, model.placement(), args.ctx_size, args.parallel,
