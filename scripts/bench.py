@@ -70,8 +70,10 @@ The cost of splitting the target over RPC servers, on the same cores (needs an R
   python scripts/bench.py --target qwen2.5-coder-1.5b-instruct --target-cores 1 \
       --modes alone-tcores alone-rpc --temperatures 0
 
-duo beside llama.cpp's llama-server, alone and speculative, on the same two cores (F16 target):
-  python scripts/bench.py --target qwen2.5-coder-1.5b-instruct-f16 --draft qwen2.5-coder-0.5b-instruct \
+duo beside llama.cpp's llama-server, alone and speculative, on the same two cores, F16 then Q4_K_M target
+(their results in --out/<target>/):
+  python scripts/bench.py --target qwen2.5-coder-1.5b-instruct-f16 qwen2.5-coder-1.5b-instruct \
+      --draft qwen2.5-coder-0.5b-instruct \
       --draft-cores 0 --target-cores 1 --modes alone-tcores duo --peers --prompts code \
       --temperatures 0 0.7 --reps 1 --max-tokens 96
 
@@ -320,7 +322,9 @@ def stop_all(clusters: list[Cluster | PeerServer]) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--target", default=hub.DEFAULT_TARGET, help="target model: name or path")
+    parser.add_argument("--target", nargs="+", default=[hub.DEFAULT_TARGET],
+                        help="target model(s): name or path; several run one after the other, each with its "
+                             "tables and its folder under --out")
     parser.add_argument("--draft", default=hub.DEFAULT_DRAFT, help="draft model: name or path")
     parser.add_argument("--target-cores", type=int, nargs="+", default=[1])
     parser.add_argument("--draft-cores", type=int, nargs="+", default=[0])
@@ -373,9 +377,23 @@ def target_parallel(levels: list[int]) -> int | None:
 def main() -> int:
     args = parse_args()
     check_modes(args.modes)
-    target, draft = hub.resolve_model(args.target), hub.resolve_model(args.draft)
-    args.out.mkdir(parents=True, exist_ok=True)
-    logs = args.out / "logs"
+    draft = hub.resolve_model(args.draft)
+    targets = [hub.resolve_model(name) for name in args.target]
+    for target, out in zip(targets, out_folders(args.out, targets)):
+        print(f"\n######## target {target.name}", file=sys.stderr)
+        bench_target(args, target, draft, out)
+    return 0
+
+
+def out_folders(out: Path, targets: list[Path]) -> list[Path]:
+    """Where each target's bench.json goes: --out itself for one target, a folder per target for several."""
+    return [out] if len(targets) == 1 else [out / target.stem for target in targets]
+
+
+def bench_target(args: argparse.Namespace, target: Path, draft: Path, out: Path) -> None:
+    """Every mode on one target: costs, runs, the tables, bench.json and the charts in `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    logs = out / "logs"
     logs.mkdir(exist_ok=True)
     prompts = PROMPTS["code"] + PROMPTS["chat"] if args.prompts == "all" else PROMPTS[args.prompts]
 
@@ -412,19 +430,18 @@ def main() -> int:
               "baseline_commit": baseline_commit, "target": str(target), "draft": str(draft),
               "target_parallel": parallel, "verify_costs_s": costs, "sequence_costs_s": sequence_costs,
               "summary": summary, "runs": [asdict(r) for r in runs]}
-    (args.out / "bench.json").write_text(json.dumps(report, indent=2))
-    print(f"\ncommit {report['commit']}")
+    (out / "bench.json").write_text(json.dumps(report, indent=2))
+    print(f"\ntarget {target.name}, commit {report['commit']}")
     print_table(summary, costs, machine)
     if parallel:
         print_concurrency(summary, sequence_costs, parallel)
     try:
-        plot(summary, costs, machine, args.out / "bench.png")
+        plot(summary, costs, machine, out / "bench.png")
         if parallel:
-            plot_concurrency(summary, machine, args.out / "bench-concurrency.png")
+            plot_concurrency(summary, machine, out / "bench-concurrency.png")
     except ImportError:
         print("(matplotlib is not installed: no chart; pip install matplotlib)", file=sys.stderr)
-    print(f"\nwrote {args.out / 'bench.json'}", file=sys.stderr)
-    return 0
+    print(f"\nwrote {out / 'bench.json'}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -146,3 +146,11 @@ def test_llama_server_runs_on_the_tiny_models_and_the_speculative_mode_speculate
         assert runs[0].draft_verified == 0
     else:  # proof that it speculated: drafts were verified, and some accepted
         assert runs[0].draft_verified > 0 and 0 < runs[0].draft_accepted <= runs[0].draft_verified
+
+
+def test_one_invocation_benches_several_targets_each_in_its_folder(tmp_path):
+    args = bench.parse_args(["--target", "a-f16", "a-q4", "--peers"])
+    assert args.target == ["a-f16", "a-q4"]
+    targets = [Path("/m/a-f16.gguf"), Path("/m/a-q4.gguf")]
+    assert bench.out_folders(tmp_path, targets) == [tmp_path / "a-f16", tmp_path / "a-q4"]
+    assert bench.out_folders(tmp_path, targets[:1]) == [tmp_path]  # one target: --out itself, as before
