@@ -170,9 +170,16 @@ class DraftLink:
         reason = "the draft closed the stream"
         try:
             done, _ = await asyncio.wait({sending, reading}, return_when=asyncio.FIRST_COMPLETED)
-            if reading in done:
+            if reading in done and reading.cancelled():
+                # Nothing here cancelled the reader: grpc did. A write that timed out cancels the whole
+                # call, and grpc tells the reader so with asyncio.CancelledError (its task then counts as
+                # cancelled); left to propagate, that would end the link's reconnect loop for good. The
+                # writer says why, at once.
+                await asyncio.wait({sending}, timeout=WRITE_STALL_S)
+                reason = str(sending.exception()) if _stalled(sending) else "the stream was cancelled"
+            elif reading in done:
                 reading.result()  # the call's error, if any, is handled by _connect_once
-            elif isinstance(sending.exception(), DraftStalled):
+            elif _stalled(sending):
                 reason = str(sending.exception())
             else:
                 sending.result()
@@ -239,6 +246,10 @@ async def _send_all(call: grpc.aio.StreamStreamCall, outbox: asyncio.Queue[pb.Ta
             await asyncio.wait_for(call.write(event), WRITE_STALL_S)
         except asyncio.TimeoutError:
             raise DraftStalled(f"it read none of the stream for {WRITE_STALL_S:g} s") from None
+
+
+def _stalled(task: asyncio.Task) -> bool:
+    return task.done() and not task.cancelled() and isinstance(task.exception(), DraftStalled)
 
 
 def _clip(text: str) -> str:
