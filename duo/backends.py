@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import importlib
+import importlib.metadata
 import logging
 import sys
 from pathlib import Path
@@ -17,7 +18,6 @@ from duo.errors import ModelError
 log = logging.getLogger("duo.backends")
 
 DEVICES = ("cpu", "cuda", "metal", "vulkan", "auto")
-LLAMA_CPP_PYTHON = "0.3.36"  # as pinned in pyproject.toml
 
 # ggml backend registry names for each --device choice.
 _BACKEND_NAMES = {"cuda": ("CUDA", "ROCm", "HIP", "MUSA"), "metal": ("Metal", "MTL"), "vulkan": ("Vulkan",)}
@@ -43,11 +43,12 @@ def llama() -> ModuleType:
 
 
 def reinstall_hint(device: str) -> str:
-    """A reinstall that works: pinned, without dependencies, keeping ggml's RPC backend."""
+    """A reinstall that works: pinned to the installed version (pyproject.toml's pin), without dependencies,
+    keeping ggml's RPC backend."""
     flags = _BUILD_FLAGS[device]
     return (f"Rebuild it with {device} support: CMAKE_ARGS=\"{flags}\" scripts/setup.sh in duo's checkout, or "
             f"CMAKE_ARGS=\"-DGGML_RPC=on {flags}\" pip install --force-reinstall --no-deps --no-cache-dir "
-            f"llama-cpp-python=={LLAMA_CPP_PYTHON}; or use --device cpu")
+            f"llama-cpp-python=={importlib.metadata.version('llama-cpp-python')}; or use --device cpu")
 
 
 def backend_devices() -> dict[str, int]:

@@ -24,7 +24,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, NamedTuple
+from typing import Callable, Iterator, NamedTuple, TypeVar
 
 import grpc
 
@@ -35,6 +35,7 @@ from duo.demo import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 DELAY_PROXY = Path(__file__).resolve().parent / "delay_proxy.py"
+T = TypeVar("T")
 # How each mode's duo-target verifies sampled requests without a seed (the bench sends none).
 UNSEEDED = {"duo": "residual", "duo-coupled": "coupled"}
 
@@ -225,18 +226,25 @@ class Answer(NamedTuple):
     ttft: float  # from its send to its first token
 
 
-def generate_together(address: str, prompts: list[str], temperature: float, max_tokens: int) -> list[Answer]:
-    """A generation of each prompt, all at once: a client (thread and channel) each, released together."""
+def released_together(send: Callable[[str], T], prompts: list[str]) -> list[tuple[float, T]]:
+    """send(prompt) for each prompt, all at once: a client thread each, released together; each result
+    with when its client sent it, in seconds after the first one did."""
     release = threading.Barrier(len(prompts))
 
-    def one(prompt: str) -> tuple[float, pb.GenerateResponse, float, float]:
+    def one(prompt: str) -> tuple[float, T]:
         release.wait()
-        return (time.perf_counter(), *generate(address, prompt, temperature, max_tokens))
+        return time.perf_counter(), send(prompt)
 
     with ThreadPoolExecutor(len(prompts)) as pool:
         results = list(pool.map(one, prompts))
-    first_sent = min(sent for sent, *_ in results)
-    return [Answer(last, sent - first_sent, seconds, ttft) for sent, last, seconds, ttft in results]
+    first_sent = min(sent for sent, _ in results)
+    return [(sent - first_sent, result) for sent, result in results]
+
+
+def generate_together(address: str, prompts: list[str], temperature: float, max_tokens: int) -> list[Answer]:
+    """A generation of each prompt, all at once: a client (thread and channel) each, released together."""
+    return [Answer(last, sent_s, seconds, ttft) for sent_s, (last, seconds, ttft)
+            in released_together(lambda prompt: generate(address, prompt, temperature, max_tokens), prompts)]
 
 
 def wait_ready(cluster: Cluster, timeout: float = 300) -> None:

@@ -25,13 +25,12 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
+from bench_cluster import released_together
 from bench_report import Run, Variant
 
 SCRIPTS = Path(__file__).resolve().parent
@@ -187,18 +186,12 @@ def peer_generate(address: str, prompt: str, temperature: float, max_tokens: int
 
 def peer_generate_together(address: str, prompts: list[str], temperature: float, max_tokens: int) -> list[PeerAnswer]:
     """Each prompt by its own client, released together (as bench_cluster.generate_together for duo)."""
-    release = threading.Barrier(len(prompts))
-
-    def one(prompt: str) -> tuple[float, PeerAnswer]:
-        release.wait()
-        return time.perf_counter(), peer_generate(address, prompt, temperature, max_tokens)
-
-    with ThreadPoolExecutor(len(prompts)) as pool:
-        results = list(pool.map(one, prompts))
-    first_sent = min(sent for sent, _ in results)
-    for sent, answer in results:
-        answer.sent_s = sent - first_sent
-    return [answer for _, answer in results]
+    answers = []
+    for sent_s, answer in released_together(lambda prompt: peer_generate(address, prompt, temperature, max_tokens),
+                                            prompts):
+        answer.sent_s = sent_s
+        answers.append(answer)
+    return answers
 
 
 def run_from_answer(variant: Variant, prompt: str, temperature: float, rep: int, answer: PeerAnswer, *,

@@ -58,9 +58,12 @@ class Build:
         return f"{ALWAYS} {self.cmake_args}".strip()
 
     def env(self) -> dict[str, str]:
-        flags = " ".join(filter(None, [os.environ.get("CFLAGS", ""), self.cflags]))
-        return {**os.environ, "CMAKE_ARGS": self.all_cmake_args, "CFLAGS": flags,
-                "CXXFLAGS": " ".join(filter(None, [os.environ.get("CXXFLAGS", ""), self.cflags]))}
+        """The environment to build in: the user's compiler flags, then this build's."""
+        def with_ours(name: str) -> str:
+            return " ".join(filter(None, [os.environ.get(name, ""), self.cflags]))
+
+        return {**os.environ, "CMAKE_ARGS": self.all_cmake_args, "CFLAGS": with_ours("CFLAGS"),
+                "CXXFLAGS": with_ours("CXXFLAGS")}
 
 
 def safe_cflags(machine: str, compiler_knows_amx: bool) -> str:
@@ -68,6 +71,10 @@ def safe_cflags(machine: str, compiler_knows_amx: bool) -> str:
     and a compiler that does not know AMX cannot compile the kernels anyway)."""
     is_x86 = machine.lower() in ("x86_64", "amd64", "i686", "i386")
     return NO_AMX if is_x86 and compiler_knows_amx else ""
+
+
+def this_machines_cflags() -> str:
+    return safe_cflags(platform.machine(), compiler_knows_amx())
 
 
 def compiler_knows_amx(compiler: str = "cc") -> bool:
@@ -114,7 +121,7 @@ def run(command: list[str], **kwargs) -> None:
 def ensure_wheel(venv: Path) -> None:
     python, record = venv / "bin" / "python", venv / RECORD
     installed = read_record(record)
-    wanted = wanted_build(os.environ.get("CMAKE_ARGS"), installed, safe_cflags(platform.machine(), compiler_knows_amx()))
+    wanted = wanted_build(os.environ.get("CMAKE_ARGS"), installed, this_machines_cflags())
     wheels = CACHE / "wheels" / wanted.key
     cached = sorted(wheels.glob(f"llama_cpp_python-{VERSION}-*.whl"))
     action = wheel_action(installed, wanted, venv_has_rpc(python), bool(cached))
@@ -137,7 +144,7 @@ def ensure_wheel(venv: Path) -> None:
 def ensure_server(cmake_args: str | None) -> Path:
     """llama.cpp's llama-server from the llama.cpp that the pinned llama-cpp-python vendors (same ggml,
     same flags as duo's wheel), built once into the cache: statically linked, no curl, no web UI."""
-    build = wanted_build(cmake_args, None, safe_cflags(platform.machine(), compiler_knows_amx()))
+    build = wanted_build(cmake_args, None, this_machines_cflags())
     binary = CACHE / "llama-server" / build.key / "llama-server"
     if binary.exists():
         return binary

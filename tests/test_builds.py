@@ -194,7 +194,7 @@ def test_the_venv_records_the_build_set_up_installed():
     if record is None:
         pytest.skip("this llama-cpp-python was not installed by scripts/setup.sh")
     assert record.version == llama_build.VERSION
-    assert record.cflags == safe_cflags(llama_build.platform.machine(), llama_build.compiler_knows_amx())
+    assert record.cflags == llama_build.this_machines_cflags()
 
 
 def test_set_up_refuses_an_old_python_before_compiling_anything(tmp_path):
