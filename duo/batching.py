@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -97,10 +97,17 @@ class StepBatcher:
     passed; work that comes later rides on the next call.
     """
 
-    def __init__(self, worker: ModelWorker, context: Context, costs: StepCosts) -> None:
+    def __init__(self, worker: ModelWorker, context: Context, costs: StepCosts,
+                 drafting: Callable[[], bool] = lambda: True) -> None:
         self.worker = worker
         self.context = context
+        # T(n) of verify calls while the draft works: the policy's table, which it reads only then. Calls
+        # while the draft rests cost a little less (duo.switch measures that regime by its own rate).
         self.costs = costs
+        self.drafting = drafting
+        # Every call's cost, prompt chunks included, for sizing the chunks: a prefill skips the output
+        # layer and verification, so it would make verify batches of its size look cheaper than they are.
+        self.call_costs = StepCosts()
         self._free = list(range(context.n_seq))  # sequences no request holds (their cells kept for reuse)
         self._queue: list[tuple[Work, asyncio.Future]] = []
         self._thinking: set[int] = set()  # served by the last call and not yet back
@@ -178,7 +185,9 @@ class StepBatcher:
 
     def _deliver(self, planned: list[_Planned], results: list[Verdict | int | Exception], seconds: float) -> None:
         tokens = sum(len(item.part.tokens) for item in planned)
-        self.costs.observe(tokens, seconds)
+        self.call_costs.observe(tokens, seconds)
+        if self.drafting() and not any(isinstance(item.work, PrefillWork) for item in planned):
+            self.costs.observe(tokens, seconds)
         for observer in self.observers:
             observer.on_call(len(planned), tokens)
         for item, result in zip(planned, results):
@@ -252,9 +261,9 @@ class StepBatcher:
         room = self.context.n_batch - step_tokens
         if not step_tokens:
             return room
-        limit = PREFILL_STALL * self.costs.batch_seconds(step_tokens)
+        limit = PREFILL_STALL * self.call_costs.batch_seconds(step_tokens)
         chunk = MIN_PREFILL_CHUNK
-        while chunk * 2 <= room and self.costs.batch_seconds(step_tokens + chunk * 2) <= limit:
+        while chunk * 2 <= room and self.call_costs.batch_seconds(step_tokens + chunk * 2) <= limit:
             chunk *= 2
         return min(chunk, room)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from contextlib import aclosing
@@ -16,6 +17,8 @@ from duo.model import ModelError
 from duo.sampling import SamplingParams
 from duo.stop import StopMatcher
 from duo.target import GenerationStats, Request, Target
+
+log = logging.getLogger("duo.target")
 
 # More stop strings than anyone needs would make every piece slow to check.
 MAX_STOP_STRINGS = 16
@@ -77,7 +80,20 @@ def stats_fields(stats: GenerationStats, draft_connected: bool) -> dict[str, flo
             "tokens_per_second": stats.tokens_per_second, "time_to_first_token_s": stats.time_to_first_token or 0.0,
             "draft_connected": draft_connected, "batch_sizes": list(stats.batch_sizes),
             "draft_rejections": stats.draft_rejections, "branch_hits": stats.branch_hits, "waits": stats.waits,
-            "wait_seconds": stats.wait_seconds, "verification": stats.verification, "seed": stats.seed}
+            "wait_seconds": stats.wait_seconds, "verification": stats.verification, "seed": stats.seed,
+            "speculation": stats.speculation}
+
+
+def request_line(stats: GenerationStats, finish: str | None) -> str:
+    """One finished request's line for the target's log, as llama-server prints its timings."""
+    ttft = stats.time_to_first_token
+    drafts = (f"accepted {stats.draft_tokens_accepted}/{stats.draft_tokens_verified} drafts"
+              if stats.draft_tokens_verified else "no drafts verified")
+    speculation = f", speculation {stats.speculation}" if stats.speculation else ""
+    return (f"request done ({finish or 'client left'}): {stats.generated_tokens} tokens at "
+            f"{stats.tokens_per_second:.2f} tok/s, first token after "
+            f"{'-' if ttft is None else f'{ttft:.2f} s'}, {drafts} in {stats.verify_steps} steps, "
+            f"prompt {stats.prompt_tokens} tokens ({stats.cached_prompt_tokens} cached){speculation}")
 
 
 class Completion:
@@ -196,6 +212,7 @@ class Completions:
                         return
         finally:
             self.metrics.request_finished(stats, finish)
+            log.info("%s", request_line(stats, finish))
 
     def _loaded(self) -> Target:
         if self.target is None:

@@ -109,4 +109,5 @@ def format_stats(stats: pb.Stats) -> str:
             f"tokens ({stats.cached_prompt_tokens} cached), "
             f"first token {stats.time_to_first_token_s * 1000:.0f} ms, {stats.verify_steps} verify steps "
             f"({per_step:.2f} tokens/step), draft: {stats.draft_tokens_received} received, "
-            f"{stats.draft_tokens_accepted}/{stats.draft_tokens_verified} accepted ({acceptance:.0%})]")
+            f"{stats.draft_tokens_accepted}/{stats.draft_tokens_verified} accepted ({acceptance:.0%})"
+            + (f"; speculation {stats.speculation}" if stats.speculation else "") + "]")

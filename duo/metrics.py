@@ -78,6 +78,11 @@ class Metrics:
         self.draft_len = Gauge("duo:spec_decode_draft_len",
                                "Draft tokens per step: the adaptive policy's current choice, or --draft-max.",
                                registry=r)
+        self.spec_on = Gauge("duo:spec_decode_on", "1 while the adaptive policy speculates, 0 while the draft rests "
+                             "because speculation did not beat decoding alone (duo.switch).", registry=r)
+        self.spec_gain = Gauge("duo:spec_decode_gain", "Why: tokens per wall second speculating over decoding alone, "
+                               "as last judged (0: not judged yet). A trial must reach 1.05 to turn speculation on; "
+                               "once on, it stays on while at least 1.0.", registry=r)
         self.requests_running = Gauge("duo:num_requests_running", "Generations running.", registry=r)
         self.requests_waiting = Gauge("duo:num_requests_waiting", "Requests waiting for a turn.", registry=r)
         self.iteration_requests = Histogram("duo:iteration_requests", "Requests whose step (or prompt chunk) one "
@@ -89,13 +94,15 @@ class Metrics:
                                              "Streaming clients dropped for reading nothing for --write-timeout.",
                                              registry=r)
 
-    def watch(self, *, draft_state: Callable[[], str], draft_len: Callable[[], float],
-              running: Callable[[], float], waiting: Callable[[], float]) -> None:
+    def watch(self, *, draft_state: Callable[[], str], draft_len: Callable[[], float], spec_on: Callable[[], float],
+              spec_gain: Callable[[], float], running: Callable[[], float], waiting: Callable[[], float]) -> None:
         """Read the gauges from these functions at every scrape."""
         self.draft_connected.set_function(lambda: float(draft_state() == "connected"))
         for state in DRAFT_STATES:
             self.draft_state.labels(state=state).set_function(lambda state=state: float(draft_state() == state))
         self.draft_len.set_function(draft_len)
+        self.spec_on.set_function(spec_on)
+        self.spec_gain.set_function(spec_gain)
         self.requests_running.set_function(running)
         self.requests_waiting.set_function(waiting)
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from duo.switch import Switch
+
 # Exponential moving averages forget old measurements at this rate per observation, so the policy
 # follows a change of content (code vs prose) or of load within a few dozen steps.
 DECAY = 0.95
@@ -17,10 +19,14 @@ PRIOR_WEIGHT = 2.0
 # Now and then verify one more draft token than the best choice, so estimates for longer drafts
 # stay fresh even when the policy has settled on short ones (or none).
 EXPLORE_EVERY = 16
-# When speculation does not pay, the draft rests (on a shared memory bus its work slows the target)
-# except from this many steps before each exploration until the exploration has happened: a rested
-# draft first catches up on the committed tokens, then drafts.
+# When no draft length pays by the cost model, the draft rests (on a shared memory bus its work slows
+# the target) except from this many steps before each exploration until the exploration has happened:
+# a rested draft first catches up on the committed tokens, then drafts. Whether speculation pays at
+# all, by what it delivers, is duo.switch's to say: while it is off the draft rests entirely.
 PROBE_LEAD = 5
+# A step with drafts must beat decoding alone by this share in the cost model: where T(2)/T(1) sits
+# next to E(1) (a compute-bound target), noise in either would otherwise turn drafting on and off.
+DRAFT_MARGIN = 0.03
 
 
 # A step never waits longer than this share of a step alone: where waiting pays (a draft many times
@@ -141,12 +147,20 @@ class AdaptivePolicy:
     costs: StepCosts = field(default_factory=StepCosts)
     shared: Acceptance | None = None
     acceptance: Acceptance = field(init=False)
-    draft_len: int = 0  # the best draft length given enough pending drafts: exposed in metrics
+    switch: Switch = field(default_factory=Switch)  # whether speculation pays: shared by the target's requests
+    draft_len: int = 0  # the best draft length given enough pending drafts (0 while off): exposed in metrics
+    _preferred: int = 0  # the same by the cost model alone, whatever the switch says
     _steps: int = 0
     _explore_due: bool = False  # an exploration waits for a step with drafts to explore with
 
     def __post_init__(self) -> None:
         self.acceptance = self.shared.fork() if self.shared else Acceptance.prior(self.max_draft)
+        # What the draft should run ahead by from the session's start, so that the first step can verify drafts.
+        self._prefer(allocate([self], [self.max_draft], self.costs)[0])
+
+    def _prefer(self, preferred: int) -> None:
+        self._preferred = preferred
+        self.draft_len = preferred if self.switch.speculating else 0
 
     def choose(self, n_pending: int) -> int:
         """How many of the `n_pending` drafts to put in this step's batch (a step of this request alone)."""
@@ -154,8 +168,11 @@ class AdaptivePolicy:
 
     def settle(self, best: int, limit: int, preferred: int) -> int:
         """This step's draft length: `best` (of at most `limit`), or one more now and then to explore;
-        `preferred` is the best length with as many drafts as the request could want (for max_ahead)."""
-        self.draft_len = preferred
+        `preferred` is the best length with as many drafts as the request could want (for max_ahead);
+        0 while the switch has speculation off (the regime it measures decodes alone)."""
+        self._prefer(preferred)
+        if not self.switch.speculating:
+            return 0
         self._steps += 1
         self._explore_due |= self._steps % EXPLORE_EVERY == 0
         if self._explore_due and best < limit:
@@ -227,8 +244,11 @@ class AdaptivePolicy:
         drafts beyond the new end: the draft must already have run 2k + 1 ahead of the old one. It
         follows the preferred length, not this step's choice: when a step found few drafts pending,
         shortening the lead would only make the next step find fewer. When the preferred length is
-        0, the draft rests but for a short probe before each exploration step.
+        0, the draft rests but for a short probe before each exploration step; while the switch has
+        speculation off, it rests entirely but for a lead into the next on trial.
         """
+        if not self.switch.speculating:
+            return 2 * max(self._preferred, 1) + 2 if self.switch.draft_wanted() else 0
         if self.draft_len == 0:
             probing = self._explore_due or self._steps % EXPLORE_EVERY >= EXPLORE_EVERY - PROBE_LEAD
             return 2 if probing else 0
@@ -239,7 +259,8 @@ def allocate(policies: list[AdaptivePolicy], limits: list[int], costs: StepCosts
     """Draft lengths k_s <= limits[s] for requests verified in one batched call that maximise the
     call's expected committed tokens per second, sum_s E_s(k_s) / T(other_tokens + sum_s (k_s + 1)).
 
-    Each request's next draft adds the chance that it and all drafts before it are accepted, a1 ... ak,
+    A split with drafts must beat decoding alone by DRAFT_MARGIN. Each request's next draft adds the
+    chance that it and all drafts before it are accepted, a1 ... ak,
     which only shrinks as k grows. So for any total number of drafts, the best split takes drafts one
     at a time, each from the request whose next draft is likeliest to be accepted; the best total is
     then the best point on that path. With one request this is argmax_k E(k) / T(k + 1). Example:
@@ -250,7 +271,7 @@ def allocate(policies: list[AdaptivePolicy], limits: list[int], costs: StepCosts
     survive = [1.0] * len(policies)  # a1 ... ak of each request's drafts so far
     expected = float(len(policies))  # E_s(0) = 1: each step commits at least one token
     tokens = other_tokens + len(policies)
-    best, best_rate = list(ks), expected / costs.batch_seconds(tokens)
+    best, best_rate = list(ks), expected / costs.batch_seconds(tokens) * (1.0 + DRAFT_MARGIN)
     while True:
         growing = [s for s, policy in enumerate(policies) if ks[s] < min(limits[s], policy.max_draft)]
         if not growing:

@@ -21,6 +21,7 @@ from duo.link import DraftLink
 from duo.model import Model, ModelError
 from duo.policy import Acceptance, AdaptivePolicy, DraftTiming, StepCosts
 from duo.runtime import ModelWorker
+from duo.switch import Switch
 from duo.sampling import COUPLED, GREEDY, RESIDUAL, SamplingParams, Verdict
 
 log = logging.getLogger("duo.target")
@@ -77,6 +78,7 @@ class GenerationStats:
     waits: int = 0             # steps that waited for drafts known to be coming
     wait_seconds: float = 0.0
     verification: str = GREEDY  # GREEDY, COUPLED or RESIDUAL (duo.sampling)
+    speculation: str = ""       # whether the adaptive policy speculates, and why (duo.switch.Switch.reason)
     seed: int = 0               # a sampled request's seed, drawn by the target when the client gave none
     verify_steps: int = 0
     batch_sizes: list[int] = field(default_factory=list)  # [n]: steps that decoded n tokens at once
@@ -266,6 +268,7 @@ class Target:
         # verification mode (they accept differently: greedy, coupled, residual).
         self.costs = StepCosts()
         self.acceptance_by_mode = {mode: Acceptance.prior(settings.draft_max) for mode in (GREEDY, COUPLED, RESIDUAL)}
+        self.switch = Switch()  # whether speculation pays here, by what it delivers (duo.switch)
         self.draft_len = settings.draft_max  # the latest request's preferred draft length (metrics)
         self.draft_timing = DraftTiming()  # one draft serves every request
         self.observers: list[StepObserver] = []
@@ -282,7 +285,7 @@ class Target:
                 n_ctx = min(self.n_ctx, self.model.n_ctx_train)
                 context = await self.worker.create(partial(self.model.new_context, n_seq=self.parallel,
                                                            cells=n_ctx * self.parallel), n_ctx)
-                self._batcher = StepBatcher(self.worker, context, self.costs)
+                self._batcher = StepBatcher(self.worker, context, self.costs, lambda: self.switch.speculating)
                 self._batcher.observers = self.call_observers
         return self._batcher
 
@@ -299,7 +302,7 @@ class Target:
         generation = Generation(next(self._ids), request, self.model, self.settings, self.draft_timing)
         if self.settings.adaptive:
             generation.policy = AdaptivePolicy(self.settings.draft_max, self.costs,
-                                               self.acceptance_by_mode[generation.verification])
+                                               self.acceptance_by_mode[generation.verification], self.switch)
         batcher = await self.batcher()
         n_ctx = batcher.context.n_ctx
         if len(request.prompt_tokens) >= n_ctx:
@@ -325,6 +328,7 @@ class Target:
                 if step.finish_reason:
                     return
         finally:
+            self.switch.request_done(generation.session_id)
             if self.link:
                 self.link.unregister(generation.session_id)
             batcher.leave(seq)
@@ -391,6 +395,12 @@ class Target:
             observer.on_step(record)
         if policy is not None:
             policy.observe_acceptance(record.n_verified, record.n_accepted)
+            if self.link and self.link.connected:
+                self.switch.step_done(generation.session_id, len(step.tokens), record.n_verified,
+                                      alone_call=result.call_tokens == 1 and not waited)
+            else:  # without a draft there is nothing to switch; the next step starts timing afresh
+                self.switch.request_done(generation.session_id)
+            generation.stats.speculation = self.switch.reason()
             self.draft_len = policy.draft_len
             self._steer(generation, policy.max_ahead())
         return step

@@ -17,14 +17,14 @@ from grpc_health.v1 import health
 from duo.admission import Admission
 from duo.completion import Completions
 from duo.grpc_api import client_server, set_serving
-from duo.hub import CATALOG, HubError, resolve_model
+from duo.hub import CATALOG, DEFAULT_TARGET, HubError, resolve_model
 from duo.link import DraftLink
 from duo.metrics import Metrics
 from duo.backends import on_native_abort
 from duo.model import MAX_SEQUENCES, Model, ModelError
 from duo.openai_api import create_app, http_server
-from duo.runtime import (WRITE_TIMEOUT_S, ModelWorker, add_process_arguments, listen_socket, model_options, run_async,
-                         run_server, setup_logging)
+from duo.runtime import (WRITE_TIMEOUT_S, ModelWorker, add_process_arguments, check_can_listen, host_port,
+                         listen_socket, model_options, run_async, run_server, setup_logging)
 from duo.sampling import COUPLED, RESIDUAL
 from duo.target import SpecSettings, Target
 from duo.tls import channel_credentials, check_pair, server_credentials
@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="duo-target", description="Generate with the target model, verifying in batches the chain tokens "
                                        "that duo-draft streams; serve clients over gRPC (and OpenAI-compatible HTTP).")
-    add_process_arguments(parser, listen="127.0.0.1:7071", serves="clients (gRPC and HTTP)", per="request")
+    add_process_arguments(parser, model=DEFAULT_TARGET, listen="127.0.0.1:7071", serves="clients (gRPC and HTTP)", per="request")
     parser.add_argument("--peer", default=None,
                         help="HOST:PORT of duo-draft; without it the target decodes alone")
     spec = parser.add_argument_group(
@@ -111,6 +111,9 @@ def settings_from(args: argparse.Namespace) -> SpecSettings:
 
 def check_client_flags(args: argparse.Namespace) -> None:
     """Raise ValueError naming the flag that is wrong."""
+    check_can_listen(args.listen)
+    if args.peer:
+        host_port(args.peer, "--peer")
     if not 1 <= args.parallel <= MAX_SEQUENCES or args.queue_size < 0:
         raise ValueError(f"--parallel must be between 1 and {MAX_SEQUENCES} (llama.cpp's sequences per context) "
                          "and --queue-size >= 0")
@@ -172,7 +175,8 @@ async def serve(args: argparse.Namespace, path: Path, settings: SpecSettings, op
         completions.ready(target, min(args.ctx_size, model.n_ctx_train))
         admission = completions.admission
         metrics.watch(draft_state=lambda: completions.draft_state,
-                      draft_len=lambda: target.draft_len,
+                      draft_len=lambda: target.draft_len, spec_on=lambda: float(target.switch.speculating),
+                      spec_gain=lambda: target.switch.gain or 0.0,
                       running=lambda: admission.running, waiting=lambda: admission.waiting)
         log.info("model loaded in %.1f s: serving %s (%s; context %d per request, %d at once), %s",
                  time.monotonic() - began, path.name, model.placement(), args.ctx_size, args.parallel,

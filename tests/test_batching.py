@@ -89,12 +89,13 @@ def test_sampled_concurrent_generations_each_follow_their_own_seed(target_model)
 def test_a_long_prompt_is_prefilled_in_chunks_beside_the_running_generations(target_model):
     long_prompt = [(7 * i) % 5000 + 100 for i in range(200)]
     target = Target(target_model, ModelWorker(), None, n_ctx=512, settings=SpecSettings(), parallel=2)
-    # Measured costs that make a call of n tokens cost 1 + 0.5 (n - 1) steps: a chunk of 16 beside a
-    # step of 1 token costs 8.5 steps alone, more than PREFILL_STALL allows, so chunks stay at the minimum.
-    for n in (1, 2, 8, 64, 256):
-        target.costs.observe(n, 0.01 * (1 + 0.5 * (n - 1)))
     log = CallLog(target)
     asyncio.run(log.attach())
+    # Measured costs that make a call of n tokens cost 1 + 0.5 (n - 1) steps: a chunk of 16 beside a
+    # step of 1 token costs 8.5 steps alone, more than PREFILL_STALL allows, so chunks stay at the minimum.
+    batcher = asyncio.run(target.batcher())
+    for n in (1, 2, 8, 64, 256):
+        batcher.call_costs.observe(n, 0.01 * (1 + 0.5 * (n - 1)))
 
     async def both() -> tuple[list[int], list[int]]:
         running: list[int] = []
@@ -121,6 +122,8 @@ def test_a_long_prompt_is_prefilled_in_chunks_beside_the_running_generations(tar
     assert all(len(call) == 2 for call in with_prompt[:-1])  # each beside the running generation's step
     assert leaves_greedy_path_only_at_a_near_tie(target_model, long_prompt, late, 4)
     assert leaves_greedy_path_only_at_a_near_tie(target_model, PROMPTS[0], running, 40)
+    # The verify cost table, which the policy reads, learnt nothing from the calls that carried prompt chunks.
+    assert max(target.costs.step_seconds) < MIN_PREFILL_CHUNK
 
 
 def test_sequences_are_reused_by_later_generations(target_model):

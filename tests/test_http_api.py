@@ -294,7 +294,8 @@ def test_metrics_count_drafts_acceptance_tokens_and_requests_after_a_speculative
     assert moved("duo:e2e_request_latency_seconds_count") == 1
     assert moved("duo:time_to_first_token_seconds_count") == 1
     assert after[("duo:draft_connected", ())] == 1
-    assert after[("duo:spec_decode_draft_len", ())] >= 0
+    assert after[("duo:spec_decode_draft_len", ())] >= 0 and ("duo:spec_decode_gain", ()) in after
+    assert after[("duo:spec_decode_on", ())] in (0.0, 1.0)
     assert after[("duo:num_requests_running", ())] == 0 and after[("duo:num_requests_waiting", ())] == 0
 
 

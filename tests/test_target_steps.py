@@ -123,3 +123,47 @@ def test_a_draft_that_says_it_paused_is_not_waited_for_and_a_pause_ends_a_wait_a
     began = time.monotonic()
     asyncio.run(synchronous())
     assert time.monotonic() - began < SYNC_WAIT_S / 2
+
+
+class InstantDraft:
+    """A link to a draft that knows the answer: on a session's opening it sends `answer` as its chain
+    at once, if the session asked for drafts at all (max_ahead > 0)."""
+
+    connected = True
+
+    def __init__(self, answer: list[int]) -> None:
+        self.answer = answer
+        self.opened_with: list[int] = []
+
+    def register(self, generation: Generation) -> None:
+        message = generation.open_message()
+        self.opened_with.append(message.max_ahead)
+        if message.max_ahead:
+            generation.on_chunk(ChainChunk(epoch=0, start=len(message.committed),
+                                           tokens=self.answer[:message.max_ahead], dists=[]))
+
+    def unregister(self, session_id: int) -> None:
+        pass
+
+    def send(self, event) -> None:
+        pass
+
+
+def test_the_first_step_of_a_request_verifies_the_drafts_sent_since_the_session_opened(target_model):
+    prompt, n = [9707, 11, 1879], 8
+
+    async def answer(link) -> tuple[list[int], list[StepRecord]]:
+        target = Target(target_model, ModelWorker(), link, n_ctx=256, settings=SpecSettings())
+        seen = Records()
+        target.observers.append(seen)
+        tokens = []
+        async for step, _ in target.generate(Request(prompt, SamplingParams(), max_tokens=n)):
+            tokens += step.tokens
+        return tokens, seen.records
+
+    alone, _ = asyncio.run(answer(None))
+    link = InstantDraft(alone)
+    tokens, records = asyncio.run(answer(link))
+    assert link.opened_with[0] > 0  # the draft is asked to draft from the session's start
+    assert records[0].n_verified > 0 and records[0].n_accepted > 0
+    assert tokens[:records[0].n_accepted] == alone[:records[0].n_accepted]

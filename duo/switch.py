@@ -1,0 +1,166 @@
+"""Whether speculation pays on this target, judged by what it delivers: committed tokens per wall-clock
+second while the draft works, against the same while it rests.
+
+The policy's cost model (duo.policy) picks each step's draft length from model-only costs T(n) and the
+acceptance. It cannot see what else speculation costs: steps decoded alone while the draft catches up
+after a rejection (a draft only a few times faster than the target), the draft stream's messages handled
+between decodes, a co-running draft slowing the target. On a compute-bound target these eat the whole
+gain (the default Q4_K_M pair on CPU cores). So the switch measures the on regime in the currency that
+matters, tokens per second of wall time, and keeps it only where it beats decoding alone:
+
+    on ── every JUDGE_STEPS warm steps: rate_on vs rate_alone ──▶ stays on while rate_on ≥ (1 + STAY) rate_alone
+      └─ else ─▶ off (the draft rests entirely) for REST_STEPS · 2^(n-1) steps (n: judgements lost in a row)
+                 ─▶ an on trial, which must reach (1 + ENTER) rate_alone to stay on
+
+rate_alone is known without turning speculation off to measure it: while on, steps that decoded alone
+(no drafts pending, no wait, nobody else in the call) are timed, and their wall time per token is what
+decoding alone costs. That slightly undervalues decoding alone (the draft busy on the machine slows the
+target by 2-3%): ENTER's margin covers it, and once a rest has measured the real rate (the draft idle),
+that measurement is the reference. Hysteresis (ENTER > STAY): a regime near break-even does not flap.
+Only where no alone step was ever timed (many clients, every call carrying drafts) does the switch rest
+for a judging period to measure it.
+
+A trial's first steps are left out of its rate: a rested draft first catches up on what was committed
+while it rested (seconds of draft work on a long answer), a cost of the trial, not of speculating.
+Where speculation pays, nothing is spent on checks; where it does not, trials come exponentially rarer.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+JUDGE_STEPS = 32     # warm on-steps per judgement
+REST_STEPS = 64      # the first rest; doubled per judgement lost in a row
+MAX_DOUBLINGS = 5    # rests of at most REST_STEPS * 32 steps
+ENTER = 0.05         # an on trial must beat decoding alone by this much
+STAY = 0.0           # an established on regime stays while it at least matches decoding alone
+PROBE_LEAD = 5       # steps before a trial that the draft may run, to catch up on the rested stretch
+DECAY = 0.9          # forgetting rate of the alone-step average (per sample)
+
+
+@dataclass
+class Switch:
+    """One target's regime, shared by all its requests (one model, one draft): a new request starts in
+    the regime the last one left, and every request's steps count towards the periods."""
+
+    clock: Callable[[], float] = time.monotonic
+    speculating: bool = True     # the first requests run an on trial
+    established: bool = False    # on, and a judgement confirmed it (STAY applies, not ENTER)
+    steps_left: int = JUDGE_STEPS  # in the current period (on: warm steps until the next judgement)
+    lost: int = 0                # judgements lost in a row
+    gain: float | None = None    # the latest judgement's rate_on / rate_alone
+    rest_rate: float | None = None  # tokens per wall second measured over the latest rest
+    _alone_seconds: float | None = None  # average wall seconds of a step decoded alone while on
+    _alone_weight: float = 0.0
+    _judging_rest: bool = False  # the current rest measures rate_alone for a judgement
+    _on_rate_pending: float | None = None  # the on period's rate that a judging rest is measured against
+    _tokens: int = 0             # committed in the current period's counted steps
+    _seconds: float = 0.0        # their wall time
+    _last: dict[int, float] = field(default_factory=dict)  # request -> when its previous step ended
+    _warm: bool = False          # the current on period's draft has delivered
+    _cold_steps: int = 0
+
+    @property
+    def rate_alone(self) -> float | None:
+        """Tokens per wall second decoding alone: measured over the latest rest, else from alone steps."""
+        if self.rest_rate is not None:
+            return self.rest_rate
+        return 1.0 / self._alone_seconds if self._alone_seconds else None
+
+    def draft_wanted(self) -> bool:
+        """Whether the draft should work: speculating, or leading into an on trial."""
+        return self.speculating or (not self._judging_rest and self.steps_left <= PROBE_LEAD)
+
+    def reason(self) -> str:
+        """Why the switch is where it is, for stats and logs."""
+        gain = f"{self.gain:.2f}x decoding alone" if self.gain is not None else "not judged yet"
+        if self.speculating:
+            return f"on ({gain})" if self.established or self.gain is None else f"on trial (last {gain})"
+        why = "measuring decoding alone" if self._judging_rest else f"{gain}; next trial in {self.steps_left} steps"
+        return f"off ({why})"
+
+    def step_done(self, request: int, tokens: int, verified: int, alone_call: bool) -> None:
+        """A step of `request` committed `tokens`, verifying `verified` drafts; `alone_call`: the step's call
+        decoded one token per request and nothing else, without waiting for drafts. Its wall time runs
+        since that request's previous step (a request's first step, which holds its prompt, is not counted)."""
+        now = self.clock()
+        previous, self._last[request] = self._last.get(request), now
+        if previous is None:
+            return
+        seconds = now - previous
+        if self.speculating:
+            self._on_step(tokens, seconds, verified, alone_call)
+        else:
+            self._rest_step(tokens, seconds)
+
+    def request_done(self, request: int) -> None:
+        self._last.pop(request, None)
+
+    def _on_step(self, tokens: int, seconds: float, verified: int, alone_call: bool) -> None:
+        if alone_call and tokens == 1:
+            self._time_alone_step(seconds)
+        if not self._warm:
+            self._warm = verified > 0 or self._cold_steps >= JUDGE_STEPS
+            self._cold_steps += 1
+            if not self._warm:
+                return
+        self._tokens += tokens
+        self._seconds += seconds
+        self.steps_left -= 1
+        if self.steps_left <= 0:
+            self._judge(self._take_rate())
+
+    def _rest_step(self, tokens: int, seconds: float) -> None:
+        self._tokens += tokens
+        self._seconds += seconds
+        self.steps_left -= 1
+        if self.steps_left > 0:
+            return
+        self.rest_rate = self._take_rate()
+        if self._judging_rest:
+            self._judge(self._on_rate_pending)
+        else:
+            self._go(True, JUDGE_STEPS)  # an on trial
+
+    def _time_alone_step(self, seconds: float) -> None:
+        self._alone_weight = self._alone_weight * DECAY + 1.0
+        if self._alone_seconds is None:
+            self._alone_seconds = seconds
+        else:
+            self._alone_seconds += (seconds - self._alone_seconds) / self._alone_weight
+
+    def _take_rate(self) -> float | None:
+        rate = self._tokens / self._seconds if self._seconds > 0 else None
+        self._tokens, self._seconds = 0, 0.0
+        return rate
+
+    def _judge(self, rate_on: float | None) -> None:
+        """Keep speculating if the on period beat decoding alone by the margin, else rest (doubling)."""
+        alone = self.rate_alone
+        if rate_on is None:
+            self._rest()
+            return
+        if alone is None:  # no step alone to compare with: measure decoding alone for one period
+            self._on_rate_pending = rate_on
+            self._go(False, JUDGE_STEPS, judging=True)
+            return
+        self.gain = rate_on / alone
+        margin = STAY if self.established else ENTER
+        if self.gain >= 1.0 + margin:
+            self.lost, self.established = 0, True
+            self._go(True, JUDGE_STEPS)
+        else:
+            self._rest()
+
+    def _rest(self) -> None:
+        self.lost += 1
+        self.established = False
+        self._go(False, REST_STEPS * 2 ** min(self.lost - 1, MAX_DOUBLINGS))
+
+    def _go(self, speculating: bool, steps: int, judging: bool = False) -> None:
+        if speculating and not self.speculating:
+            self._warm, self._cold_steps = False, 0  # a trial: the rested draft catches up first
+        self.speculating, self.steps_left, self._judging_rest = speculating, steps, judging
+        self._tokens, self._seconds = 0, 0.0

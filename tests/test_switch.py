@@ -1,0 +1,177 @@
+"""duo.switch: speculation judged by the tokens per wall second it delivers, against decoding alone."""
+
+from __future__ import annotations
+
+import pytest
+
+from duo import switch as sw
+from duo.policy import AdaptivePolicy, StepCosts
+from duo.switch import Switch
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def run(switch: Switch, clock: Clock, steps: int, *, on_tokens: float, alone_s: float,
+        rest_s: float | None = None, alone_every: int = 3) -> list[bool]:
+    """Drive `steps` steps of one request and return whether each ran speculating.
+
+    While on, every `alone_every`-th step decodes alone (1 token in `alone_s`), the others verify drafts
+    and commit tokens at `on_tokens` per second; while off, a step takes `rest_s` (default alone_s)."""
+    regimes = []
+    for i in range(steps):
+        speculating = switch.speculating
+        regimes.append(speculating)
+        if not speculating:
+            clock.now += rest_s if rest_s is not None else alone_s
+            switch.step_done(1, 1, 0, alone_call=True)
+        elif i % alone_every == 0:
+            clock.now += alone_s
+            switch.step_done(1, 1, 0, alone_call=True)
+        else:
+            clock.now += 3 / on_tokens
+            switch.step_done(1, 3, 3, alone_call=False)
+    return regimes
+
+
+def test_speculation_that_pays_is_kept_without_ever_resting_the_draft():
+    clock = Clock()
+    switch = Switch(clock=clock)
+    regimes = run(switch, clock, 2000, on_tokens=8.0, alone_s=0.2)  # alone 5 tok/s
+    assert all(regimes)
+    assert switch.established and switch.gain is not None and switch.gain > 1.3
+    assert switch.reason().startswith("on (")
+
+
+def test_speculation_below_decoding_alone_is_switched_off_and_trials_come_exponentially_rarer():
+    clock = Clock()
+    switch = Switch(clock=clock)
+    regimes = run(switch, clock, 4000, on_tokens=9.5, alone_s=0.1)  # alone 10 tok/s: on is 0.95x or less
+    on_share = sum(regimes) / len(regimes)
+    assert on_share < 0.15, on_share
+    # The rests double: the gaps between on trials grow.
+    rests, length = [], 0
+    for speculating in regimes:
+        if not speculating:
+            length += 1
+        elif length:
+            rests, length = rests + [length], 0
+    assert len(rests) >= 3 and rests[0] == sw.REST_STEPS
+    assert all(later >= earlier for earlier, later in zip(rests, rests[1:]))
+    assert rests[2] == 4 * rests[0]
+    assert switch.reason().startswith("off (")
+
+
+def test_a_trial_must_beat_decoding_alone_by_the_margin_but_an_established_regime_only_match_it():
+    clock = Clock()
+    trial = Switch(clock=clock)
+    # 2% better than alone overall: not enough to turn on from a trial.
+    run(trial, clock, sw.JUDGE_STEPS + 2, on_tokens=10.3, alone_s=0.1, alone_every=10 ** 9)
+    trial.step_done(1, 1, 0, alone_call=True)
+    assert not trial.speculating
+
+    clock = Clock()
+    established = Switch(clock=clock)
+    run(established, clock, 300, on_tokens=20.0, alone_s=0.1)
+    assert established.established
+    # The content changes: now only 2% above decoding alone. It stays on (hysteresis).
+    regimes = run(established, clock, 300, on_tokens=10.3, alone_s=0.1, alone_every=10 ** 9)
+    assert all(regimes)
+
+
+def test_speculation_comes_back_on_when_a_trial_finds_that_it_pays_again():
+    clock = Clock()
+    switch = Switch(clock=clock)
+    run(switch, clock, 200, on_tokens=8.0, alone_s=0.1)  # does not pay: off
+    assert not switch.speculating
+    regimes = run(switch, clock, 1000, on_tokens=30.0, alone_s=0.1)  # the draft got good (say, code)
+    assert regimes[-300:] == [True] * 300
+
+
+def test_a_trials_catch_up_steps_are_left_out_of_its_rate():
+    clock = Clock()
+    switch = Switch(clock=clock, rest_rate=10.0)  # decoding alone measured at 10 tok/s
+    switch.step_done(1, 1, 0, alone_call=True)  # the first step: holds the prompt, not timed
+    for _ in range(sw.JUDGE_STEPS - 1):  # the draft catches up: these steps decode alone, slowly
+        clock.now += 0.5
+        switch.step_done(1, 1, 0, alone_call=False)
+    for _ in range(sw.JUDGE_STEPS - 1):  # then speculation delivers 20 tok/s
+        clock.now += 0.1
+        switch.step_done(1, 2, 2, alone_call=False)
+    assert switch.speculating and switch.gain is None
+    clock.now += 0.1
+    switch.step_done(1, 2, 2, alone_call=False)
+    assert switch.speculating and switch.gain is not None and abs(switch.gain - 2.0) < 0.01
+
+
+def test_without_any_step_alone_to_compare_with_the_switch_measures_decoding_alone_once():
+    clock = Clock()
+    switch = Switch(clock=clock)
+    run(switch, clock, sw.JUDGE_STEPS + 1, on_tokens=30.0, alone_s=0.1, alone_every=10 ** 9)
+    assert not switch.speculating and switch.reason() == "off (measuring decoding alone)"
+    assert not switch.draft_wanted()  # the judging rest measures decoding with the draft idle
+    regimes = run(switch, clock, 200, on_tokens=30.0, alone_s=0.1, alone_every=10 ** 9)
+    assert regimes[-100:] == [True] * 100 and switch.gain is not None and switch.gain > 2.5
+
+
+def test_each_requests_first_step_and_steps_without_a_draft_are_not_timed():
+    clock = Clock()
+    switch = Switch(clock=clock)
+    clock.now = 100.0
+    switch.step_done(7, 1, 0, alone_call=True)  # 100 s since nothing: not a step's time
+    assert switch.rate_alone is None
+    clock.now += 0.1
+    switch.step_done(7, 1, 0, alone_call=True)
+    assert switch.rate_alone == pytest.approx(10.0)
+    switch.request_done(7)  # e.g. the draft went away
+    clock.now += 50.0
+    switch.step_done(7, 1, 0, alone_call=True)
+    assert switch.rate_alone == pytest.approx(10.0)
+
+
+def test_the_policy_rests_the_draft_entirely_while_the_switch_is_off_and_leads_into_a_trial():
+    costs = StepCosts()
+    for n in range(1, 10):
+        costs.observe(n, 0.1 * (1 + 0.05 * (n - 1)))  # memory-bound: the cost model wants long drafts
+    switch = Switch(speculating=False, steps_left=sw.REST_STEPS)
+    policy = AdaptivePolicy(8, costs, switch=switch)
+    assert policy.max_ahead() == 0 and policy.draft_len == 0
+    assert policy.choose(8) == 0  # decodes alone, explorations included
+    for _ in range(3 * 16):
+        assert policy.choose(8) == 0 and policy.max_ahead() == 0
+    switch.steps_left = sw.PROBE_LEAD
+    assert policy.max_ahead() > 2  # leads into the trial at the length it will want
+    switch.speculating = True
+    assert policy.choose(8) > 2 and policy.max_ahead() > 2
+
+
+def test_a_new_request_wants_drafts_from_its_first_step():
+    costs = StepCosts()
+    for n in range(1, 10):
+        costs.observe(n, 0.1 * (1 + 0.05 * (n - 1)))
+    policy = AdaptivePolicy(8, costs)
+    assert policy.draft_len > 0 and policy.max_ahead() > 2
+    off = AdaptivePolicy(8, costs, switch=Switch(speculating=False, steps_left=sw.REST_STEPS))
+    assert off.max_ahead() == 0
+
+
+def test_the_reason_shows_in_a_requests_stats_line_and_in_the_targets_log_line():
+    from duo._proto import duo_pb2 as pb
+    from duo.completion import request_line
+    from duo.grpc_client import format_stats
+    from duo.target import GenerationStats
+
+    clock = Clock()
+    switch = Switch(clock=clock)
+    run(switch, clock, 200, on_tokens=8.0, alone_s=0.1)
+    reason = switch.reason()
+    assert reason.startswith("off (0.") and "decoding alone; next trial in" in reason
+    assert format_stats(pb.Stats(generated_tokens=5, verify_steps=5, speculation=reason)).endswith(
+        f"; speculation {reason}]")
+    stats = GenerationStats(generated_tokens=5, verify_steps=5, speculation=reason)
+    assert request_line(stats, "stop").endswith(f"speculation {reason}")
