@@ -10,7 +10,7 @@ import numpy as np
 
 from duo import wire
 from duo._proto import duo_pb2 as pb
-from duo.branches import Branch
+from duo.branches import Branch, Doubt
 from duo.draft_batch import DraftCache, RoundReport, Step, Work, plan_work
 from duo.draft_session import DraftSession
 from duo.model import Model, ModelError
@@ -227,11 +227,20 @@ class Drafter:
 
     def _branch_chunk(self, work: Work, step: Step) -> pb.DraftChunk | None:
         """Grow the session's branch by the drawn token (starting it, at work.fork, if new) and return
-        its chunk; None when a commit came meanwhile (the branch may be moot)."""
+        its chunk; None when a commit meanwhile made the round moot.
+
+        A commit does not make every branch round stale: one that agreed with the chain leaves a branch
+        forking at an undecided position as valid as before, and one that took the growing branch makes
+        the drawn token the new chain's next (draft rounds are the scarce resource: none is thrown away
+        that still holds)."""
         session, growing = work.session, work.growing
-        if session.closed or session.commits != work.commits or step.drawn is None:
+        if session.closed or step.drawn is None:
             return None
         token, dist, doubt = step.drawn
+        if growing is not None and session.epoch == growing.epoch:
+            return self._taken_branch_chunk(session, growing, token, dist, doubt)
+        if not self._branch_round_holds(session, work):
+            return None
         if growing is None:
             assumed = work.tokens[work.fork:]
             growing = Branch(session.new_epoch(), work.fork, assumed, [None])
@@ -247,6 +256,34 @@ class Drafter:
         growing.finished = (len(growing.tokens) > session.current_branch_len()
                             or self.model.is_end_of_generation(token))
         return chunk
+
+    @staticmethod
+    def _branch_round_holds(session: DraftSession, work: Work) -> bool:
+        """Whether a branch round still applies: no commit came, or the ones that came kept the chain it
+        forks from (same epoch: the chain before the fork is unchanged) and left its fork undecided."""
+        if session.commits == work.commits:
+            return True
+        if session.epoch != work.epoch or work.fork < session.committed:
+            return False
+        if work.growing is not None:
+            return work.growing in session.branches and work.growing.end == len(work.tokens)
+        return (len(session.branches) < session.max_branches
+                and all(branch.fork != work.fork for branch in session.branches))
+
+    def _taken_branch_chunk(self, session: DraftSession, taken: Branch, token: int, dist: SparseDist | None,
+                            doubt: Doubt | None) -> pb.DraftChunk | None:
+        """The target took the branch this round grew as its chain: the token continues the chain, if
+        the chain still ends where the branch did (no later commit moved it)."""
+        start = taken.fork + len(taken.tokens)
+        if len(session.chain) != start or session.paused or start >= session.n_ctx:
+            return None
+        session.chain.append(token)
+        if doubt is not None:
+            session.doubts[start] = doubt
+        if self.model.is_end_of_generation(token):
+            session.paused = True
+        return pb.DraftChunk(session_id=session.session_id, epoch=session.epoch, start=start, tokens=[token],
+                             dists=self._dists(session, [dist]))
 
     @staticmethod
     def _dists(session: DraftSession, dists: list[SparseDist | None]) -> list[pb.SparseDist]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import logging
 import socket
 import sys
@@ -19,10 +20,10 @@ from duo.branches import MAX_BRANCHES
 from duo.draft import KV_CELLS_PER_CONTEXT, Drafted, Drafter, InvalidEvent
 from duo.draft_metrics import DraftMetrics, metrics_server
 from duo.draft_session import DraftSession
-from duo.hub import HubError, resolve_model
+from duo.hub import DEFAULT_DRAFT, HubError, resolve_model
 from duo.model import MAX_SEQUENCES, IncompatibleVocab, Model, ModelError, check_compatible
-from duo.runtime import (HttpServer, ModelWorker, add_process_arguments, grpc_server_options, model_options, run_async,
-                         run_server, setup_logging)
+from duo.runtime import (HttpServer, ModelWorker, add_process_arguments, check_can_listen, grpc_server_options, host_port,
+                         is_loopback, model_options, run_async, run_server, setup_logging)
 from duo.tls import check_pair, server_credentials
 
 log = logging.getLogger("duo.draft")
@@ -144,6 +145,7 @@ class Connection:
         self.sessions: dict[int, DraftSession] = {}
         self.opening = 0  # sessions being opened
         self.outbox: asyncio.Queue[pb.DraftEvent | None] = asyncio.Queue()  # None ends the stream
+        self._ready: collections.deque[pb.DraftEvent | None] = collections.deque()  # taken, coalesced
         self.wake = wake
         self.reader: asyncio.Task[None] | None = None
 
@@ -156,7 +158,14 @@ class Connection:
         self.reader.add_done_callback(self._ended)
 
     async def next_event(self) -> pb.DraftEvent | None:
-        return await self.outbox.get()
+        """The next event to write: what queued up while the stream wrote the last one goes out with the
+        chunks of each line merged (wire.coalesce), so a stream that falls behind catches up."""
+        if not self._ready:
+            events = [await self.outbox.get()]
+            while not self.outbox.empty():
+                events.append(self.outbox.get_nowait())
+            self._ready.extend(wire.coalesce(events))
+        return self._ready.popleft()
 
     async def stop(self) -> None:
         """End the stream's work and free every slot it holds, whatever was under way."""
@@ -254,7 +263,7 @@ def describe_placement(model: Model, args: argparse.Namespace) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="duo-draft", description=__doc__)
-    add_process_arguments(parser, listen="127.0.0.1:7070", serves="targets", per="session")
+    add_process_arguments(parser, model=DEFAULT_DRAFT, listen="127.0.0.1:7070", serves="targets", per="session")
     parser.add_argument("--top-k-cap", type=int, default=10,
                         help="when sampling with residual verification, draft among at most this many tokens, whose "
                              "probabilities travel to the target (output stays exact; coupled sessions send none "
@@ -282,6 +291,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_flags(args: argparse.Namespace) -> None:
+    check_can_listen(args.listen)
+    host, port = host_port(args.listen, "--listen", listening=True)
+    if is_loopback(host):
+        log.warning("listening on %s: only a target on this machine can reach it; for a target on another "
+                    "machine, start duo-draft with --listen 0.0.0.0:%d (or this machine's LAN address)", args.listen, port)
     if not check_pair(args.tls_cert, args.tls_key, "--tls-cert/--tls-key") and args.tls_ca:
         raise ValueError("--tls-ca needs --tls-cert and --tls-key (mutual TLS is TLS first)")
     if args.max_sessions < 1 or args.max_sessions_per_target < 1:

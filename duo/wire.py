@@ -154,3 +154,31 @@ def _checked_entry(message: pb.DraftChunk, i: int, bounds: ChunkBounds) -> Spars
     if not np.any((dist.ids == token) & (dist.probs > 0)):
         raise _Refused("distribution", f"token {token} has no probability in the distribution it was drawn from")
     return dist
+
+
+def coalesce(events: list[pb.DraftEvent | None]) -> list[pb.DraftEvent | None]:
+    """The same events in the same order, with each run of chunks that continue one line (same session
+    and epoch, each starting where the previous ended) sent as one chunk.
+
+    The draft drafts one token per session per round; when rounds outpace the stream (a slow link, a
+    busy target reading between its decodes), their chunks queue up, and one message per token would
+    cost the target a message's handling per token. A line's run is what the target would assemble
+    anyway: a branch's opening chunk (branch_of) starts a new line, and a pause ends one.
+    """
+    merged: list[pb.DraftEvent | None] = []
+    for event in events:
+        previous = merged[-1] if merged else None
+        if (event is not None and previous is not None and event.HasField("chunk") and previous.HasField("chunk")
+                and _continues(previous.chunk, event.chunk)):
+            previous.chunk.tokens.extend(event.chunk.tokens)
+            previous.chunk.dists.extend(event.chunk.dists)
+            previous.chunk.paused = event.chunk.paused
+            continue
+        merged.append(event)
+    return merged
+
+
+def _continues(line: pb.DraftChunk, chunk: pb.DraftChunk) -> bool:
+    return (chunk.session_id == line.session_id and chunk.epoch == line.epoch and not line.paused
+            and not chunk.HasField("branch_of") and chunk.start == line.start + len(line.tokens)
+            and bool(chunk.dists) == bool(line.dists))

@@ -10,6 +10,7 @@ import pytest
 from duo._proto import duo_pb2 as pb
 from duo.branches import Branch, Doubt, branch_length, choose_fork, doubt_of
 from duo.draft import Drafter
+from duo.draft_batch import Step, Work, plan_work
 from duo.draft_session import BRANCH, CHAIN_AHEAD, CHAIN_NEEDED, DraftSession, Slot
 from duo.runtime import ModelWorker
 from duo.sampling import SamplingParams, SparseDist
@@ -125,3 +126,68 @@ def test_in_spare_time_the_draft_branches_at_its_least_sure_position_with_the_to
         fresh.rollback(0)
     fresh.close()
     assert [first.tokens[1], second.tokens[0]] == expected
+
+
+class NoEndModel:
+    """What Drafter reads of its model to finish a round, for rounds made up by hand."""
+
+    n_ctx_train = 256
+    n_vocab = 100
+
+    @staticmethod
+    def is_end_of_generation(token: int) -> bool:
+        return False
+
+
+def branch_round(session: DraftSession) -> tuple[Drafter, Work]:
+    drafter = Drafter(NoEndModel(), None, n_ctx=256, top_k_cap=10, max_branches=2, branch_len=2)
+    work = plan_work(session)
+    assert work is not None and work.fork is not None
+    return drafter, work
+
+
+def test_a_commit_that_agrees_with_the_chain_keeps_a_branch_round_forking_after_it():
+    session = session_with_chain([7, 8, 4, 5, 6, 1, 2, 3, 4, 5, 6], committed=2)
+    session.max_ahead = 8  # the chain is as far ahead as allowed: the next work is a branch
+    session.kv_tokens = list(session.chain)
+    session.doubts = {5: Doubt(0.1, 9, None), 3: Doubt(2.0, 8, None)}
+    drafter, work = branch_round(session)
+    assert work.fork == 5
+    session.apply_commit(2, [4, 5])  # agrees with the chain; position 5 is still undecided
+    chunk = drafter._finish(work, Step(drawn=(11, None, None))).chunk
+    assert chunk is not None and chunk.branch_of == session.epoch == 0 and list(chunk.tokens) == [9, 11]
+    assert session.branches[0].fork == 5 and session.branches[0].tokens == [9, 11]
+    # A round growing that branch also outlives the next agreeing commit.
+    drafter, work = branch_round(session)
+    assert work.growing is session.branches[0]
+    session.apply_commit(4, [6])
+    chunk = drafter._finish(work, Step(drawn=(12, None, None))).chunk
+    assert chunk is not None and chunk.epoch == session.branches[0].epoch and list(chunk.tokens) == [12]
+    assert chunk.start == 7 and session.branches[0].tokens == [9, 11, 12]
+
+
+def test_a_branch_round_whose_fork_a_commit_decided_or_whose_chain_it_replaced_is_dropped():
+    for commit in ([4, 5, 6], [4, 3]):  # decides the fork; contradicts the chain before it
+        session = session_with_chain([7, 8, 4, 5, 6, 1, 2, 3, 4, 5, 6], committed=2)
+        session.max_ahead = 6
+        session.kv_tokens = list(session.chain)
+        session.doubts = {4: Doubt(0.1, 9, None)}
+        drafter, work = branch_round(session)
+        session.apply_commit(2, commit)
+        assert drafter._finish(work, Step(drawn=(11, None, None))).chunk is None
+        assert session.branches == []
+
+
+def test_a_round_growing_the_branch_a_commit_took_continues_the_new_chain():
+    session = session_with_chain([7, 8, 4, 5, 6, 1, 2, 3, 4, 5, 6], committed=2)
+    session.max_ahead = 6
+    session.kv_tokens = list(session.chain)
+    session.branches = [Branch(epoch=3, fork=3, tokens=[9, 1], doubts=[None, None])]
+    session.next_epoch = 4
+    drafter, work = branch_round(session)
+    assert work.growing is session.branches[0]
+    session.apply_commit(2, [4, 9])  # the target took the branch
+    assert session.epoch == 3 and session.chain == [7, 8, 4, 9, 1]
+    chunk = drafter._finish(work, Step(drawn=(13, None, None))).chunk
+    assert chunk is not None and (chunk.epoch, chunk.start, list(chunk.tokens)) == (3, 5, [13])
+    assert not chunk.HasField("branch_of") and session.chain == [7, 8, 4, 9, 1, 13]

@@ -111,3 +111,29 @@ def test_a_pause_passes_with_its_whole_chunk_but_not_when_the_link_cut_the_chunk
     assert chunk.paused and chunk.tokens == [] and rejection is None
     chunk, rejection = wire.chunk_from_pb(pb.DraftChunk(epoch=2, start=12, tokens=[5, 300], paused=True), BOUNDS)
     assert chunk.tokens == [5] and rejection.reason == "token" and not chunk.paused
+
+
+def chunk_event(session: int, epoch: int, start: int, tokens: list[int], **fields) -> pb.DraftEvent:
+    return pb.DraftEvent(chunk=pb.DraftChunk(session_id=session, epoch=epoch, start=start, tokens=tokens, **fields))
+
+
+def test_queued_chunks_of_one_line_travel_as_one_message_in_the_same_order():
+    error = pb.DraftEvent(error=pb.SessionError(session_id=3, message="gone"))
+    events = [chunk_event(1, 0, 5, [10]), chunk_event(1, 0, 6, [11]), chunk_event(2, 0, 9, [20]),
+              chunk_event(1, 0, 7, [12], paused=True), chunk_event(1, 0, 8, [13]),  # a pause ends the line
+              chunk_event(1, 2, 6, [30, 31], branch_of=0), chunk_event(1, 2, 8, [32]),  # a branch: its own line
+              error, chunk_event(1, 0, 8, [14]), None]
+    merged = wire.coalesce(events)
+    lines = [None if e is None else (e.WhichOneof("event"),) + ((e.chunk.session_id, e.chunk.epoch, e.chunk.start,
+             list(e.chunk.tokens), e.chunk.paused) if e.HasField("chunk") else ()) for e in merged]
+    assert lines == [("chunk", 1, 0, 5, [10, 11], False), ("chunk", 2, 0, 9, [20], False),
+                     ("chunk", 1, 0, 7, [12], True), ("chunk", 1, 0, 8, [13], False),
+                     ("chunk", 1, 2, 6, [30, 31, 32], False), ("error",), ("chunk", 1, 0, 8, [14], False), None]
+    assert merged[4].chunk.branch_of == 0
+
+
+def test_a_merged_chunk_keeps_each_tokens_distribution():
+    dist = lambda token: pb.SparseDist(ids=[token, 1], probs=[0.75, 0.25])
+    events = [chunk_event(1, 0, 5, [10], dists=[dist(10)]), chunk_event(1, 0, 6, [11], dists=[dist(11)])]
+    (merged,) = wire.coalesce(events)
+    assert list(merged.chunk.tokens) == [10, 11] and [list(d.ids) for d in merged.chunk.dists] == [[10, 1], [11, 1]]
