@@ -291,10 +291,14 @@ def measure_batch(cluster: Cluster | PeerServer, prompts: list[str], temperature
                 for prompt, answer in zip(prompts, peer_generate_together(cluster.address, prompts, temperature,
                                                                           max_tokens))]
     else:
+        cpu_before = cluster.draft_cpu_seconds()
         runs = [run_from_stats(cluster.variant, prompt, temperature, rep, answer.last.stats, answer.seconds,
                                answer.ttft, concurrency=len(prompts), batch=batch, sent_s=answer.sent_s)
                 for prompt, answer in zip(prompts, generate_together(cluster.address, prompts, temperature,
                                                                      max_tokens))]
+        if cpu_before is not None:
+            for run in runs:
+                run.draft_cpu_s = (cluster.draft_cpu_seconds() - cpu_before) / len(runs)
     for run in runs:
         clients = f"C={run.concurrency} " if run.concurrency > 1 else ""
         print(f"rep {rep} T={temperature} {clients}{run.label:<24} {run.verification or '-':<8} "
@@ -399,6 +403,8 @@ def bench_target(args: argparse.Namespace, target: Path, draft: Path, out: Path)
 
     print(f"measuring the verify cost curve on cores {args.target_cores} ...", file=sys.stderr)
     costs = measure_verify_costs(target, set(args.target_cores), args.cost_max_batch, reps=5)
+    print(f"measuring the draft's cost per token on cores {args.draft_cores} ...", file=sys.stderr)
+    draft_s = measure_verify_costs(draft, set(args.draft_cores), 1, reps=9)[1]
     parallel = target_parallel(args.concurrency)
     sequence_costs = {}
     if parallel:
@@ -424,15 +430,17 @@ def bench_target(args: argparse.Namespace, target: Path, draft: Path, out: Path)
                                               args.sync_k, logs, parallel))
         runs = measure(clusters, args, prompts)
 
-    summary = with_concurrency(summarise(runs, variants, costs), runs, variants, costs)
+    summary = with_concurrency(summarise(runs, variants, costs, draft_s), runs, variants, costs)
     machine = machine_info(args)
     report = {"machine": machine, "commit": this_commit(), "args": {k: str(v) for k, v in vars(args).items()},
               "baseline_commit": baseline_commit, "target": str(target), "draft": str(draft),
-              "target_parallel": parallel, "verify_costs_s": costs, "sequence_costs_s": sequence_costs,
+              "target_parallel": parallel, "verify_costs_s": costs, "draft_token_s": draft_s,
+              "sequence_costs_s": sequence_costs,
               "summary": summary, "runs": [asdict(r) for r in runs]}
     (out / "bench.json").write_text(json.dumps(report, indent=2))
     print(f"\ntarget {target.name}, commit {report['commit']}")
     print_table(summary, costs, machine)
+    print(f"draft: {draft_s * 1000:.1f} ms per token on cores {args.draft_cores} (for the pace-aware bound)")
     if parallel:
         print_concurrency(summary, sequence_costs, parallel)
     try:

@@ -86,6 +86,13 @@ class Cluster:
     speculative: bool = False
     in_turn: bool = False
 
+    def draft_cpu_seconds(self) -> float | None:
+        """CPU seconds duo-draft has spent so far (user and system), None where the variant has none."""
+        if not self.speculative:
+            return None
+        fields = Path(f"/proc/{self.processes[0].pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15)
+
     def stop(self) -> None:
         for process in self.processes:
             process.terminate()

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pace_bound import pace_bound
+
 # Modes whose target talks to a draft over the link: these run once per --link-delay-ms.
 # sync-shared puts both models on the same cores, one machine: it runs with a direct link only.
 # alone-rpc splits the target's layers over two RPC servers on its own machine: no link either.
@@ -68,6 +70,7 @@ class Run:
     concurrency: int = 1  # requests of its batch, sent together by as many clients
     batch: int = 0  # which batch: runs of one batch ran at the same time
     sent_s: float = 0.0  # when its client sent it, seconds after its batch's first request was sent
+    draft_cpu_s: float | None = None  # CPU seconds its duo-draft spent during its batch (None: no such process)
 
     @property
     def label(self) -> str:
@@ -118,8 +121,9 @@ def _ratio(numerator: float, denominator: float) -> float | None:
     return numerator / denominator if denominator else None
 
 
-def summarise_variant(runs: list[Run], costs: dict[int, float]) -> dict:
-    """Totals and rates over the runs of one variant at one temperature."""
+def summarise_variant(runs: list[Run], costs: dict[int, float], draft_s: float | None = None) -> dict:
+    """Totals and rates over the runs of one variant at one temperature; `draft_s`: the draft's measured
+    seconds per token, for the pace-aware bound."""
     tokens, steps = sum(r.tokens for r in runs), sum(r.verify_steps for r in runs)
     verified, accepted = sum(r.draft_verified for r in runs), sum(r.draft_accepted for r in runs)
     rejections = sum(r.draft_rejections for r in runs)
@@ -151,6 +155,14 @@ def summarise_variant(runs: list[Run], costs: dict[int, float]) -> dict:
         # The bound counts decode time only, so it is compared with the rate after the first token.
         entry["ideal"] = {"tokens_per_second": rate, "best_k": k,
                           "fraction": entry["decode_tokens_per_second"] / rate}
+        if draft_s:
+            bound = pace_bound(entry["token_acceptance"], costs, draft_s, runs[0].link_delay_ms / 1000)
+            entry["pace_bound"] = {"tokens_per_second": bound.tokens_per_second, "best_k": bound.k,
+                                   "wait_s": bound.wait_s,
+                                   "fraction": entry["decode_tokens_per_second"] / bound.tokens_per_second}
+    cpu = [r.draft_cpu_s for r in runs if r.draft_cpu_s is not None]
+    if cpu:  # a batch's draft time is counted once per request in it: the share of the batch's wall time
+        entry["draft_cpu_share"] = sum(cpu) / sum(r.seconds for r in runs if r.draft_cpu_s is not None)
     return entry
 
 
@@ -233,7 +245,8 @@ def rpc_split_line(split: dict) -> str:
             f"{split['tokens_per_second']['rpc']:.2f} / {split['tokens_per_second']['local']:.2f} tok/s)")
 
 
-def summarise(runs: list[Run], variants: list[Variant], costs: dict[int, float]) -> dict[str, dict]:
+def summarise(runs: list[Run], variants: list[Variant], costs: dict[int, float],
+              draft_s: float | None = None) -> dict[str, dict]:
     """Per temperature, kept apart: each variant's summary (in `variants` order) and duo's ratios, over the
     requests sent by one client at a time (bench_concurrency summarises the others)."""
     summary = {}
@@ -242,7 +255,7 @@ def summarise(runs: list[Run], variants: list[Variant], costs: dict[int, float])
         for variant in variants:
             mine = [r for r in runs if r.label == variant.label and r.temperature == temperature and r.concurrency == 1]
             if mine:
-                by_label[variant.label] = summarise_variant(mine, costs)
+                by_label[variant.label] = summarise_variant(mine, costs, draft_s)
         summary[str(temperature)] = {"modes": by_label, "ratios": duo_ratios(by_label),
                                      "coupled_vs_residual": coupled_vs_residual(by_label),
                                      "rpc_split": rpc_split(by_label), "vs_llama_server": peer_ratios(by_label),
@@ -266,7 +279,7 @@ def print_table(summary: dict[str, dict], costs: dict[int, float], machine: dict
     for temperature, entry in summary.items():
         print(f"\n== temperature {temperature} ==")
         print(f"{'mode':<24}{'verify':>9}{'tok/s':>7}{'decode':>8}{'alpha':>7}{'tok/step':>9}{'alone':>7}"
-              f"{'branch':>8}{'waits':>7}{'wait s':>8}{'ideal':>7}{'ttft':>6}   per prompt tok/s")
+              f"{'branch':>8}{'waits':>7}{'wait s':>8}{'ideal':>7}{'pace':>6}{'dcpu':>6}{'ttft':>6}   per prompt tok/s")
         for label, v in entry["modes"].items():
             prompts = "  ".join(f"{t:.2f}" for t in v["per_prompt"].values())
             verification = v.get("verification") or "-"
@@ -274,6 +287,7 @@ def print_table(summary: dict[str, dict], costs: dict[int, float], machine: dict
                   f"{_cell(v['token_acceptance'], '.2f'):>7}{_cell(v['mean_accepted_length'], '.2f'):>9}"
                   f"{_cell(v['alone_share'], '.0%'):>7}{_cell(v['branch_hit_rate'], '.0%'):>8}"
                   f"{v['waits']:>7}{v['wait_seconds']:>8.2f}{_cell(v.get('ideal', {}).get('fraction'), '.0%'):>7}"
+                  f"{_cell(v.get('pace_bound', {}).get('fraction'), '.0%'):>6}{_cell(v.get('draft_cpu_share'), '.0%'):>6}"
                   f"{v['ttft_s']:>6.2f}   {prompts}")
         for label, v in entry["modes"].items():
             if v["mean_draft_tokens_per_verify"]:
@@ -297,7 +311,9 @@ def print_table(summary: dict[str, dict], costs: dict[int, float], machine: dict
             print(f"  {label:<24} / {PEER_BASE}: {ratio['decode']:.2f}x decode, {ratio['end_to_end']:.2f}x end to end")
     print("\nverify: how the target verified sampled drafts; alpha: per-token acceptance; tok/step: tokens "
           "committed per verify step;\nalone: share of steps decoded alone; branch: share of rejections whose next "
-          "step found a branch;\nideal: share of max_k E(k)/T(k+1) reached (decode rate)")
+          "step found a branch;\nideal: share of max_k E(k)/T(k+1) reached (decode rate); pace: share of the "
+          "pace-aware bound (scripts/pace_bound.py: the draft's measured speed);\ndcpu: duo-draft's CPU time "
+          "over the wall time (1 core busy = 100%)")
     if costs:
         t1 = costs[1]
         print("verify cost T(n)/T(1): " + "  ".join(f"{n}:{t / t1:.2f}" for n, t in costs.items())
@@ -315,6 +331,8 @@ def _annotation(v: dict) -> str:
                   f"waits {v['waits']} ({v['wait_seconds']:.1f}s)"]
     if "ideal" in v:
         parts.append(f"ideal {v['ideal']['fraction']:.0%}")
+    if "pace_bound" in v:
+        parts.append(f"pace {v['pace_bound']['fraction']:.0%}")
     return "  ".join(parts)
 
 

@@ -420,3 +420,41 @@ def test_runs_record_their_batch():
         draft_rejections=2, batch_sizes=[0, 2, 3]), 2.0, 0.5, concurrency=4, batch=9, sent_s=0.01)
     assert (run.concurrency, run.batch, run.sent_s) == (4, 9, 0.01)
     assert _run("duo").concurrency == 1
+
+
+MEMORY_BOUND = {n: 0.2 * (1 + 0.1 * (n - 1)) for n in range(1, 10)}  # T(n): a slow, memory-bound target
+
+
+def test_the_pace_aware_bound_meets_the_ideal_with_a_free_draft_and_falls_as_the_draft_slows():
+    import pace_bound
+
+    ideal, _ = bench_report.ideal_rate(0.85, MEMORY_BOUND)
+    free = pace_bound.pace_bound(0.85, MEMORY_BOUND, draft_s=1e-6)
+    assert free.tokens_per_second == pytest.approx(ideal, rel=0.04)
+    rates = [pace_bound.pace_bound(0.85, MEMORY_BOUND, draft_s=d).tokens_per_second for d in (0.01, 0.04, 0.1, 0.4)]
+    assert all(later < earlier for earlier, later in zip(rates, rates[1:]))
+    assert rates[0] > 0.8 * ideal  # 20 times faster than the target: a rejection costs a short wait
+    # A draft slower than the target helps little: far from the ideal, never below decoding alone.
+    assert 1 / MEMORY_BOUND[1] <= rates[-1] < 0.6 * ideal
+    # A slow link costs the step after each rejection.
+    assert pace_bound.pace_bound(0.85, MEMORY_BOUND, 0.01, link_s=0.1).tokens_per_second < rates[0]
+
+
+def test_a_draft_as_fast_as_the_target_wants_its_schedule_to_wait_or_verify_less():
+    import pace_bound
+
+    slow = pace_bound.pace_bound(0.9, MEMORY_BOUND, draft_s=0.05)
+    fast = pace_bound.pace_bound(0.9, MEMORY_BOUND, draft_s=0.001)
+    assert slow.k <= fast.k
+    assert pace_bound.simulate(0.9, MEMORY_BOUND, 0.05, 0.0, slow.k, slow.wait_s) == pytest.approx(slow.tokens_per_second)
+
+
+def test_the_summary_reports_the_pace_aware_bound_and_the_drafts_cpu_share():
+    runs = [_run("duo"), _run("duo")]
+    for run in runs:
+        run.draft_cpu_s = 2.5
+    duo = summarise(runs, [Variant("duo")], MEMORY_BOUND, draft_s=0.03)["0.0"]["modes"]["duo"]
+    assert duo["draft_cpu_share"] == pytest.approx(5.0 / 20.0)
+    bound = duo["pace_bound"]
+    assert bound["tokens_per_second"] <= duo["ideal"]["tokens_per_second"] * 1.01
+    assert bound["fraction"] == pytest.approx(duo["decode_tokens_per_second"] / bound["tokens_per_second"])
