@@ -36,6 +36,10 @@ MAX_LOGGED_CHARS = 200
 # events would pile up in memory for as long as it stays: one write blocked this long drops the stream
 # (the link reconnects; the outbox holds at most what the target sends meanwhile).
 WRITE_STALL_S = 30.0
+# While the draft cannot be reached, the target says so at its first failure, then this often.
+UNREACHABLE_LOG_EVERY_S = 60.0
+UNREACHABLE_HINT = ("is duo-draft running there, listening on an address this machine can reach (it listens on "
+                    "127.0.0.1 unless started with --listen 0.0.0.0:PORT), with the port open in the firewall?")
 
 
 class DraftStalled(Exception):
@@ -82,8 +86,11 @@ class DraftLink:
         self.state = "disconnected"  # or "connected", "incompatible"
         self.last_error = ""
         self.connections = 0
+        self._draft_model = ""  # as the draft named it in the handshake
         self._outbox: asyncio.Queue[pb.TargetEvent] | None = None
         self._faulted: set[int] = set()  # sessions whose draft faults were logged already
+        self._failing_since: float | None = None  # first failure to reach the draft since it was last up
+        self._failure_logged_at = 0.0
         # Built once: it carries the whole vocabulary, and an absent draft is retried every few seconds.
         self._hello = pb.Hello(protocol=wire.PROTOCOL, model=model_name, vocab=wire.vocab_to_pb(vocab))
 
@@ -144,6 +151,7 @@ class DraftLink:
                 raise IncompatibleVocab(f"the draft speaks protocol {_clip(reply.protocol)!r}, not {wire.PROTOCOL!r}: "
                                         "run the same duo version on both sides")
             check_compatible(self.vocab, wire.vocab_from_pb(reply.vocab))
+            self._draft_model = reply.model or "unnamed"
         except grpc.aio.AioRpcError as error:
             if error.code() != grpc.StatusCode.FAILED_PRECONDITION:
                 raise
@@ -161,7 +169,9 @@ class DraftLink:
         self._outbox = outbox
         self.state, self.last_error = "connected", ""
         self.connections += 1
-        log.info("draft %s connected; speculating for %d running session(s)", self.address, len(self.sessions))
+        self._failing_since = None
+        log.info("draft %s connected (model %s, protocol %s); speculating for %d running session(s)", self.address,
+                 _clip(self._draft_model), wire.PROTOCOL, len(self.sessions))
         call = stub.Speculate()
         # grpc leaves a request iterator of its own pending forever after a failed call, so the link
         # writes its events itself, and the stream lasts until reading or writing ends.
@@ -236,7 +246,21 @@ class DraftLink:
     def _lost(self, reason: str) -> None:
         if self.state == "connected":
             log.warning("draft %s lost (%s); decoding alone until it is back", self.address, reason)
+        else:
+            self._unreachable(reason)
         self.state, self.last_error = "disconnected", reason
+
+    def _unreachable(self, reason: str) -> None:
+        """Say that the draft cannot be reached, with the likely cause: at once, then every
+        UNREACHABLE_LOG_EVERY_S while it lasts (a newcomer's draft on loopback is never reached)."""
+        now = asyncio.get_running_loop().time()
+        if self._failing_since is None:
+            self._failing_since = now
+        elif now - self._failure_logged_at < UNREACHABLE_LOG_EVERY_S:
+            return
+        self._failure_logged_at = now
+        log.warning("cannot reach draft %s for %.0f s (%s); decoding alone meanwhile: %s", self.address,
+                    now - self._failing_since, reason, UNREACHABLE_HINT)
 
 
 async def _send_all(call: grpc.aio.StreamStreamCall, outbox: asyncio.Queue[pb.TargetEvent]) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import errno
+import ipaddress
 import asyncio
 import logging
 import signal
@@ -35,10 +37,12 @@ KEEPALIVE_TIMEOUT_MS = 5_000
 WRITE_TIMEOUT_S = 30.0
 
 
-def add_process_arguments(parser: argparse.ArgumentParser, *, listen: str, serves: str, per: str) -> None:
-    """The flags duo-draft and duo-target share: the model and where it runs, the listening address
-    (serving `serves`), a context of --ctx-size for each `per`, TLS and the log level."""
-    parser.add_argument("--model", required=True, help="GGUF path or a name from `duo models list`")
+def add_process_arguments(parser: argparse.ArgumentParser, *, model: str, listen: str, serves: str, per: str) -> None:
+    """The flags duo-draft and duo-target share: the model (by default the catalog's `model`) and where it
+    runs, the listening address (serving `serves`), a context of --ctx-size for each `per`, TLS and the log level."""
+    parser.add_argument("--model", default=model,
+                        help=f"GGUF path or a name from `duo models list` (default: {model}, once `duo models pull` "
+                             "has fetched it)")
     parser.add_argument("--listen", default=listen, help=f"HOST:PORT to serve {serves} on")
     parser.add_argument("--device", default="auto", choices=DEVICES,
                         help="where to run the model (a GPU this build cannot use is an error)")
@@ -48,8 +52,50 @@ def add_process_arguments(parser: argparse.ArgumentParser, *, listen: str, serve
     parser.add_argument("--tls-cert", default=None, metavar="PEM",
                         help=f"serve {serves} over TLS with this PEM certificate (chain)")
     parser.add_argument("--tls-key", default=None, metavar="PEM", help="the PEM private key of --tls-cert")
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--log-level", default="INFO", type=str.upper,
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
+                        help="how much to log (any case): INFO logs one line per request on the target")
     rpc_arguments(parser)
+
+
+def host_port(value: str, flag: str, *, listening: bool = False) -> tuple[str, int]:
+    """(host, port) of a HOST:PORT flag; ValueError saying what to write instead (gRPC takes no scheme).
+    An address to listen on may take port 0: the system picks a free one."""
+    if "://" in value:
+        scheme, _, rest = value.partition("://")
+        raise ValueError(f"{flag} takes HOST:PORT without a scheme: write {rest.rstrip('/')!r}, not {value!r} "
+                         f"(gRPC, not {scheme})")
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit() or not (0 if listening else 1) <= int(port) < 65536:
+        raise ValueError(f"{flag}: {value!r} is not HOST:PORT (e.g. 192.168.1.20:7070; the port is 1-65535)")
+    return host.strip("[]"), int(port)
+
+
+def cannot_listen(address: str, why: str) -> str:
+    return f"cannot listen on {address}: {why}; choose another with --listen"
+
+
+def check_can_listen(address: str) -> None:
+    """ValueError if `address` cannot be listened on now (in use, not this machine's): checked before a
+    model loads for a minute only to find its port taken. A bind without SO_REUSEPORT, as grpc's is now."""
+    host, port = host_port(address, "--listen", listening=True)
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+            # As servers bind: past connections of a stopped process (TIME_WAIT) do not hold the port.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as error:
+        reason = "the address is in use (another duo process?)" if error.errno == errno.EADDRINUSE else (
+            error.strerror or str(error))
+        raise ValueError(cannot_listen(address, reason)) from None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether only this machine can reach `host` (localhost, 127.x, ::1)."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def model_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -166,6 +212,9 @@ def grpc_server_options() -> list[tuple[str, int]]:
         # Clients ping every KEEPALIVE_TIME_MS (duo.link does): allow that, with room for jitter.
         ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_TIME_MS // 2),
         ("grpc.http2.max_ping_strikes", 0),
+        # grpc sets SO_REUSEPORT by default: a second process on the same port would then share it
+        # silently (and take half the connections) instead of failing to start.
+        ("grpc.so_reuseport", 0),
     ]
 
 
@@ -207,9 +256,12 @@ async def run_server(server: grpc.aio.Server, address: str, banner: str, *,
     """Start `server` on `address` (TLS with `credentials`) and the (server, listening socket) pair
     `http` on this same event loop, run `background` beside them, and stop them all cleanly on
     SIGINT/SIGTERM; if `background` fails, stop and raise its error."""
-    port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+    try:
+        port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+    except RuntimeError:  # grpc >= 1.60 raises where older versions returned 0
+        port = 0
     if port == 0:
-        raise SystemExit(f"cannot listen on {address}: address in use or invalid")
+        raise SystemExit(cannot_listen(address, "the address is in use (another duo process?) or not this machine's"))
     await server.start()
     logging.getLogger("duo").info(banner)
     stop = asyncio.Event()

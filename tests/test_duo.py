@@ -229,14 +229,29 @@ def test_a_bad_request_gets_invalid_argument_and_the_server_keeps_serving(alone)
     assert len(tokens) == 4
 
 
-def test_the_target_decodes_alone_while_no_draft_is_listening(tiny_target, target_model, log_dir):
-    target = start("duo.target_process", ["--model", str(tiny_target), "--peer", f"127.0.0.1:{free_port()}"], log_dir)
+def test_the_target_decodes_alone_while_no_draft_is_listening_says_why_and_speculates_once_it_starts(
+        tiny_target, tiny_draft, target_model, log_dir):
+    peer_port = free_port()
+    target = start("duo.target_process", ["--model", str(tiny_target), "--peer", f"127.0.0.1:{peer_port}"], log_dir)
+    draft = None
     try:
         tokens, last = generate(target.address, PROMPTS[1], max_tokens=32)
         assert leaves_greedy_path_only_at_a_near_tie(target_model, PROMPTS[1], tokens, 32)
         assert not last.stats.draft_connected
+        unreachable = [line for line in target.log().splitlines() if "cannot reach draft" in line]
+        assert len(unreachable) == 1  # said once, with the likely cause; again only after a minute
+        assert f"127.0.0.1:{peer_port}" in unreachable[0] and "--listen 0.0.0.0:PORT" in unreachable[0]
+        # One line per finished request, as llama-server prints its timings.
+        done = [line for line in target.log().splitlines() if "request done (length): 32 tokens at" in line]
+        assert len(done) == 1 and "first token after" in done[0] and "no drafts verified" in done[0]
+        draft = start("duo.draft_process", ["--model", str(tiny_draft)], log_dir, port=peer_port)
+        wait_for_draft(target.address)
+        assert "connected (model " in target.log()
+        assert "only a target on this machine can reach it" in draft.log()  # it listens on loopback
     finally:
         target.stop()
+        if draft is not None:
+            draft.stop()
 
 
 def test_greedy_output_with_the_adaptive_policy_equals_the_target_alone(tiny_target, draft, target_model, log_dir):
@@ -276,3 +291,12 @@ def test_a_speculating_generation_runs_to_the_end_of_its_context_and_stops_there
             assert leaves_greedy_path_only_at_a_near_tie(target_model, PROMPTS[0], tokens, len(tokens))
     finally:
         target.stop()
+
+
+def test_a_port_in_use_is_one_clear_line_for_each_listener_not_a_shared_port(tiny_target, tiny_draft, draft):
+    for module, model in (("duo.draft_process", tiny_draft), ("duo.target_process", tiny_target)):
+        second = subprocess.run([sys.executable, "-m", module, "--model", str(model), "--listen", draft.address,
+                                 "--threads", "1"], capture_output=True, text=True, timeout=120)
+        assert second.returncode != 0, f"{module} shared the port of a running duo-draft"
+        assert f"cannot listen on {draft.address}: the address is in use" in second.stderr
+        assert "Traceback" not in second.stderr

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 
 import pytest
 
-from duo.runtime import ModelWorker
+from duo.runtime import ModelWorker, host_port, is_loopback
 
 WAIT_S = 5.0
 
@@ -114,3 +115,47 @@ def test_a_close_cancelled_while_waiting_for_the_model_thread_still_runs():
     asyncio.run(scenario())
     [resource] = factory.made
     assert resource.closed.wait(WAIT_S) and resource.closes == 1
+
+
+@pytest.mark.parametrize("value, says", [
+    ("http://machineA:7070", "write 'machineA:7070', not 'http://machineA:7070'"),
+    ("machineA", "is not HOST:PORT"), ("machineA:0", "the port is 1-65535"), ("machineA:http", "is not HOST:PORT"),
+])
+def test_peer_and_listen_addresses_are_checked_with_what_to_write_instead(value, says, capsys):
+    from duo import draft_process, target_process
+
+    with pytest.raises(ValueError, match=re.escape(says)):
+        host_port(value, "--peer")
+    assert target_process.main(["--model", "absent.gguf", "--peer", value]) == 1
+    err = capsys.readouterr().err
+    assert says in err and "--peer" in err
+    if not value.endswith(":0"):  # to listen on, port 0 is fine: the system picks one
+        assert draft_process.main(["--model", "absent.gguf", "--listen", value]) == 1
+        assert "--listen" in capsys.readouterr().err
+
+
+def test_loopback_addresses_are_told_from_reachable_ones():
+    assert host_port("[::1]:7070", "--listen") == ("::1", 7070)
+    assert host_port("127.0.0.1:0", "--listen", listening=True) == ("127.0.0.1", 0)  # the system picks the port
+    assert all(is_loopback(host) for host in ("127.0.0.1", "127.5.0.1", "::1", "localhost"))
+    assert not any(is_loopback(host) for host in ("0.0.0.0", "::", "192.168.1.20", "machineA"))
+
+
+def test_the_log_level_is_taken_in_any_case_and_a_wrong_one_is_a_usage_error(capsys):
+    from duo import target_process
+
+    assert target_process.build_parser().parse_args(["--model", "m", "--log-level", "debug"]).log_level == "DEBUG"
+    with pytest.raises(SystemExit) as exit:
+        target_process.build_parser().parse_args(["--model", "m", "--log-level", "loud"])
+    assert exit.value.code == 2 and "invalid choice: 'LOUD'" in capsys.readouterr().err
+
+
+def test_each_process_defaults_to_its_roles_catalog_model_and_names_the_pull_that_fetches_it(tmp_path, monkeypatch,
+                                                                                          capsys):
+    from duo import draft_process, hub, target_process
+
+    monkeypatch.setenv("DUO_HOME", str(tmp_path))  # nothing pulled here
+    assert target_process.main(["--listen", "127.0.0.1:0"]) == 1
+    assert f"run `duo models pull {hub.DEFAULT_TARGET}`" in capsys.readouterr().err
+    assert draft_process.main(["--listen", "127.0.0.1:0"]) == 1
+    assert f"run `duo models pull {hub.DEFAULT_DRAFT}`" in capsys.readouterr().err
