@@ -149,7 +149,7 @@ class AdaptivePolicy:
     acceptance: Acceptance = field(init=False)
     switch: Switch = field(default_factory=Switch)  # whether speculation pays: shared by the target's requests
     draft_len: int = 0  # the best draft length given enough pending drafts (0 while off): exposed in metrics
-    _preferred: int = 0  # the same by the cost model alone, whatever the switch says
+    preferred: int = 0  # the same by the cost model alone, whatever the switch says
     _steps: int = 0
     _explore_due: bool = False  # an exploration waits for a step with drafts to explore with
 
@@ -159,7 +159,7 @@ class AdaptivePolicy:
         self._prefer(allocate([self], [self.max_draft], self.costs)[0])
 
     def _prefer(self, preferred: int) -> None:
-        self._preferred = preferred
+        self.preferred = preferred
         self.draft_len = preferred if self.switch.speculating else 0
 
     def choose(self, n_pending: int) -> int:
@@ -248,7 +248,7 @@ class AdaptivePolicy:
         speculation off, it rests entirely but for a lead into the next on trial.
         """
         if not self.switch.speculating:
-            return 2 * max(self._preferred, 1) + 2 if self.switch.draft_wanted() else 0
+            return 2 * max(self.preferred, 1) + 2 if self.switch.draft_wanted() else 0
         if self.draft_len == 0:
             probing = self._explore_due or self._steps % EXPLORE_EVERY >= EXPLORE_EVERY - PROBE_LEAD
             return 2 if probing else 0
@@ -291,6 +291,9 @@ def choose_together(policies: list[AdaptivePolicy], n_pending: list[int], costs:
     """Each request's draft length in one batched call (allocate), explorations included; each
     policy's preferred length (draft_len, which steers how far its draft runs ahead) is the one it
     would get if every request had all the drafts it could use."""
+    if policies and not any(policy.switch.speculating for policy in policies):
+        # Resting: every step decodes alone, and the plan for the next trial's lead is the last one.
+        return [policy.settle(0, 0, policy.preferred) for policy in policies]
     chosen = allocate(policies, n_pending, costs, other_tokens)
     preferred = allocate(policies, [policy.max_draft for policy in policies], costs, other_tokens)
     return [policy.settle(k, min(n, policy.max_draft), pref)

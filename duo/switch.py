@@ -37,6 +37,9 @@ MAX_DOUBLINGS = 5    # rests of at most REST_STEPS * 32 steps
 ENTER = 0.05         # an on trial must beat decoding alone by this much
 STAY = 0.0           # an established on regime stays while it at least matches decoding alone
 PROBE_LEAD = 5       # steps before a trial that the draft may run, to catch up on the rested stretch
+# A trial losing clearly is cut short: after this many warm steps, below (1 - EARLY_LOSS) rate_alone.
+EARLY_STEPS = 8
+EARLY_LOSS = 0.1
 DECAY = 0.9          # forgetting rate of the alone-step average (per sample)
 
 
@@ -109,8 +112,15 @@ class Switch:
         self._tokens += tokens
         self._seconds += seconds
         self.steps_left -= 1
-        if self.steps_left <= 0:
+        if self.steps_left <= 0 or self._losing_trial():
             self._judge(self._take_rate())
+
+    def _losing_trial(self) -> bool:
+        """A trial (not an established regime) that after EARLY_STEPS warm steps is clearly below decoding
+        alone: what it would cost to finish is spent for nothing (the default Q4_K_M pair on a CPU)."""
+        alone = self.rate_alone
+        return (not self.established and alone is not None and JUDGE_STEPS - self.steps_left >= EARLY_STEPS
+                and self._tokens < (1.0 - EARLY_LOSS) * alone * self._seconds)
 
     def _rest_step(self, tokens: int, seconds: float) -> None:
         self._tokens += tokens

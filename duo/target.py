@@ -104,6 +104,7 @@ class Request:
     params: SamplingParams
     seed: int | None = None
     max_tokens: int = 0  # 0: until end of generation or a full context
+    cache_prompt: bool = True  # False: shares no prompt prefix with other requests, either way
     arrived: float = field(default_factory=time.monotonic)  # for the time to first token
 
 
@@ -168,10 +169,14 @@ class Generation:
         self.last_commit_at = 0.0
         self.last_chunk_at = 0.0
         self.draft_silent = False  # a wait found nothing: wait no more until the draft sends again
+        self.draft_refused = False  # the draft ended this session (SessionError) until it is opened again
+        self.told = len(self.committed)  # committed tokens the draft has been sent (the open carries the prompt)
 
     # The draft link calls these.
     def open_message(self) -> pb.OpenSession:
         self.chain.reset()  # a (re)connected draft starts its epochs afresh
+        self.draft_refused = False
+        self.told = len(self.committed)
         return pb.OpenSession(session_id=self.session_id, committed=self.committed,
                               sampling=wire.sampling_to_pb(self.request.params, self.seed),
                               max_ahead=self.max_ahead, p_min=self.settings.draft_p_min,
@@ -200,6 +205,11 @@ class Generation:
 
     def on_draft_lost(self) -> None:
         self.chain.reset()
+
+    def on_draft_refused(self) -> None:
+        """The draft will send nothing more for this session: no step waits for it."""
+        self.draft_refused = True
+        self.chunk_arrived.set()
 
     async def wait_for_drafts(self, enough: Callable[[list[int]], bool], seconds: float) -> None:
         """Wait until enough(pending drafts) holds or `seconds` have passed, checking at each chunk."""
@@ -256,12 +266,13 @@ class Target:
     in one batched model call (duo.batching)."""
 
     def __init__(self, model: Model, worker: ModelWorker, link: DraftLink | None, *, n_ctx: int,
-                 settings: SpecSettings, parallel: int = 1) -> None:
+                 settings: SpecSettings, parallel: int = 1, prompt_cache: bool = True) -> None:
         self.model = model
         self.worker = worker
         self.link = link
         self.n_ctx = n_ctx
         self.parallel = parallel  # generations at once: one sequence each in the shared context
+        self.prompt_cache = prompt_cache  # requests may start from prompt prefixes others left
         self.settings = settings
         # The adaptive policy: step costs shared by all requests (one model, one machine, measured per
         # call by its tokens), acceptance learnt per request, each starting from the estimate of its
@@ -314,7 +325,8 @@ class Target:
                 if generation.policy is not None:
                     generation.max_ahead = generation.policy.max_ahead()
                 self.link.register(generation)
-            generation.stats.cached_prompt_tokens = await self._prefill(batcher, seq, request.prompt_tokens[:-1])
+            shared = request.cache_prompt and self.prompt_cache
+            generation.stats.cached_prompt_tokens = await self._prefill(batcher, seq, request.prompt_tokens[:-1], shared)
             while True:
                 step = await self._step(generation, batcher, seq)
                 if step.finish_reason is None and len(generation.committed) >= n_ctx:
@@ -331,14 +343,14 @@ class Target:
             self.switch.request_done(generation.session_id)
             if self.link:
                 self.link.unregister(generation.session_id)
-            batcher.leave(seq)
+            batcher.leave(seq, keep=request.cache_prompt and self.prompt_cache)
 
     @staticmethod
-    async def _prefill(batcher: StepBatcher, seq: int, tokens: list[int]) -> int:
+    async def _prefill(batcher: StepBatcher, seq: int, tokens: list[int], shared: bool) -> int:
         """Decode the prompt (but its last token, which the first step decodes) in chunks that ride
-        along the running generations' steps, after the prefix some sequence already holds; return the
-        length of that prefix."""
-        cached = pos = await batcher.adopt(seq, tokens)
+        along the running generations' steps, after the prefix some sequence already holds (`shared`;
+        else from nothing); return the length of that prefix."""
+        cached = pos = await batcher.adopt(seq, tokens if shared else [])
         while pos < len(tokens):
             pos += await batcher.run(PrefillWork(seq, pos, tokens[pos:]))
         return cached
@@ -346,7 +358,8 @@ class Target:
     async def _await_drafts(self, generation: Generation, want: int) -> None:
         """Synchronous mode: wait until `want` drafts are pending, the draft stopped, or it is gone."""
         def enough(pending: list[int]) -> bool:
-            return (not (self.link and self.link.connected) or len(pending) >= want or generation.chain.draft_paused()
+            return (not (self.link and self.link.connected) or generation.draft_refused or len(pending) >= want
+                    or generation.chain.draft_paused()
                     or bool(pending and self.model.is_end_of_generation(pending[-1])))
 
         await generation.wait_for_drafts(enough, SYNC_WAIT_S)
@@ -354,7 +367,9 @@ class Target:
     async def _wait_if_worth_it(self, generation: Generation, policy: AdaptivePolicy) -> float:
         """With no drafts pending, wait for drafts known to be coming when that is faster in expectation
         than decoding alone (policy.wait_for); the seconds waited."""
-        if (generation.starved_since is None or generation.draft_silent or generation.chain.has_pending()
+        if (generation.starved_since is None or generation.draft_silent or generation.draft_refused
+                or not self.switch.speculating
+                or generation.chain.has_pending()
                 or generation.chain.draft_paused() or not (self.link and self.link.connected)):
             return 0.0
         began = time.monotonic()
@@ -384,9 +399,6 @@ class Target:
         work = generation.verify_work(seq, batcher.context.n_ctx - (start - 1), policy)
         result = await batcher.run(work)
         step = generation.commit(result.verdict, result.n_verified, result.batch_size)
-        if self.link and step.tokens:
-            self.link.send(pb.TargetEvent(commit=pb.Commit(session_id=generation.session_id, start=start,
-                                                           tokens=step.tokens)))
         # The call's time (model work only, never the wait behind other work on the model thread).
         record = StepRecord(batch_size=result.batch_size, n_verified=result.n_verified,
                             n_accepted=result.verdict.n_accepted, n_committed=len(step.tokens),
@@ -402,8 +414,23 @@ class Target:
                 self.switch.request_done(generation.session_id)
             generation.stats.speculation = self.switch.reason()
             self.draft_len = policy.draft_len
-            self._steer(generation, policy.max_ahead())
+        self._tell_draft(generation, policy)
         return step
+
+    def _tell_draft(self, generation: Generation, policy: AdaptivePolicy | None) -> None:
+        """Send the draft what was committed since it last heard, and how far ahead to run. While the
+        switch rests the draft, commits wait (one message then carries them all): a message per step
+        would only cost the target's core time for a draft that does nothing with it."""
+        if not self.link:
+            return
+        if policy is None or self.switch.draft_wanted() or not self.link.connected:
+            unsent = generation.committed[generation.told:]
+            if unsent:
+                self.link.send(pb.TargetEvent(commit=pb.Commit(session_id=generation.session_id,
+                                                               start=generation.told, tokens=unsent)))
+            generation.told = len(generation.committed)
+        if policy is not None:
+            self._steer(generation, policy.max_ahead())
 
     def _steer(self, generation: Generation, max_ahead: int) -> None:
         """Tell the draft how far ahead to run when the policy's view changed."""

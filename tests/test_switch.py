@@ -175,3 +175,21 @@ def test_the_reason_shows_in_a_requests_stats_line_and_in_the_targets_log_line()
         f"; speculation {reason}]")
     stats = GenerationStats(generated_tokens=5, verify_steps=5, speculation=reason)
     assert request_line(stats, "stop").endswith(f"speculation {reason}")
+
+
+def test_a_trial_that_clearly_loses_is_cut_short_but_an_established_regime_is_judged_on_whole_periods():
+    clock = Clock()
+    switch = Switch(clock=clock, rest_rate=10.0)
+    switch.step_done(1, 1, 0, alone_call=False)
+    for _ in range(sw.EARLY_STEPS):
+        clock.now += 0.2
+        switch.step_done(1, 1, 1, alone_call=False)  # 5 tok/s against 10 alone
+    assert not switch.speculating and switch.gain == pytest.approx(0.5)
+
+    clock = Clock()
+    established = Switch(clock=clock, rest_rate=10.0, established=True)
+    established.step_done(1, 1, 0, alone_call=False)
+    for _ in range(sw.JUDGE_STEPS - 1):
+        clock.now += 0.2
+        established.step_done(1, 1, 1, alone_call=False)
+    assert established.speculating  # a bad stretch of an established regime waits for its whole period

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from duo._proto import duo_pb2 as pb
 from duo.runtime import ModelWorker
 from duo.sampling import SamplingParams
 from duo.chain import ChainChunk
@@ -167,3 +168,57 @@ def test_the_first_step_of_a_request_verifies_the_drafts_sent_since_the_session_
     assert link.opened_with[0] > 0  # the draft is asked to draft from the session's start
     assert records[0].n_verified > 0 and records[0].n_accepted > 0
     assert tokens[:records[0].n_accepted] == alone[:records[0].n_accepted]
+
+
+def test_a_session_the_draft_refused_is_not_waited_for_in_the_synchronous_mode():
+    target, generation, _ = waiting_target_and_generation()
+    generation.on_draft_refused()  # the link got a SessionError for it (e.g. the draft's cache is full)
+
+    async def synchronous() -> float:
+        began = time.monotonic()
+        await target._await_drafts(generation, 4)
+        return time.monotonic() - began
+
+    assert asyncio.run(synchronous()) < SYNC_WAIT_S / 2
+    generation.open_message()  # a reconnected draft opens the session again: it is waited for again
+    assert not generation.draft_refused
+
+
+class RecordingLink:
+    """A connected draft that sends nothing: the events the target sends it, in order."""
+
+    connected = True
+
+    def __init__(self) -> None:
+        self.events = []
+
+    def register(self, generation: Generation) -> None:
+        self.events.append(generation.open_message())
+
+    def unregister(self, session_id: int) -> None:
+        pass
+
+    def send(self, event) -> None:
+        self.events.append(event)
+
+
+def test_while_the_draft_rests_commits_wait_and_then_go_out_in_one_message(target_model):
+    from duo import switch as sw
+    from duo.switch import Switch
+
+    prompt, n = [9707, 11, 1879], 14
+    link = RecordingLink()
+    target = Target(target_model, ModelWorker(), link, n_ctx=256, settings=SpecSettings())
+    target.switch = Switch(speculating=False, steps_left=sw.PROBE_LEAD + 6)  # resting; a trial comes in 11 steps
+
+    async def run() -> list[int]:
+        return [t async for step, _ in target.generate(Request(prompt, SamplingParams(), max_tokens=n))
+                for t in step.tokens]
+
+    tokens = asyncio.run(run())
+    commits = [e.commit for e in link.events if isinstance(e, pb.TargetEvent) and e.HasField("commit")]
+    # The first steps' tokens wait; the lead into the trial sends them at once, then one commit per step.
+    assert commits[0].start == len(prompt) and len(commits[0].tokens) >= 6
+    assert all(len(commit.tokens) == 1 for commit in commits[1:])
+    assert [t for commit in commits for t in commit.tokens] == tokens[:sum(len(c.tokens) for c in commits)]
+    assert len(commits) < n - 4
