@@ -146,9 +146,11 @@ class StepBatcher:
         """
         return await self.worker.run(self.context.adopt_prefix, seq, list(prompt))
 
-    def leave(self, seq: int) -> None:
+    def leave(self, seq: int, keep: bool = True) -> None:
         """The request on `seq` ended: its sequence is free for another, its cells kept until then (a
-        later request may start from them)."""
+        later request may start from them; `keep` False: none may, they hold nothing to share)."""
+        if not keep:
+            self.context.forget(seq)
         self.away(seq)
         self._queue = [(work, future) for work, future in self._queue if work.seq != seq]
         self._free.append(seq)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 
 from duo.admission import Admission, Slot
+from duo.chat import chat_tokens
 from duo.metrics import Metrics
 from duo.model import ModelError
 from duo.sampling import SamplingParams
@@ -56,6 +57,7 @@ class CompletionRequest:
     params: SamplingParams = SamplingParams()
     seed: int | None = None
     stop: Sequence[str] = ()
+    cache_prompt: bool = True                  # false: no prompt prefix shared with other requests
     arrived: float = field(default_factory=time.monotonic)
 
 
@@ -166,7 +168,7 @@ class Completions:
                              param="messages" if messages else "prompt") from error
         if size > self._max_prompt_bytes:
             raise self._too_long(f"the prompt is far longer than the context of {self.context_size} tokens")
-        return model.tokenize(prompt)
+        return chat_tokens(model, messages, prompt) if messages else model.tokenize(prompt)
 
     def prepare(self, request: CompletionRequest) -> Request:
         """The target's Request, or BadRequest saying what to fix."""
@@ -184,6 +186,7 @@ class Completions:
                                                                                          request.messages)
         self._check_prompt(tokens)
         return Request(prompt_tokens=tokens, params=request.params, seed=request.seed, max_tokens=request.max_tokens,
+                       cache_prompt=request.cache_prompt,
                        arrived=request.arrived)
 
     async def start(self, request: CompletionRequest) -> Completion:

@@ -298,6 +298,9 @@ def check_flags(args: argparse.Namespace) -> None:
                     "machine, start duo-draft with --listen 0.0.0.0:%d (or this machine's LAN address)", args.listen, port)
     if not check_pair(args.tls_cert, args.tls_key, "--tls-cert/--tls-key") and args.tls_ca:
         raise ValueError("--tls-ca needs --tls-cert and --tls-key (mutual TLS is TLS first)")
+    if not 1 <= args.top_k_cap <= wire.MAX_DIST_IDS:
+        raise ValueError(f"--top-k-cap must be between 1 and {wire.MAX_DIST_IDS} (the ids a target accepts per "
+                         "distribution)")
     if args.max_sessions < 1 or args.max_sessions_per_target < 1:
         raise ValueError("--max-sessions and --max-sessions-per-target must be at least 1")
     if not 0 <= args.max_branches <= MAX_BRANCHES or args.branch_len < 0:
@@ -313,7 +316,7 @@ def check_flags(args: argparse.Namespace) -> None:
 
 async def serve(args: argparse.Namespace, model: Model, metrics: DraftMetrics,
                 http: tuple[HttpServer, socket.socket] | None) -> None:
-    drafter = Drafter(model, ModelWorker(), args.ctx_size, max(1, args.top_k_cap), observer=metrics,
+    drafter = Drafter(model, ModelWorker(), args.ctx_size, args.top_k_cap, observer=metrics,
                       max_branches=args.max_branches, branch_len=args.branch_len, max_sessions=args.max_sessions,
                       cells=args.kv_cells)
     try:

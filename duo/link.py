@@ -57,6 +57,7 @@ class LinkedSession(Protocol):
     def open_message(self) -> pb.OpenSession: ...
     def on_chunk(self, chunk: ChainChunk) -> None: ...
     def on_draft_lost(self) -> None: ...
+    def on_draft_refused(self) -> None: ...
 
 
 class DraftObserver(Protocol):
@@ -214,6 +215,7 @@ class DraftLink:
             if session is not None:  # else a session that ended meanwhile
                 self._on_chunk(session, event.chunk)
         elif kind == "error" and event.error.session_id in self.sessions:
+            self.sessions[event.error.session_id].on_draft_refused()
             self._fault(event.error.session_id, f"refused it: {_clip(event.error.message)}")
 
     def _on_chunk(self, session: LinkedSession, message: pb.DraftChunk) -> None:
@@ -238,12 +240,14 @@ class DraftLink:
                         self.address, session_id, what)
 
     def _refused(self, reason: str) -> None:
+        reason = _clip(reason)  # it quotes the draft's own texts, into the log and /health
         if self.state != "incompatible" or reason != self.last_error:
             log.error("draft %s is incompatible with this target, decoding alone (asking again every %.0f s): %s",
                       self.address, INCOMPATIBLE_RETRY_S, reason)
         self.state, self.last_error = "incompatible", reason
 
     def _lost(self, reason: str) -> None:
+        reason = _clip(reason)
         if self.state == "connected":
             log.warning("draft %s lost (%s); decoding alone until it is back", self.address, reason)
         else:

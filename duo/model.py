@@ -23,6 +23,8 @@ VOCAB_CHECK_START_ID = 5
 VOCAB_MAX_SIZE_DIFFERENCE = 128
 # Sequences one context may hold (llama.cpp's LLAMA_MAX_SEQ, which its Python binding does not export).
 MAX_SEQUENCES = 256
+# Tokens per llama_decode call (llama.cpp's default n_batch): a verify batch must fit in one.
+N_BATCH = 512
 
 
 class IncompatibleVocab(ModelError):
@@ -67,8 +69,13 @@ def check_compatible(target: Vocab, draft: Vocab) -> None:
     for token_id in range(VOCAB_CHECK_START_ID, n_common):
         if target.token_texts[token_id] != draft.token_texts[token_id]:
             raise IncompatibleVocab(
-                f"token {token_id} differs: target {target.token_texts[token_id]!r}, "
-                f"draft {draft.token_texts[token_id]!r}; the draft must use the target's tokenizer")
+                f"token {token_id} differs: target {_clipped(target.token_texts[token_id])}, "
+                f"draft {_clipped(draft.token_texts[token_id])}; the draft must use the target's tokenizer")
+
+
+def _clipped(text: bytes, limit: int = 64) -> str:
+    """A token's text for a message: a peer's vocabulary may hold texts of any size."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} bytes)"
 
 
 class Model:
@@ -177,7 +184,9 @@ class Model:
             )
         try:
             return self._chat_formatter(messages=[dict(m) for m in messages]).prompt
-        except TemplateError as error:  # the template's own raise_exception, e.g. roles out of order
+        except (TemplateError, ValueError) as error:
+            # The template's own raise_exception (Gemma, Mistral, Llama 2: roles out of order) raises
+            # ValueError in llama-cpp-python's formatter; a malformed template a TemplateError.
             raise ModelError(f"the model's chat template rejected the messages: {error}") from error
 
     def vocab(self) -> Vocab:
@@ -200,7 +209,7 @@ class Model:
         context.decode([self.vocab().eos], 0)
         context.close()
 
-    def new_context(self, n_ctx: int, *, n_batch: int = 512, n_seq: int = 1, cells: int | None = None) -> "Context":
+    def new_context(self, n_ctx: int, *, n_batch: int = N_BATCH, n_seq: int = 1, cells: int | None = None) -> "Context":
         return Context(self, n_ctx=n_ctx, n_batch=n_batch, n_seq=n_seq, cells=cells)
 
     def close(self) -> None:
@@ -373,6 +382,10 @@ class Context:
         else:
             self.fork(seq, n, source)
         return n
+
+    def forget(self, seq: int) -> None:
+        """Let no later adopt_prefix start from what `seq` holds (its cells go with its next use)."""
+        self._held[seq] = []
 
     def clear(self, seq: int) -> None:
         """Forget all of sequence `seq`, freeing its cells for the other sequences."""

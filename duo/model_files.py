@@ -77,23 +77,45 @@ def write_stamp(path: Path, sha256: str, **extra) -> dict:
     # written aside and renamed, so that a reader never sees half a stamp
     tmp = _stamp_path(path).with_suffix(".sha256.tmp")
     tmp.write_text(json.dumps(stamp, indent=1) + "\n")
-    os.replace(tmp, _stamp_path(path))
+    durable_replace(tmp, _stamp_path(path))
     return stamp
+
+
+def durable_replace(src: Path, dst: Path) -> None:
+    """Rename ``src`` over ``dst`` so that a crash or power cut leaves either the old file or the whole
+    new one: the data reaches the disk before the rename, and the rename before this returns."""
+    with open(src, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(src, dst)
+    try:
+        directory = os.open(dst.parent, os.O_RDONLY)
+    except OSError:
+        return  # a platform whose directories cannot be opened (Windows): the rename is what it offers
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
 
 
 # --------------------------------------------------------------------------
 # assembling
 
 
-def assemble(pieces: Sequence[tuple[Path, str]], out: Path, on_bytes: Callable[[int], None]) -> str:
+def assemble(pieces: Sequence[tuple[Path, str]], out: Path, on_bytes: Callable[[int], None],
+             max_bytes: int | None = None) -> str:
     """Concatenate into ``out`` the one member of each ``(archive, glob)``
     piece, in order, calling ``on_bytes`` with each chunk's length; returns
-    the sha256 of what was written."""
+    the sha256 of what was written. HubError as soon as more than ``max_bytes``
+    came (a damaged or hostile archive must not fill the disk first)."""
     h = hashlib.sha256()
+    written = 0
     with open(out, "wb") as dst:
         for archive, pattern in pieces:
             with _open_member(archive, pattern) as src:
                 while chunk := src.read(_CHUNK):
+                    written += len(chunk)
+                    if max_bytes is not None and written > max_bytes:
+                        raise HubError(f"{archive.name} holds more than the {max_bytes} bytes expected of the model")
                     h.update(chunk)
                     dst.write(chunk)
                     on_bytes(len(chunk))

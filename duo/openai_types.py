@@ -32,6 +32,7 @@ class GenerationBody(BaseModel):
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+    cache_prompt: bool = True         # llama-server's: false shares no prompt prefix with other requests
 
     def check_supported(self) -> None:
         """Refuse, naming the field, what duo cannot do rather than silently ignoring it."""
@@ -52,7 +53,8 @@ class GenerationBody(BaseModel):
                                 top_k=self.top_k or 0, top_p=1.0 if self.top_p is None else self.top_p,
                                 min_p=self.min_p or 0.0)
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        return CompletionRequest(max_tokens=max_tokens or 0, params=params, seed=self.seed, stop=stop, **prompt)
+        return CompletionRequest(max_tokens=max_tokens or 0, params=params, seed=self.seed, stop=stop,
+                                 cache_prompt=self.cache_prompt, **prompt)
 
 
 class CompletionBody(GenerationBody):

@@ -21,7 +21,7 @@ from duo.hub import CATALOG, DEFAULT_TARGET, HubError, resolve_model
 from duo.link import DraftLink
 from duo.metrics import Metrics
 from duo.backends import on_native_abort
-from duo.model import MAX_SEQUENCES, Model, ModelError
+from duo.model import MAX_SEQUENCES, N_BATCH, Model, ModelError
 from duo.openai_api import create_app, http_server
 from duo.runtime import (WRITE_TIMEOUT_S, ModelWorker, add_process_arguments, check_can_listen, host_port,
                          listen_socket, model_options, run_async, run_server, setup_logging)
@@ -81,7 +81,14 @@ def build_parser() -> argparse.ArgumentParser:
     clients.add_argument("--api-key", default=None, metavar="KEY",
                          help="require `Authorization: Bearer KEY` (HTTP) or the metadata `authorization: Bearer "
                               "KEY` (gRPC) on every client call; health checks, reflection and /metrics stay open "
-                              "(default: $DUO_API_KEY, else no key)")
+                              "(default: $DUO_API_KEY, else no key). Visible to every user of this machine in "
+                              "its process list: prefer --api-key-file or $DUO_API_KEY")
+    clients.add_argument("--no-prompt-cache", action="store_true",
+                         help="share no prompt prefix between requests (by default a request starts from the "
+                              "longest prefix of its prompt that the cache holds, whoever sent it; usage reports "
+                              "it as cached_tokens); one request opts out with cache_prompt: false")
+    clients.add_argument("--api-key-file", default=None, metavar="FILE",
+                         help="read the API key from the first line of FILE (kept out of the process list)")
     peer = parser.add_argument_group("the link to duo-draft")
     peer.add_argument("--peer-tls-ca", default=None, metavar="PEM",
                       help="connect to --peer over TLS, trusting the CA in this PEM file")
@@ -98,6 +105,10 @@ def settings_from(args: argparse.Namespace) -> SpecSettings:
         raise ValueError("--draft-max and --draft-min must be >= 0 and --draft-p-min between 0 and 1")
     if args.sync < 0:
         raise ValueError("--sync must be >= 0")
+    for flag, value in (("--draft-max", args.draft_max), ("--sync", args.sync)):
+        if value is not None and value + 1 > N_BATCH:
+            raise ValueError(f"{flag} {value} is too large: a verify step decodes {flag} + 1 tokens in one call of "
+                             f"at most {N_BATCH}; use {flag} {N_BATCH - 1} or less")
     if args.sync:
         return SpecSettings(draft_max=args.sync, draft_min=args.draft_min, draft_p_min=args.draft_p_min,
                             max_ahead=args.sync, adaptive=False, sync=args.sync, unseeded=args.unseeded)
@@ -109,9 +120,25 @@ def settings_from(args: argparse.Namespace) -> SpecSettings:
                         max_ahead=max(1, max_ahead), adaptive=adaptive, unseeded=args.unseeded)
 
 
+def api_key_from(args: argparse.Namespace) -> str | None:
+    """The clients' key: --api-key, else the first line of --api-key-file, else $DUO_API_KEY, else none."""
+    if args.api_key and args.api_key_file:
+        raise ValueError("give --api-key or --api-key-file, not both")
+    if args.api_key_file:
+        try:
+            lines = Path(args.api_key_file).read_text().splitlines()
+        except OSError as error:
+            raise ValueError(f"--api-key-file: cannot read {args.api_key_file}: {error.strerror or error}") from None
+        if not lines or not lines[0].strip():
+            raise ValueError(f"--api-key-file: {args.api_key_file} holds no key on its first line")
+        return lines[0].strip()
+    return args.api_key or os.environ.get("DUO_API_KEY") or None
+
+
 def check_client_flags(args: argparse.Namespace) -> None:
     """Raise ValueError naming the flag that is wrong."""
     check_can_listen(args.listen)
+    api_key_from(args)
     if args.peer:
         host_port(args.peer, "--peer")
     if not 1 <= args.parallel <= MAX_SEQUENCES or args.queue_size < 0:
@@ -147,7 +174,7 @@ async def serve(args: argparse.Namespace, path: Path, settings: SpecSettings, op
                 lost: LostRpcServer | None = None) -> None:
     """Listen at once (health NOT_SERVING, requests UNAVAILABLE / 503), load the model in the
     background, then report SERVING and keep the draft linked until stopped."""
-    api_key = args.api_key or os.environ.get("DUO_API_KEY") or None
+    api_key = api_key_from(args)
     metrics = Metrics()
     completions = Completions(Admission(args.parallel, args.queue_size), metrics, served_names(path, args.model))
     health_servicer = health.aio.HealthServicer()
@@ -168,7 +195,8 @@ async def serve(args: argparse.Namespace, path: Path, settings: SpecSettings, op
         if lost:
             lost.loop, lost.worker = asyncio.get_running_loop(), worker
         link = DraftLink(args.peer, model.path.name, model.vocab(), peer_credentials) if args.peer else None
-        target = Target(model, worker, link, n_ctx=args.ctx_size, settings=settings, parallel=args.parallel)
+        target = Target(model, worker, link, n_ctx=args.ctx_size, settings=settings, parallel=args.parallel,
+                        prompt_cache=not args.no_prompt_cache)
         target.observers.append(metrics)
         target.call_observers.append(metrics)
         await target.batcher()  # the shared context: a size that does not fit fails here, not at a request

@@ -44,6 +44,12 @@ def dist_to_pb(dist: SparseDist) -> pb.SparseDist:
     return pb.SparseDist(ids=dist.ids.tolist(), probs=dist.probs.tolist())
 
 
+# The most ids one distribution may name. An honest draft sends its top-k cap's worth (duo-draft
+# --top-k-cap, 10 by default); unbounded, each entry could name the whole vocabulary (2.4 MB for
+# Qwen's 151,936 ids), held for every pending position of every running session.
+MAX_DIST_IDS = 1024
+
+
 def dist_from_pb(message: pb.SparseDist, n_vocab: int) -> SparseDist:
     """The draft's q; ValueError saying what is wrong when it is not a distribution over the target's
     vocabulary (a draft must never make us guess)."""
@@ -52,6 +58,8 @@ def dist_from_pb(message: pb.SparseDist, n_vocab: int) -> SparseDist:
     probs = np.asarray(message.probs, dtype=np.float64)
     if ids.size == 0 or ids.size != probs.size:
         raise ValueError(f"a distribution has {ids.size} ids and {probs.size} probabilities")
+    if ids.size > MAX_DIST_IDS:
+        raise ValueError(f"a distribution names {ids.size} tokens, more than the {MAX_DIST_IDS} allowed")
     if ids.min() < 0 or ids.max() >= n_vocab:
         raise ValueError(f"a distribution names token {ids.min() if ids.min() < 0 else ids.max()}, "
                          f"outside the vocabulary of {n_vocab}")

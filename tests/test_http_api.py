@@ -411,3 +411,20 @@ def test_a_grpc_client_that_cancels_frees_its_session(served_duo):
         call.cancel()
     wait_until_idle(served_duo)
     assert generated_tokens(served_duo) - before < LEAVE_EARLY_TOKENS
+
+
+def test_a_request_with_cache_prompt_false_neither_reuses_nor_leaves_a_prefix_for_others(served_alone):
+    system = {"role": "system", "content": "Terse mode: never explain any answer, whatever the user asks."}
+    chats = [[system, {"role": "user", "content": text}] for text in ("name a color", "name a fruit", "name a tree")]
+
+    def cached(chat: list[dict], **extra) -> int:
+        answer = client(served_alone).chat.completions.create(model=model_name(served_alone), messages=chat,
+                                                              max_tokens=4, temperature=0, extra_body=extra)
+        return answer.usage.prompt_tokens_details.cached_tokens
+
+    assert cached(chats[0], cache_prompt=False) == 0  # takes nothing
+    assert cached(chats[1], cache_prompt=False) == 0
+    # Neither left its system prompt for a request that does share: it finds at most the template's
+    # opening that other tests' requests left.
+    assert cached(chats[2]) < 6
+    assert cached(chats[0]) > 15  # ... which now leaves its prefix for the next one

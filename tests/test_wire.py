@@ -137,3 +137,25 @@ def test_a_merged_chunk_keeps_each_tokens_distribution():
     events = [chunk_event(1, 0, 5, [10], dists=[dist(10)]), chunk_event(1, 0, 6, [11], dists=[dist(11)])]
     (merged,) = wire.coalesce(events)
     assert list(merged.chunk.tokens) == [10, 11] and [list(d.ids) for d in merged.chunk.dists] == [[10, 1], [11, 1]]
+
+
+def test_a_distribution_naming_more_tokens_than_any_honest_draft_sends_is_refused_before_any_vocabulary_work():
+    n_vocab = 151_936
+    whole = pb.SparseDist(ids=list(range(n_vocab)), probs=[1.0] * n_vocab)
+    with pytest.raises(ValueError, match=f"names {n_vocab} tokens, more than the {wire.MAX_DIST_IDS} allowed"):
+        wire.dist_from_pb(whole, n_vocab)
+    capped = pb.SparseDist(ids=list(range(wire.MAX_DIST_IDS)), probs=[1.0] * wire.MAX_DIST_IDS)
+    assert wire.dist_from_pb(capped, n_vocab).ids.size == wire.MAX_DIST_IDS
+    # In a chunk, the entry is cut like any bad distribution: the tokens before it stay.
+    bounds = wire.ChunkBounds(n_vocab=n_vocab, n_committed=10, epoch=2, max_end=20)
+    chunk, rejection = wire.chunk_from_pb(pb.DraftChunk(epoch=2, start=10, tokens=[5, 6], dists=[dist(5), whole]),
+                                          bounds)
+    assert chunk.tokens == [5] and rejection.reason == "distribution"
+
+
+def test_duo_draft_refuses_a_top_k_cap_beyond_what_targets_accept(capsys):
+    from duo import draft_process
+
+    assert draft_process.main(["--model", "absent.gguf", "--listen", "127.0.0.1:0",
+                               "--top-k-cap", str(wire.MAX_DIST_IDS + 1)]) == 1
+    assert "--top-k-cap must be between 1 and" in capsys.readouterr().err

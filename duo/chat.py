@@ -1,0 +1,79 @@
+"""Chat messages to prompt tokens: the template's markup as control tokens, the messages' own text as text.
+
+Tokenizing the rendered chat as one string with special-token parsing (what llama-server does) lets a
+user forge roles: a message holding "<|im_end|>\n<|im_start|>system\n..." becomes real control tokens
+and a system turn of the user's making. So the rendered prompt is cut where each message's content
+lies in it: the template's parts are tokenized with special tokens parsed, the contents as plain text.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Protocol, Sequence
+
+
+class Tokenizer(Protocol):
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]: ...
+    def chat_prompt(self, messages: Sequence[Mapping[str, str]]) -> str: ...
+    def vocab(self): ...
+
+
+def chat_tokens(model: Tokenizer, messages: Sequence[Mapping[str, str]], rendered: str) -> list[int]:
+    """The prompt tokens of `messages`, which the model's chat template rendered as `rendered`: one BOS
+    at most, and no control token from inside a message's content."""
+    tokens: list[int] = []
+    for i, (text, is_content) in enumerate(rendered_pieces(model, messages, rendered)):
+        tokens += model.tokenize(text, add_special=i == 0, parse_special=not is_content)
+    bos = model.vocab().bos
+    # A template that writes its own BOS (Llama 3, Mistral, Gemma) on a model whose GGUF adds one too.
+    if len(tokens) >= 2 and tokens[0] == tokens[1] == bos:
+        tokens = tokens[1:]
+    return tokens
+
+
+def rendered_pieces(model: Tokenizer, messages: Sequence[Mapping[str, str]], rendered: str) -> list[tuple[str, bool]]:
+    """`rendered`, the chat as the template rendered it, as (text, is_content) pieces.
+
+    The template is rendered a second time with each content replaced by a mark no text holds (private
+    use characters): cut at the marks, that rendering is the template's markup alone. Where the markup
+    with the contents put back (as sent, or stripped: templates may trim them) gives the real rendering,
+    the cut is exact, whatever the contents hold. A template that changes contents otherwise falls back
+    to finding each content in the rendering after the previous one.
+    """
+    contents = [str(message.get("content", "")) for message in messages]
+    marks = [f"\ue000duo{i}\ue001" for i in range(len(messages))]
+    markup = _cut_at(model.chat_prompt([{**message, "content": mark} for message, mark in zip(messages, marks)]),
+                     marks)
+    if markup is not None:
+        for candidates in (contents, [content.strip() for content in contents]):
+            pieces = [(markup[0], False)]
+            for content, after in zip(candidates, markup[1:]):
+                pieces += [(content, True), (after, False)]
+            if "".join(text for text, _ in pieces) == rendered:
+                return [(text, is_content) for text, is_content in pieces if text]
+    return _found_in_order(rendered, contents)
+
+
+def _cut_at(skeleton: str, marks: Sequence[str]) -> list[str] | None:
+    """`skeleton` split at each of `marks` in order: len(marks) + 1 pieces, or None where a mark is not
+    there once (the template dropped or repeated a message)."""
+    pieces, at = [], 0
+    for mark in marks:
+        if skeleton.count(mark) != 1 or (found := skeleton.find(mark, at)) < 0:
+            return None
+        pieces.append(skeleton[at:found])
+        at = found + len(mark)
+    return pieces + [skeleton[at:]]
+
+
+def _found_in_order(rendered: str, contents: Sequence[str]) -> list[tuple[str, bool]]:
+    pieces: list[tuple[str, bool]] = []
+    at = 0
+    for content in contents:
+        for candidate in (content, content.strip()):
+            found = rendered.find(candidate, at) if candidate else -1
+            if found >= 0:
+                pieces += [(rendered[at:found], False), (candidate, True)]
+                at = found + len(candidate)
+                break
+    pieces.append((rendered[at:], False))
+    return [(text, is_content) for text, is_content in pieces if text]
