@@ -128,6 +128,12 @@ def _rounds_ended(task: asyncio.Task[None]) -> None:
         log.error("drafting stopped on an error", exc_info=task.exception())
 
 
+# Events one target's stream may hold unsent. An honest target reads them within a round or two (a
+# few per session); one that sends commits but never reads would grow the draft's memory without end:
+# past this many, its sessions end and its stream with them.
+MAX_OUTBOX = 4096
+
+
 class Connection:
     """One target's Speculate stream: its sessions, and the events going back to it.
 
@@ -148,6 +154,8 @@ class Connection:
         self._ready: collections.deque[pb.DraftEvent | None] = collections.deque()  # taken, coalesced
         self.wake = wake
         self.reader: asyncio.Task[None] | None = None
+        self.overflowed = False  # the target read nothing for MAX_OUTBOX events: the stream ends
+        self._closing: asyncio.Future[None] | None = None  # its sessions' release, once it overflowed
 
     @property
     def holding(self) -> int:
@@ -160,6 +168,8 @@ class Connection:
     async def next_event(self) -> pb.DraftEvent | None:
         """The next event to write: what queued up while the stream wrote the last one goes out with the
         chunks of each line merged (wire.coalesce), so a stream that falls behind catches up."""
+        if self.overflowed:
+            return None
         if not self._ready:
             events = [await self.outbox.get()]
             while not self.outbox.empty():
@@ -228,8 +238,27 @@ class Connection:
         if drafted.error is not None:
             await self._fail(drafted.session, drafted.error)
         elif drafted.chunk is not None:
-            self.outbox.put_nowait(pb.DraftEvent(chunk=drafted.chunk))
+            self._put(pb.DraftEvent(chunk=drafted.chunk))
             self.metrics.chunks_sent.inc()
+
+    def _put(self, event: pb.DraftEvent) -> None:
+        """Queue an event for the target, unless it has stopped reading (MAX_OUTBOX): then its sessions
+        end, nothing more is queued, and the stream ends when grpc next asks for an event."""
+        if self.overflowed:
+            return
+        if self.outbox.qsize() < MAX_OUTBOX:
+            self.outbox.put_nowait(event)
+            return
+        self.overflowed = True
+        log.warning("target %s read none of the last %d events; ending its stream and its %d session(s)",
+                    self.peer, MAX_OUTBOX, len(self.sessions))
+        while not self.outbox.empty():
+            self.outbox.get_nowait()
+        self.outbox.put_nowait(None)
+        self.reader.cancel()  # no more events from it
+        sessions = list(self.sessions.values())
+        self.sessions.clear()  # no more drafting for it
+        self._closing = asyncio.ensure_future(self.drafter.close(*sessions))
 
     async def _fail(self, session: DraftSession, error: Exception) -> None:
         """End an open session with a SessionError and free its slot."""
@@ -247,7 +276,7 @@ class Connection:
         log.warning("target %s: session %d goes on without the draft (%s): %s", self.peer, session_id, reason,
                     message, exc_info=trace)
         self.metrics.refused(reason)
-        self.outbox.put_nowait(pb.DraftEvent(error=pb.SessionError(session_id=session_id, message=message)))
+        self._put(pb.DraftEvent(error=pb.SessionError(session_id=session_id, message=message)))
 
 
 def describe(model: Model) -> str:

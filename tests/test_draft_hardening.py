@@ -594,3 +594,36 @@ def test_duo_draft_refuses_flags_it_cannot_serve_before_loading_the_model(flags,
     assert main(["--model", str(tmp_path / "never-loaded.gguf"), *flags]) == 1
     error = capsys.readouterr().err
     assert all(word in error for word in words), error
+
+
+def test_a_target_that_sends_commits_but_never_reads_is_dropped_and_the_drafts_queue_stays_bounded(draft_model,
+                                                                                                  monkeypatch):
+    from duo import draft_process
+
+    monkeypatch.setattr(draft_process, "MAX_OUTBOX", 32)
+
+    async def run() -> None:
+        servicer, _ = servicer_for(draft_model, n_ctx=512)
+        requests: asyncio.Queue[pb.TargetEvent | None] = asyncio.Queue()
+
+        async def events():
+            while (event := await requests.get()) is not None:
+                yield event
+
+        stream = servicer.Speculate(events(), Peer())
+        requests.put_nowait(pb.TargetEvent(open=pb.OpenSession(session_id=1, committed=PROMPT, max_ahead=4)))
+        await stream.__anext__()  # one event read; never another
+        connection = next(iter(servicer.connections))
+        committed = len(PROMPT)
+        for _ in range(400):  # each commit contradicts the chain: the draft drafts again, and queues more
+            if connection.overflowed:
+                break
+            requests.put_nowait(pb.TargetEvent(commit=pb.Commit(session_id=1, start=committed, tokens=[5])))
+            committed += 1
+            await asyncio.sleep(0.005)
+        assert connection.overflowed and connection.outbox.qsize() <= 1 and not connection.sessions
+        with pytest.raises(StopAsyncIteration):  # the stream ends when grpc next asks
+            await stream.__anext__()
+        await servicer.drafter.stop()
+
+    asyncio.run(run())
