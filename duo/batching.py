@@ -114,6 +114,7 @@ class StepBatcher:
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.observers: list[CallObserver] = []
+        self._clearing: set[asyncio.Future[None]] = set()  # sequences being emptied (cache_prompt false)
 
     @property
     def running(self) -> int:
@@ -150,10 +151,19 @@ class StepBatcher:
         """The request on `seq` ended: its sequence is free for another, its cells kept until then (a
         later request may start from them; `keep` False: none may, they hold nothing to share)."""
         if not keep:
-            self.context.forget(seq)
+            # Queued on the model thread before any later request's work on this sequence (it runs its
+            # jobs in order), so none can start from these cells.
+            clearing = asyncio.ensure_future(self.worker.run(self.context.clear, seq))
+            self._clearing.add(clearing)
+            clearing.add_done_callback(self._cleared)
         self.away(seq)
         self._queue = [(work, future) for work, future in self._queue if work.seq != seq]
         self._free.append(seq)
+
+    def _cleared(self, clearing: asyncio.Future[None]) -> None:
+        self._clearing.discard(clearing)
+        if not clearing.cancelled() and clearing.exception() is not None:  # the context closed meanwhile
+            log.debug("clearing a sequence failed: %s", clearing.exception())
 
     def away(self, seq: int) -> None:
         """The request on `seq` will not ask for a while (it waits for drafts): do not wait for it."""

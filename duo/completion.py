@@ -190,11 +190,25 @@ class Completions:
                        arrived=request.arrived)
 
     async def start(self, request: CompletionRequest) -> Completion:
-        """Check the request and wait for its turn (QueueFull when the waiting line is full)."""
-        prepared = await asyncio.to_thread(self.prepare, request)  # tokenizing a long prompt takes a while
+        """Wait for the request's turn (QueueFull when the waiting line is full), then check it. Admission
+        comes first: tokenizing and rendering a template cost work that --parallel and --queue-size
+        bound like the generation itself."""
         slot = await self.admission.acquire()
-        target = self._loaded()
+        try:
+            prepared = await asyncio.to_thread(self.prepare, request)  # tokenizing a long prompt takes a while
+            target = self._loaded()
+        except BaseException:
+            slot.release()
+            raise
         return Completion(self._pieces(target, prepared, StopMatcher(request.stop)), slot)
+
+    async def tokenize_admitted(self, prompt: str, messages: Sequence[Mapping[str, str]]) -> list[int]:
+        """tokenize() for the Tokenize RPC, admitted like a generation: its work is bounded alike."""
+        slot = await self.admission.acquire()
+        try:
+            return await asyncio.to_thread(self.tokenize, prompt, messages)
+        finally:
+            slot.release()
 
     async def _pieces(self, target: Target, request: Request, stops: StopMatcher) -> AsyncGenerator[Piece, None]:
         # Characters may span tokens: the decoder holds back bytes until they complete a character.

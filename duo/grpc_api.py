@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import logging
 from contextlib import aclosing
@@ -18,7 +17,7 @@ from duo._proto import duo_pb2_grpc as pb_grpc
 from duo.admission import QueueFull
 from duo.completion import BadRequest, ClientError, CompletionRequest, Completions, NotReady, Piece, stats_fields
 from duo.model import ModelError
-from duo.runtime import WRITE_TIMEOUT_S, WriteTimeout, grpc_server_options, write_within
+from duo.runtime import MAX_CLIENT_RPCS, WRITE_TIMEOUT_S, WriteTimeout, client_server_options, write_within
 
 log = logging.getLogger("duo.grpc_api")
 
@@ -65,12 +64,9 @@ class TargetServicer(pb_grpc.TargetServicer):
 
     async def Tokenize(self, message: pb.TokenizeRequest, context: grpc.aio.ServicerContext) -> pb.TokenizeResponse:
         try:
-            return await asyncio.to_thread(self._tokenize, message)  # a long prompt takes a while
-        except ClientError as error:
+            tokens = await self.completions.tokenize_admitted(message.prompt, messages_from_pb(message.messages))
+        except (ClientError, QueueFull) as error:
             await abort_for(context, error)
-
-    def _tokenize(self, message: pb.TokenizeRequest) -> pb.TokenizeResponse:
-        tokens = self.completions.tokenize(message.prompt, messages_from_pb(message.messages))
         model = self.completions.target.model
         return pb.TokenizeResponse(token_ids=tokens, pieces=[model.token_piece(token, special=True) for token in tokens])
 
@@ -131,7 +127,8 @@ def client_server(completions: Completions, health_servicer: health.aio.HealthSe
     """duo-target's gRPC server for clients: the Target service, health checks and reflection; a client that
     takes no streamed message for `write_timeout` seconds is dropped."""
     interceptors = [ApiKeyInterceptor(api_key)] if api_key else []
-    server = grpc.aio.server(options=grpc_server_options(), interceptors=interceptors)
+    server = grpc.aio.server(options=client_server_options(), interceptors=interceptors,
+                             maximum_concurrent_rpcs=MAX_CLIENT_RPCS)
     pb_grpc.add_TargetServicer_to_server(TargetServicer(completions, write_timeout), server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(

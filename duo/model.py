@@ -383,10 +383,6 @@ class Context:
             self.fork(seq, n, source)
         return n
 
-    def forget(self, seq: int) -> None:
-        """Let no later adopt_prefix start from what `seq` holds (its cells go with its next use)."""
-        self._held[seq] = []
-
     def clear(self, seq: int) -> None:
         """Forget all of sequence `seq`, freeing its cells for the other sequences."""
         self._ctx.kv_cache_seq_rm(seq, 0, -1)

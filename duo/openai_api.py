@@ -14,7 +14,7 @@ from contextlib import aclosing, suppress
 from typing import Any, TypeVar
 
 import uvicorn
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
@@ -35,6 +35,10 @@ T = TypeVar("T")
 # A prompt filling a 128k-token context is well under 1 MB of text; refuse bodies far beyond that
 # before reading them into memory.
 MAX_BODY_BYTES = 16 * 1024 * 1024
+# A request body must arrive within this long (a client trickling bytes would hold a connection forever).
+BODY_READ_TIMEOUT_S = 30.0
+# Connections served at once; beyond, uvicorn answers 503 (generations are bounded by --parallel/--queue-size).
+MAX_HTTP_CONNECTIONS = 256
 # nginx's "client closed request": logged for requests whose client left before the answer.
 CLIENT_CLOSED = 499
 
@@ -80,24 +84,40 @@ def validation_message(error: RequestValidationError) -> ApiError:
 
 
 class BodyLimit:
-    """Refuses request bodies over `max_bytes` (413) without reading them into memory."""
+    """Before any body is read: refuses /v1/* without the API key (401); then refuses bodies over
+    `max_bytes` (413) without reading them into memory, and bodies that take longer than
+    `read_timeout` to arrive (408)."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, api_key: str | None,
+                 read_timeout: float = BODY_READ_TIMEOUT_S) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.expected = f"Bearer {api_key}".encode() if api_key else None
+        self.read_timeout = read_timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        length = dict(scope["headers"]).get(b"content-length", b"0")
+        headers = dict(scope["headers"])
+        if self.expected and scope["path"].startswith("/v1/") and not hmac.compare_digest(
+                headers.get(b"authorization", b""), self.expected):
+            return await _wrong_key().response()(scope, receive, send)
+        length = headers.get(b"content-length", b"0")
         if length.isdigit() and int(length) > self.max_bytes:
             return await self._too_large().response()(scope, receive, send)
-        received = 0
+        received, complete = 0, False
+        deadline = asyncio.get_running_loop().time() + self.read_timeout
 
         async def limited() -> Message:
-            nonlocal received
-            message = await receive()
+            nonlocal received, complete
+            if complete:  # later receives wait for the client to leave: no deadline
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - asyncio.get_running_loop().time()))
+            except asyncio.TimeoutError:
+                raise HTTPException(408, f"the request body did not arrive within {self.read_timeout:g} s") from None
             received += len(message.get("body", b""))
+            complete = not message.get("more_body", False)
             if received > self.max_bytes:
                 raise HTTPException(413, str(self._too_large()))
             return message
@@ -323,26 +343,19 @@ def create_app(completions: Completions, metrics: Metrics, api_key: str | None, 
     app = FastAPI(title="duo-target", docs_url=None, redoc_url=None, strict_content_type=False)
     app.add_api_route("/health", api.health, methods=["GET"])
     app.add_api_route("/metrics", api.metrics_text, methods=["GET"])
-    v1 = APIRouter(prefix="/v1", dependencies=[Depends(bearer_check(api_key))] if api_key else [])
+    v1 = APIRouter(prefix="/v1")  # BodyLimit checks the key, before any body is read
     v1.add_api_route("/models", api.models, methods=["GET"])
     v1.add_api_route("/models/{model_id}", api.model, methods=["GET"])
     v1.add_api_route("/completions", api.completion, methods=["POST"])
     v1.add_api_route("/chat/completions", api.chat, methods=["POST"])
     app.include_router(v1)
     add_error_handlers(app)
-    return BodyLimit(app, MAX_BODY_BYTES)
+    return BodyLimit(app, MAX_BODY_BYTES, api_key)
 
 
-def bearer_check(api_key: str) -> Callable[[Request], None]:
-    expected = f"Bearer {api_key}".encode()
-
-    def check(request: Request) -> None:
-        given = request.headers.get("authorization", "").encode()
-        if not hmac.compare_digest(given, expected):
-            raise ApiError(401, "missing or wrong API key: send the header `Authorization: Bearer <key>`",
-                           code="invalid_api_key")
-
-    return check
+def _wrong_key() -> ApiError:
+    return ApiError(401, "missing or wrong API key: send the header `Authorization: Bearer <key>`",
+                    code="invalid_api_key")
 
 
 def add_error_handlers(app: FastAPI) -> None:
@@ -375,5 +388,5 @@ def add_error_handlers(app: FastAPI) -> None:
 
 def http_server(app: ASGIApp, *, tls_cert: str | None, tls_key: str | None, debug: bool) -> HttpServer:
     config = uvicorn.Config(app, lifespan="off", log_config=None, access_log=debug, ssl_certfile=tls_cert,
-                            ssl_keyfile=tls_key, timeout_graceful_shutdown=2)
+                            ssl_keyfile=tls_key, timeout_graceful_shutdown=2, limit_concurrency=MAX_HTTP_CONNECTIONS)
     return HttpServer(config)

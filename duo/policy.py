@@ -57,6 +57,11 @@ class StepCosts:
     def observe(self, batch_size: int, seconds: float) -> None:
         self.step_seconds.setdefault(batch_size, _Average(seconds)).add(seconds)
 
+    def measured_seconds(self, n: int) -> float | None:
+        """T(n) where batches of n were measured, else None."""
+        average = self.step_seconds.get(n)
+        return average.value if average is not None and average.weight else None
+
     def batch_seconds(self, n: int) -> float:
         """T(n): measured; else interpolated between measured sizes; else, beyond them, optimistic.
 

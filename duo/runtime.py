@@ -218,6 +218,22 @@ def grpc_server_options() -> list[tuple[str, int]]:
     ]
 
 
+# Clients' calls at once on duo-target's gRPC port (beyond: RESOURCE_EXHAUSTED); generations are bounded
+# further by --parallel and --queue-size. Their messages are capped like HTTP bodies.
+MAX_CLIENT_RPCS = 256
+MAX_CLIENT_MESSAGE_BYTES = 16 * 1024 * 1024
+
+
+def client_server_options() -> list[tuple[str, int]]:
+    """grpc_server_options for the clients' port: a client's messages are capped like an HTTP body, and a
+    client that pings too often is cut off (grpc's ping-flood protection, which the draft link disables
+    for its own peer)."""
+    capped = {"grpc.max_receive_message_length": MAX_CLIENT_MESSAGE_BYTES,
+              "grpc.max_send_message_length": MAX_CLIENT_MESSAGE_BYTES}
+    return [(name, capped.get(name, value)) for name, value in grpc_server_options()
+            if name != "grpc.http2.max_ping_strikes"]
+
+
 def _keepalive_options() -> list[tuple[str, int]]:
     return [
         ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),

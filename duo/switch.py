@@ -17,8 +17,9 @@ rate_alone is known without turning speculation off to measure it: while on, ste
 decoding alone costs. That slightly undervalues decoding alone (the draft busy on the machine slows the
 target by 2-3%): ENTER's margin covers it, and once a rest has measured the real rate (the draft idle),
 that measurement is the reference. Hysteresis (ENTER > STAY): a regime near break-even does not flap.
-Only where no alone step was ever timed (many clients, every call carrying drafts) does the switch rest
-for a judging period to measure it.
+Where no alone step was timed whole (every one waited for drafts first), the model time of one-token
+calls stands in; only where there is none either (many clients, every call carrying drafts) does the
+switch rest for a judging period to measure it.
 
 A trial's first steps are left out of its rate: a rested draft first catches up on what was committed
 while it rested (seconds of draft work on a long answer), a cost of the trial, not of speculating.
@@ -49,6 +50,10 @@ class Switch:
     the regime the last one left, and every request's steps count towards the periods."""
 
     clock: Callable[[], float] = time.monotonic
+    # The model time of a one-token call, where measured (duo.policy.StepCosts): decoding alone's rate
+    # when no step alone was timed whole. Model time only, so it overrates decoding alone a little: the
+    # safe side for a judgement of speculation.
+    alone_model_seconds: Callable[[], float | None] = lambda: None
     speculating: bool = True     # the first requests run an on trial
     established: bool = False    # on, and a judgement confirmed it (STAY applies, not ENTER)
     steps_left: int = JUDGE_STEPS  # in the current period (on: warm steps until the next judgement)
@@ -70,7 +75,10 @@ class Switch:
         """Tokens per wall second decoding alone: measured over the latest rest, else from alone steps."""
         if self.rest_rate is not None:
             return self.rest_rate
-        return 1.0 / self._alone_seconds if self._alone_seconds else None
+        if self._alone_seconds:
+            return 1.0 / self._alone_seconds
+        model_seconds = self.alone_model_seconds()
+        return 1.0 / model_seconds if model_seconds else None
 
     def draft_wanted(self) -> bool:
         """Whether the draft should work: speculating, or leading into an on trial."""
@@ -117,10 +125,12 @@ class Switch:
 
     def _losing_trial(self) -> bool:
         """A trial (not an established regime) that after EARLY_STEPS warm steps is clearly below decoding
-        alone: what it would cost to finish is spent for nothing (the default Q4_K_M pair on a CPU)."""
-        alone = self.rate_alone
-        return (not self.established and alone is not None and JUDGE_STEPS - self.steps_left >= EARLY_STEPS
-                and self._tokens < (1.0 - EARLY_LOSS) * alone * self._seconds)
+        alone as measured over the rest before it: what it would cost to finish is spent for nothing (the
+        default Q4_K_M pair on a CPU)."""
+        # Only against decoding alone measured over a rest: the first trial, while the target still
+        # learns its costs and the acceptance, is judged on its whole period.
+        return (not self.established and self.rest_rate is not None and JUDGE_STEPS - self.steps_left >= EARLY_STEPS
+                and self._tokens < (1.0 - EARLY_LOSS) * self.rest_rate * self._seconds)
 
     def _rest_step(self, tokens: int, seconds: float) -> None:
         self._tokens += tokens

@@ -279,7 +279,8 @@ class Target:
         # verification mode (they accept differently: greedy, coupled, residual).
         self.costs = StepCosts()
         self.acceptance_by_mode = {mode: Acceptance.prior(settings.draft_max) for mode in (GREEDY, COUPLED, RESIDUAL)}
-        self.switch = Switch()  # whether speculation pays here, by what it delivers (duo.switch)
+        # Whether speculation pays here, by what it delivers (duo.switch).
+        self.switch = Switch(alone_model_seconds=lambda: self.costs.measured_seconds(1))
         self.draft_len = settings.draft_max  # the latest request's preferred draft length (metrics)
         self.draft_timing = DraftTiming()  # one draft serves every request
         self.observers: list[StepObserver] = []

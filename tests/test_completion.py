@@ -177,3 +177,53 @@ def test_a_chat_templates_own_refusal_is_a_400_with_its_message(target_model, mo
     assert response.status_code == 400
     assert "roles must alternate" in response.json()["error"]["message"]
     assert http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}).status_code == 200
+
+
+def test_admission_comes_before_tokenizing_for_generations_and_for_tokenize(monkeypatch):
+    service, _ = completions([[3]], parallel=1, queue_size=0)
+    prepared = []
+    monkeypatch.setattr(service, "prepare", lambda request: prepared.append(request) or None)
+    tokenized = []
+    monkeypatch.setattr(service, "tokenize", lambda prompt, messages: tokenized.append(prompt) or [3])
+
+    async def run() -> None:
+        slot = await service.admission.acquire()  # the one running place is taken
+        with pytest.raises(QueueFull):
+            await service.start(CompletionRequest(prompt="a long prompt " * 1000))
+        with pytest.raises(QueueFull):
+            await service.tokenize_admitted("a long prompt", ())
+        assert prepared == [] and tokenized == []  # no work was done for what was not admitted
+        slot.release()
+        assert await service.tokenize_admitted("hi", ()) == [3]
+        assert service.admission.running == 0  # the tokenize gave its place back
+
+    asyncio.run(run())
+
+
+def test_the_api_key_is_checked_before_any_body_is_read_and_a_trickling_body_times_out():
+    import duo.openai_api as openai_api
+
+    service = Completions(Admission(1, 1), Metrics(), ["m"])
+    app = openai_api.BodyLimit(create_app(service, Metrics(), api_key="k").app, openai_api.MAX_BODY_BYTES, "k",
+                               read_timeout=0.2)
+    sent: list[dict] = []
+
+    async def send(message) -> None:
+        sent.append(message)
+
+    async def never() -> dict:  # a client that sends headers, then nothing
+        await asyncio.sleep(3600)
+
+    def call(headers: list[tuple[bytes, bytes]]) -> int:
+        sent.clear()
+        scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": headers,
+                 "query_string": b"", "http_version": "1.1", "scheme": "http", "server": ("t", 80),
+                 "client": ("c", 1), "root_path": ""}
+        asyncio.run(asyncio.wait_for(app(scope, never, send), 5))
+        return sent[0]["status"]
+
+    huge = (b"content-length", str(10 ** 9).encode())
+    assert call([huge]) == 401  # refused on its headers: neither read nor judged by its size
+    assert call([huge, (b"authorization", b"Bearer k")]) == 413
+    ok = [(b"content-length", b"20"), (b"authorization", b"Bearer k"), (b"content-type", b"application/json")]
+    assert call(ok) == 408

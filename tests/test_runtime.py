@@ -190,3 +190,14 @@ def test_the_api_key_comes_from_the_flag_a_file_or_the_environment(tmp_path, mon
                         (["--api-key", "k", "--api-key-file", str(tmp_path / "key")], "not both")):
         with pytest.raises(ValueError, match=says):
             key(*flags)
+
+
+def test_the_clients_grpc_port_caps_messages_like_http_and_keeps_grpcs_ping_flood_protection():
+    from duo.openai_api import MAX_BODY_BYTES
+    from duo.runtime import client_server_options, grpc_server_options
+
+    options = dict(client_server_options())
+    assert options["grpc.max_receive_message_length"] == MAX_BODY_BYTES
+    assert "grpc.http2.max_ping_strikes" not in options  # grpc's default: a ping flood closes the connection
+    assert dict(grpc_server_options())["grpc.http2.max_ping_strikes"] == 0  # the draft link's own peer pings freely
+    assert options["grpc.so_reuseport"] == 0

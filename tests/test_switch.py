@@ -193,3 +193,20 @@ def test_a_trial_that_clearly_loses_is_cut_short_but_an_established_regime_is_ju
         clock.now += 0.2
         established.step_done(1, 1, 1, alone_call=False)
     assert established.speculating  # a bad stretch of an established regime waits for its whole period
+
+
+def test_without_a_step_alone_timed_whole_the_model_time_of_one_token_calls_is_the_reference():
+    clock = Clock()
+    switch = Switch(clock=clock, alone_model_seconds=lambda: 0.1)  # 10 tok/s decoding alone, by the model's time
+    run(switch, clock, sw.JUDGE_STEPS + 1, on_tokens=20.0, alone_s=0.1, alone_every=10 ** 9)
+    assert switch.speculating and switch.gain == pytest.approx(2.0, rel=0.01)  # judged at once: no judging rest
+
+
+def test_the_first_trial_is_never_cut_short_while_the_target_still_learns():
+    clock = Clock()
+    switch = Switch(clock=clock, alone_model_seconds=lambda: 0.1)
+    switch.step_done(1, 1, 0, alone_call=False)
+    for _ in range(sw.JUDGE_STEPS - 1):
+        clock.now += 0.2
+        switch.step_done(1, 1, 1, alone_call=False)  # a slow start: 5 tok/s against 10 alone
+    assert switch.speculating
