@@ -9,14 +9,11 @@ message sent to a target.
 
 from __future__ import annotations
 
-import socket
 from typing import Callable
 
-import uvicorn
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_asgi_app
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from duo.draft_batch import RoundReport
-from duo.runtime import HttpServer, listen_socket
 
 # Seconds per round: a tiny model's tenth of a millisecond to a large draft on a CPU.
 ROUND_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
@@ -74,10 +71,3 @@ class DraftMetrics:
 
     def refused(self, reason: str) -> None:
         self.sessions_refused.labels(reason=reason).inc()
-
-
-def metrics_server(metrics: DraftMetrics, address: str) -> tuple[HttpServer, socket.socket]:
-    """The server of /metrics and its listening socket on [HOST:]PORT (127.0.0.1 unless HOST says otherwise),
-    ready for duo.runtime.run_server's `http`."""
-    config = uvicorn.Config(make_asgi_app(metrics.registry), lifespan="off", log_config=None, access_log=False)
-    return HttpServer(config), listen_socket(address)

@@ -8,6 +8,7 @@ import collections
 import logging
 import socket
 import sys
+import time
 from dataclasses import dataclass
 from typing import AsyncIterable, AsyncIterator, Callable
 
@@ -18,12 +19,12 @@ from duo._proto import duo_pb2 as pb
 from duo._proto import duo_pb2_grpc as pb_grpc
 from duo.branches import MAX_BRANCHES
 from duo.draft import KV_CELLS_PER_CONTEXT, Drafted, Drafter, InvalidEvent
-from duo.draft_metrics import DraftMetrics, metrics_server
+from duo.draft_metrics import DraftMetrics
 from duo.draft_session import DraftSession
 from duo.hub import DEFAULT_DRAFT, HubError, resolve_model
 from duo.model import MAX_SEQUENCES, IncompatibleVocab, Model, ModelError, check_compatible
 from duo.runtime import (HttpServer, ModelWorker, add_process_arguments, check_can_listen, grpc_server_options, host_port,
-                         is_loopback, model_options, run_async, run_server, setup_logging)
+                         is_loopback, metrics_server, model_options, run_async, run_server, setup_logging)
 from duo.tls import check_pair, server_credentials
 
 log = logging.getLogger("duo.draft")
@@ -64,8 +65,14 @@ class DraftServicer(pb_grpc.DraftServicer):
         self.connections: set[Connection] = set()
         self.wake = asyncio.Event()  # a target sent something: a session may have work
         self.rounds: asyncio.Task[None] | None = None  # while targets are connected
+        self.stopping = False  # set by the process's stop (SIGTERM): streams it cuts are no faults
+        self.drafted = 0  # tokens drafted since the last activity line
+        self.logged_at = time.monotonic()
         metrics.watch(sessions_open=self.sessions_open, connections=lambda: len(self.connections),
                       kv_cells_used=lambda: drafter.cells_used)
+
+    def stop(self) -> None:
+        self.stopping = True
 
     def sessions_open(self) -> int:
         """Sessions holding (or getting) a slot, over all connections."""
@@ -88,7 +95,7 @@ class DraftServicer(pb_grpc.DraftServicer):
     async def Speculate(self, request_iterator: AsyncIterable[pb.TargetEvent],
                         context: grpc.aio.ServicerContext) -> AsyncIterator[pb.DraftEvent]:
         connection = Connection(self.drafter, self.limits, self.metrics, self.sessions_open, self.wake.set,
-                                context.peer())
+                                context.peer(), lambda: self.stopping)
         self.connections.add(connection)
         if self.rounds is None or self.rounds.done():  # done: it failed, and said why in the log
             self.rounds = asyncio.create_task(self._draft_rounds())
@@ -121,6 +128,16 @@ class DraftServicer(pb_grpc.DraftServicer):
             # Chunks first: ending a failed session waits for its release on the model thread.
             for result in sorted(drafted, key=lambda result: result.error is not None):
                 await owners[result.session].deliver(result)
+            self._log_activity(sum(len(result.chunk.tokens) for result in drafted if result.chunk is not None))
+
+    def _log_activity(self, tokens: int) -> None:
+        """Every ACTIVITY_LOG_S while drafting: sessions, targets and tokens drafted (silent when idle)."""
+        self.drafted += tokens
+        now = time.monotonic()
+        if now - self.logged_at >= ACTIVITY_LOG_S:
+            log.info("drafting: %d session(s) for %d target(s); %d tokens drafted in the last %.0f s",
+                     self.sessions_open(), len(self.connections), self.drafted, now - self.logged_at)
+            self.drafted, self.logged_at = 0, now
 
 
 def _rounds_ended(task: asyncio.Task[None]) -> None:
@@ -128,6 +145,8 @@ def _rounds_ended(task: asyncio.Task[None]) -> None:
         log.error("drafting stopped on an error", exc_info=task.exception())
 
 
+# While drafting, duo-draft logs what it does this often.
+ACTIVITY_LOG_S = 60.0
 # Events one target's stream may hold unsent. An honest target reads them within a round or two (a
 # few per session); one that sends commits but never reads would grow the draft's memory without end:
 # past this many, its sessions end and its stream with them.
@@ -142,12 +161,14 @@ class Connection:
     """
 
     def __init__(self, drafter: Drafter, limits: SessionLimits, metrics: DraftMetrics,
-                 all_sessions: Callable[[], int], wake: Callable[[], None], peer: str) -> None:
+                 all_sessions: Callable[[], int], wake: Callable[[], None], peer: str,
+                 stopping: Callable[[], bool] = lambda: False) -> None:
         self.drafter = drafter
         self.limits = limits
         self.metrics = metrics
         self.all_sessions = all_sessions
         self.peer = peer
+        self.stopping = stopping  # duo-draft is shutting down: streams end on grpc's stop, not on a fault
         self.sessions: dict[int, DraftSession] = {}
         self.opening = 0  # sessions being opened
         self.outbox: asyncio.Queue[pb.DraftEvent | None] = asyncio.Queue()  # None ends the stream
@@ -189,7 +210,9 @@ class Connection:
     def _ended(self, task: asyncio.Task[None]) -> None:
         """The target closed its side, or the stream broke: end the stream."""
         error = None if task.cancelled() else task.exception()
-        if error is not None:
+        if error is not None and self.stopping():
+            log.info("target %s: stream closed as duo-draft stops", self.peer)
+        elif error is not None:
             log.error("target %s: the stream ended on an error", self.peer, exc_info=error)
         self.outbox.put_nowait(None)
 
@@ -354,13 +377,14 @@ async def serve(args: argparse.Namespace, model: Model, metrics: DraftMetrics,
         raise SystemExit(f"duo-draft: {error}; try a smaller --kv-cells") from error
     limits = SessionLimits(total=args.max_sessions, per_target=args.max_sessions_per_target)
     server = grpc.aio.server(options=grpc_server_options())
-    pb_grpc.add_DraftServicer_to_server(DraftServicer(drafter, limits, metrics), server)
+    servicer = DraftServicer(drafter, limits, metrics)
+    pb_grpc.add_DraftServicer_to_server(servicer, server)
     credentials = server_credentials(args.tls_cert, args.tls_key, args.tls_ca) if args.tls_cert else None
     security = " over mutual TLS" if args.tls_ca else " over TLS" if args.tls_cert else ""
     endpoints = args.listen + (f", metrics on {args.metrics}" if args.metrics else "")
     try:
         await run_server(server, args.listen, f"duo-draft serving {describe_placement(model, args)} on {endpoints}{security}",
-                         credentials=credentials, http=http)
+                         credentials=credentials, http=[http] if http else [], stopping=servicer.stop)
     finally:
         await drafter.stop()
 
@@ -371,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     metrics = DraftMetrics()
     try:
         check_flags(args)
-        http = metrics_server(metrics, args.metrics) if args.metrics else None
+        http = metrics_server(metrics.registry, args.metrics) if args.metrics else None
         model = Model(resolve_model(args.model), **model_options(args))
     except (HubError, ModelError, ValueError) as error:
         print(f"duo-draft: {error}", file=sys.stderr)

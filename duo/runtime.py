@@ -13,10 +13,11 @@ import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any, Awaitable, Callable, Protocol, TypeVar
+from typing import Any, Awaitable, Callable, Protocol, Sequence, TypeVar
 
 import grpc
 import uvicorn
+from prometheus_client import CollectorRegistry, make_asgi_app
 
 from duo.backends import DEVICES
 from duo.model import ModelError
@@ -265,13 +266,22 @@ class HttpServer(uvicorn.Server):
         return nullcontext()
 
 
+def metrics_server(registry: CollectorRegistry, address: str) -> tuple[HttpServer, socket.socket]:
+    """The server of /metrics (`registry`'s) and its listening socket on [HOST:]PORT (127.0.0.1 unless HOST
+    says otherwise), ready for run_server's `http`: both processes' --metrics."""
+    config = uvicorn.Config(make_asgi_app(registry), lifespan="off", log_config=None, access_log=False)
+    return HttpServer(config), listen_socket(address)
+
+
 async def run_server(server: grpc.aio.Server, address: str, banner: str, *,
                      credentials: grpc.ServerCredentials | None = None,
-                     http: tuple[HttpServer, socket.socket] | None = None,
-                     background: Callable[[], Awaitable[None]] | None = None) -> None:
-    """Start `server` on `address` (TLS with `credentials`) and the (server, listening socket) pair
+                     http: Sequence[tuple[HttpServer, socket.socket]] = (),
+                     background: Callable[[], Awaitable[None]] | None = None,
+                     stopping: Callable[[], None] | None = None) -> None:
+    """Start `server` on `address` (TLS with `credentials`) and each (server, listening socket) pair of
     `http` on this same event loop, run `background` beside them, and stop them all cleanly on
-    SIGINT/SIGTERM; if `background` fails, stop and raise its error."""
+    SIGINT/SIGTERM (calling `stopping` first, so that streams cut by the stop are not taken for
+    failures); if `background` fails, stop and raise its error."""
     try:
         port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
     except RuntimeError:  # grpc >= 1.60 raises where older versions returned 0
@@ -285,18 +295,20 @@ async def run_server(server: grpc.aio.Server, address: str, banner: str, *,
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     waiter = asyncio.create_task(stop.wait())
-    http_task = asyncio.create_task(http[0].serve(sockets=[http[1]])) if http else None
+    http_tasks = [asyncio.create_task(http_server.serve(sockets=[sock])) for http_server, sock in http]
     background_task = asyncio.create_task(background()) if background else None
     try:
-        await _until_stopped(stop, [task for task in (waiter, http_task, background_task) if task])
+        await _until_stopped(stop, [task for task in (waiter, *http_tasks, background_task) if task])
     finally:
+        if stopping:
+            stopping()
         waiter.cancel()
         if background_task:
             background_task.cancel()
             await asyncio.gather(background_task, return_exceptions=True)
-        if http and http_task:
-            http[0].should_exit = True
-            await asyncio.gather(http_task, return_exceptions=True)
+        for http_server, _ in http:
+            http_server.should_exit = True
+        await asyncio.gather(*http_tasks, return_exceptions=True)
         await server.stop(grace=2)
 
 

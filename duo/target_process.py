@@ -24,7 +24,7 @@ from duo.backends import on_native_abort
 from duo.model import MAX_SEQUENCES, N_BATCH, Model, ModelError
 from duo.openai_api import create_app, http_server
 from duo.runtime import (WRITE_TIMEOUT_S, ModelWorker, add_process_arguments, check_can_listen, host_port,
-                         listen_socket, model_options, run_async, run_server, setup_logging)
+                         listen_socket, metrics_server, model_options, run_async, run_server, setup_logging)
 from duo.sampling import COUPLED, RESIDUAL
 from duo.target import SpecSettings, Target
 from duo.tls import channel_credentials, check_pair, server_credentials
@@ -83,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
                               "KEY` (gRPC) on every client call; health checks, reflection and /metrics stay open "
                               "(default: $DUO_API_KEY, else no key). Visible to every user of this machine in "
                               "its process list: prefer --api-key-file or $DUO_API_KEY")
+    clients.add_argument("--metrics", default=None, metavar="[HOST:]PORT",
+                         help="also serve Prometheus metrics at http://HOST:PORT/metrics (HOST: 127.0.0.1 unless "
+                              "given), as duo-draft --metrics does; --http serves them at /metrics too")
     clients.add_argument("--no-prompt-cache", action="store_true",
                          help="share no prompt prefix between requests (by default a request starts from the "
                               "longest prefix of its prompt that the cache holds, whoever sent it; usage reports "
@@ -180,11 +183,13 @@ async def serve(args: argparse.Namespace, path: Path, settings: SpecSettings, op
     health_servicer = health.aio.HealthServicer()
     await set_serving(health_servicer, False)
     server = client_server(completions, health_servicer, api_key, write_timeout=args.write_timeout)
-    http = None
+    http = []
     if args.http:
         app = create_app(completions, metrics, api_key, write_timeout=args.write_timeout)
-        http = (http_server(app, tls_cert=args.tls_cert, tls_key=args.tls_key, debug=args.log_level == "DEBUG"),
-                listen_socket(args.http))
+        http.append((http_server(app, tls_cert=args.tls_cert, tls_key=args.tls_key, debug=args.log_level == "DEBUG"),
+                     listen_socket(args.http)))
+    if args.metrics:
+        http.append(metrics_server(metrics.registry, args.metrics))
     peer_credentials = (channel_credentials(args.peer_tls_ca, args.peer_tls_cert, args.peer_tls_key, "--peer-tls")
                         if args.peer_tls_ca else None)
 
@@ -214,7 +219,8 @@ async def serve(args: argparse.Namespace, path: Path, settings: SpecSettings, op
             link.observers.append(metrics)
             await link.run()
 
-    endpoints = [f"gRPC on {args.listen}"] + ([f"HTTP on {args.http}"] if args.http else [])
+    endpoints = ([f"gRPC on {args.listen}"] + ([f"HTTP on {args.http}"] if args.http else [])
+                 + ([f"metrics on {args.metrics}"] if args.metrics else []))
     security = " over TLS" if args.tls_cert else ""
     await run_server(server, args.listen,
                      f"duo-target listening for clients{security} ({', '.join(endpoints)}); loading {path.name}",

@@ -627,3 +627,22 @@ def test_a_target_that_sends_commits_but_never_reads_is_dropped_and_the_drafts_q
         await servicer.drafter.stop()
 
     asyncio.run(run())
+
+
+def test_while_drafting_the_draft_logs_its_sessions_and_tokens_now_and_then(draft_model, monkeypatch, caplog):
+    from duo import draft_process
+
+    monkeypatch.setattr(draft_process, "ACTIVITY_LOG_S", 0.0)
+
+    async def run() -> None:
+        servicer, _ = servicer_for(draft_model)
+        stream = Stream(servicer)
+        stream.open(1)
+        await stream.until(lambda: len(stream.chunks(1)) >= 2)
+        await stream.end()
+        await servicer.drafter.stop()
+
+    with caplog.at_level("INFO", logger="duo.draft"):
+        asyncio.run(run())
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("drafting: ")]
+    assert lines and "1 session(s) for 1 target(s)" in lines[0] and "tokens drafted in the last" in lines[0]

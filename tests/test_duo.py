@@ -300,3 +300,25 @@ def test_a_port_in_use_is_one_clear_line_for_each_listener_not_a_shared_port(tin
         assert second.returncode != 0, f"{module} shared the port of a running duo-draft"
         assert f"cannot listen on {draft.address}: the address is in use" in second.stderr
         assert "Traceback" not in second.stderr
+
+
+def test_both_processes_serve_metrics_and_a_draft_stopped_with_sigterm_says_so_without_a_traceback(
+        tiny_target, tiny_draft, log_dir):
+    import httpx
+
+    draft = start("duo.draft_process", ["--model", str(tiny_draft), "--metrics", str(free_port())], log_dir)
+    metrics_port = free_port()
+    target = start("duo.target_process", ["--model", str(tiny_target), "--peer", draft.address, *FIXED,
+                                          "--metrics", f"127.0.0.1:{metrics_port}"], log_dir)
+    try:
+        wait_for_draft(target.address)
+        generate(target.address, PROMPTS[0], max_tokens=8)
+        text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
+        assert "duo:spec_decode_num_draft_tokens_total" in text and "duo:spec_decode_on" in text
+        draft.stop()  # SIGTERM, with the target's stream open
+        log = draft.log()
+        assert "stream closed as duo-draft stops" in log or "left; closed" in log
+        assert " ERROR " not in log and "Traceback" not in log
+    finally:
+        target.stop()
+        draft.stop()

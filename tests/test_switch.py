@@ -100,7 +100,7 @@ def test_a_trials_catch_up_steps_are_left_out_of_its_rate():
     for _ in range(sw.JUDGE_STEPS - 1):  # the draft catches up: these steps decode alone, slowly
         clock.now += 0.5
         switch.step_done(1, 1, 0, alone_call=False)
-    for _ in range(sw.JUDGE_STEPS - 1):  # then speculation delivers 20 tok/s
+    for _ in range(sw.TRIAL_STEPS - 1):  # then speculation delivers 20 tok/s
         clock.now += 0.1
         switch.step_done(1, 2, 2, alone_call=False)
     assert switch.speculating and switch.gain is None
@@ -187,7 +187,7 @@ def test_a_trial_that_clearly_loses_is_cut_short_but_an_established_regime_is_ju
     assert not switch.speculating and switch.gain == pytest.approx(0.5)
 
     clock = Clock()
-    established = Switch(clock=clock, rest_rate=10.0, established=True)
+    established = Switch(clock=clock, rest_rate=10.0, established=True, steps_left=sw.JUDGE_STEPS)
     established.step_done(1, 1, 0, alone_call=False)
     for _ in range(sw.JUDGE_STEPS - 1):
         clock.now += 0.2
@@ -206,7 +206,7 @@ def test_the_first_trial_is_never_cut_short_while_the_target_still_learns():
     clock = Clock()
     switch = Switch(clock=clock, alone_model_seconds=lambda: 0.1)
     switch.step_done(1, 1, 0, alone_call=False)
-    for _ in range(sw.JUDGE_STEPS - 1):
+    for _ in range(sw.TRIAL_STEPS - 1):
         clock.now += 0.2
         switch.step_done(1, 1, 1, alone_call=False)  # a slow start: 5 tok/s against 10 alone
     assert switch.speculating
