@@ -151,6 +151,9 @@ ACTIVITY_LOG_S = 60.0
 # few per session); one that sends commits but never reads would grow the draft's memory without end:
 # past this many, its sessions end and its stream with them.
 MAX_OUTBOX = 4096
+# ... or that has taken nothing for this long while events wait (the target's own link gives up on a
+# draft that reads nothing after as long).
+OUTBOX_STALL_S = 30.0
 
 
 class Connection:
@@ -175,7 +178,8 @@ class Connection:
         self._ready: collections.deque[pb.DraftEvent | None] = collections.deque()  # taken, coalesced
         self.wake = wake
         self.reader: asyncio.Task[None] | None = None
-        self.overflowed = False  # the target read nothing for MAX_OUTBOX events: the stream ends
+        self.overflowed = False  # the target stopped reading (MAX_OUTBOX, OUTBOX_STALL_S): the stream ends
+        self.taken_at = time.monotonic()  # when the stream last took an event
         self._closing: asyncio.Future[None] | None = None  # its sessions' release, once it overflowed
 
     @property
@@ -189,6 +193,7 @@ class Connection:
     async def next_event(self) -> pb.DraftEvent | None:
         """The next event to write: what queued up while the stream wrote the last one goes out with the
         chunks of each line merged (wire.coalesce), so a stream that falls behind catches up."""
+        self.taken_at = time.monotonic()
         if self.overflowed:
             return None
         if not self._ready:
@@ -265,16 +270,19 @@ class Connection:
             self.metrics.chunks_sent.inc()
 
     def _put(self, event: pb.DraftEvent) -> None:
-        """Queue an event for the target, unless it has stopped reading (MAX_OUTBOX): then its sessions
-        end, nothing more is queued, and the stream ends when grpc next asks for an event."""
+        """Queue an event for the target, unless it has stopped reading (MAX_OUTBOX events waiting, or
+        none taken for OUTBOX_STALL_S while some wait): then its sessions end, nothing more is queued,
+        and the stream ends when grpc next asks for an event."""
         if self.overflowed:
             return
-        if self.outbox.qsize() < MAX_OUTBOX:
+        waiting = self.outbox.qsize()
+        stalled = waiting and time.monotonic() - self.taken_at > OUTBOX_STALL_S
+        if waiting < MAX_OUTBOX and not stalled:
             self.outbox.put_nowait(event)
             return
         self.overflowed = True
-        log.warning("target %s read none of the last %d events; ending its stream and its %d session(s)",
-                    self.peer, MAX_OUTBOX, len(self.sessions))
+        log.warning("target %s stopped reading (%d events waiting, none taken for %.0f s); ending its stream and "
+                    "its %d session(s)", self.peer, waiting, time.monotonic() - self.taken_at, len(self.sessions))
         while not self.outbox.empty():
             self.outbox.get_nowait()
         self.outbox.put_nowait(None)

@@ -596,11 +596,15 @@ def test_duo_draft_refuses_flags_it_cannot_serve_before_loading_the_model(flags,
     assert all(word in error for word in words), error
 
 
+@pytest.mark.parametrize("limit", ["size", "stall"])
 def test_a_target_that_sends_commits_but_never_reads_is_dropped_and_the_drafts_queue_stays_bounded(draft_model,
-                                                                                                  monkeypatch):
+                                                                                                  monkeypatch, limit):
     from duo import draft_process
 
-    monkeypatch.setattr(draft_process, "MAX_OUTBOX", 32)
+    if limit == "size":
+        monkeypatch.setattr(draft_process, "MAX_OUTBOX", 32)
+    else:
+        monkeypatch.setattr(draft_process, "OUTBOX_STALL_S", 0.3)
 
     async def run() -> None:
         servicer, _ = servicer_for(draft_model, n_ctx=512)
