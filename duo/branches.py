@@ -71,28 +71,16 @@ class Branch:
         return self.fork + len(self.tokens)
 
 
-def choose_fork(doubts: dict[int, Doubt], start: int, stop: int, taken: set[int]) -> int | None:
-    """The position in [start, stop) where the draft was least sure and has no branch yet, if any.
-
-    Rejections happen where the draft was unsure; a fork there is the branch most likely to be hit.
-    """
-    candidates = [(doubt.margin, position) for position, doubt in doubts.items()
-                  if start <= position < stop and position not in taken and doubt.alternative is not None]
-    return min(candidates)[1] if candidates else None
-
-
 def preferred_draft_len(max_ahead: int) -> int:
     """The draft length k the target's policy prefers: it steers max_ahead to 2k + 2 (0: the draft rests)."""
     return max(1, (max_ahead - 2) // 2) if max_ahead > 0 else 0
 
 
 def branch_length(max_ahead: int, fixed: int) -> int:
-    """Tokens to draft after a branch's assumed token: `fixed`, or by default half the draft length the
-    target prefers (at least 2). Half: a hit only needs to fill the step after the rejection (its
-    first drafts matter most: E(k) grows by a1...ak per draft), and short branches leave time for
-    a second fork.
+    """The most tokens to draft after a branch's assumed token: `fixed`, or by default the draft length k
+    the target prefers: a hit's branch serves the step after the rejection, which verifies at most k.
+    Whether a branch grows that long is duo.draft_value's to say: its later tokens are worth less.
     """
     if fixed:
         return fixed
-    k = preferred_draft_len(max_ahead)
-    return max(2, (k + 1) // 2) if k else 0
+    return preferred_draft_len(max_ahead)

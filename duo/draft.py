@@ -10,7 +10,7 @@ import numpy as np
 
 from duo import wire
 from duo._proto import duo_pb2 as pb
-from duo.branches import Branch, Doubt
+from duo.branches import Branch, Doubt, branch_length
 from duo.draft_batch import DraftCache, RoundReport, Step, Work, plan_work
 from duo.draft_session import DraftSession
 from duo.model import Model, ModelError
@@ -185,7 +185,7 @@ class Drafter:
             await self.worker.close(_Release(self.cache, closing))
 
     async def draft_round(self, sessions: Iterable[DraftSession]) -> list[Drafted]:
-        """One batched model call drafting the next token of work (DraftSession.next_work) of each of
+        """One batched model call drafting the next token of work (DraftSession.next_round) of each of
         `sessions` that has any, and what came of it for each; [] when none has work. Never raises: a
         call that fails as a whole (the model broke) fails each of its sessions."""
         works = [work for session in sessions if (work := plan_work(session)) is not None]
@@ -253,7 +253,7 @@ class Drafter:
                                   tokens=[token], dists=self._dists(session, [dist]))
         growing.tokens.append(token)
         growing.doubts.append(doubt)
-        growing.finished = (len(growing.tokens) > session.current_branch_len()
+        growing.finished = (len(growing.tokens) > branch_length(session.max_ahead, session.branch_len)
                             or self.model.is_end_of_generation(token))
         return chunk
 

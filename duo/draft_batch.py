@@ -10,7 +10,7 @@ from typing import Sequence
 import numpy as np
 
 from duo.branches import Branch, Doubt
-from duo.draft_session import BRANCH, DraftSession, Drawn, Slot, draw, proposes
+from duo.draft_session import DraftSession, Drawn, Slot, draw, proposes
 from duo.model import Context, ModelError, Part, common_prefix_length
 
 
@@ -56,17 +56,15 @@ class RoundReport:
 
 
 def plan_work(session: DraftSession) -> Work | None:
-    """The session's next token of work, at its first priority (DraftSession.next_work), or None."""
-    priority = session.next_work()
-    if priority is None:
+    """The session's next token of work, the round worth most (DraftSession.next_round), or None."""
+    chosen = session.next_round()
+    if chosen is None:
         return None
     chain = list(session.chain)
     when = {"epoch": session.epoch, "commits": session.commits, "chain_len": len(chain)}
-    if priority != BRANCH:
-        return Work(session, chain, **when)
-    growing, fork = session.planned_branch()
+    fork, growing = chosen.fork, chosen.growing
     if fork is None:
-        return None
+        return Work(session, chain, **when)
     if growing is not None:
         return Work(session, chain[:fork] + growing.tokens, fork=fork, growing=growing, **when)
     doubt = session.doubts[fork]

@@ -7,12 +7,10 @@ from typing import Sequence
 
 import numpy as np
 
-from duo.branches import Branch, Doubt, branch_length, choose_fork, doubt_of, preferred_draft_len
+from duo.branches import Branch, Doubt, branch_length, doubt_of
+from duo.draft_value import Calibration, Horizon, Round, best_round
 from duo.model import common_prefix_length
-from duo.sampling import SamplingParams, SparseDist, coupled_ranking, distribution, sample
-
-# DraftSession.next_work's priorities.
-CHAIN_NEEDED, BRANCH, CHAIN_AHEAD = 0, 1, 2
+from duo.sampling import SamplingParams, SparseDist, coupled_race, distribution, sample
 
 # A token drawn: (its id, the distribution it was drawn from or None where none travels, its Doubt or None).
 Drawn = tuple[int, SparseDist | None, Doubt | None]
@@ -51,6 +49,7 @@ class DraftSession:
     commits: int = 0          # commits applied: a step drafted before the latest one is stale
     doubts: dict[int, Doubt] = field(default_factory=dict)  # chain position -> doubt (with branches only)
     branches: list[Branch] = field(default_factory=list)    # of the current chain, in the order drafted
+    calibration: Calibration = field(default_factory=Calibration)  # what commits showed of its drafts
     # What the KV cache holds, model thread only: the chain's sequence, the branch sequence, and how
     # many of the branch's first positions are the chain's own cells (a fork copies no cell).
     kv_tokens: list[int] = field(default_factory=list)
@@ -66,60 +65,22 @@ class DraftSession:
         return (not self.paused and not self.closed and len(self.chain) - self.committed < self.max_ahead
                 and len(self.chain) < self.n_ctx)
 
-    def next_work(self) -> int | None:
-        """What the draft should do next for this session, as a priority (lower first), or None:
-        CHAIN_NEEDED while the chain holds fewer drafts than the target's next verify step wants,
-        then BRANCH for the likeliest rejection within that step, then CHAIN_AHEAD up to max_ahead,
-        then more branches.
+    def next_round(self) -> Round | None:
+        """The round worth most for this session now (duo.draft_value), or None: nothing worth drafting.
 
-        A branch at a doubtful position inside the next verify step pays when the target rejects
-        there (it then skips a step decoded alone), which is likelier than the far end of the chain
-        being needed before the draft could draft it anyway.
-        """
-        if self.closed:
+        A new branch takes over the branch sequence, so the one growing there (if any) stops growing."""
+        if self.closed or not self.max_ahead:
             return None
-        needed = preferred_draft_len(self.max_ahead) + 1
-        if self.wants_to_draft() and len(self.chain) - self.committed < needed:
-            return CHAIN_NEEDED
-        # One branch for the next step comes first; more only once the chain is as far ahead as
-        # allowed: each costs the chain a few tokens of lead, and the steps after the next want those.
-        if (not self.branches or self.growing_branch()) and self.wants_to_branch(needed):
-            return BRANCH
-        if self.wants_to_draft():
-            return CHAIN_AHEAD
-        return BRANCH if self.wants_to_branch(len(self.chain) - self.committed) else None
-
-    def planned_branch(self) -> tuple[Branch | None, int | None]:
-        """(the branch to grow, or None for a new one; the fork), as next_work planned it: the growing
-        branch, else a fork in the next step's positions, else, with the chain full, in all of them."""
-        growing = self.growing_branch()
-        if growing is not None:
-            return growing, growing.fork
-        fork = self.next_fork(preferred_draft_len(self.max_ahead) + 1)
-        if fork is None and not self.wants_to_draft():
-            fork = self.next_fork(len(self.chain) - self.committed)
-        return None, fork
-
-    def wants_to_branch(self, within: int) -> bool:
-        """Whether a branch is unfinished, or may start among the first `within` undecided positions."""
-        if not self.max_branches or not self.current_branch_len():
-            return False
-        return self.growing_branch() is not None or self.next_fork(within) is not None
-
-    def current_branch_len(self) -> int:
-        return branch_length(self.max_ahead, self.branch_len)
-
-    def growing_branch(self) -> Branch | None:
-        return next((branch for branch in self.branches if not branch.finished), None)
-
-    def next_fork(self, within: int) -> int | None:
-        """Where the next branch forks: the least sure of the first `within` undecided positions whose
-        prefix the KV cache holds (the branch shares it), while fewer than max_branches exist."""
-        if len(self.branches) >= self.max_branches:
-            return None
-        synced = common_prefix_length(self.kv_tokens, self.chain)
-        return choose_fork(self.doubts, self.committed, min(synced + 1, len(self.chain), self.committed + within),
-                           {branch.fork for branch in self.branches})
+        branching = bool(self.max_branches)
+        horizon = Horizon(chain_open=self.wants_to_draft(),
+                          fork_limit=common_prefix_length(self.kv_tokens, self.chain) + 1 if branching else 0,
+                          branch_cap=branch_length(self.max_ahead, self.branch_len) if branching else 0,
+                          new_branches=self.max_branches - len(self.branches))
+        chosen = best_round(self.committed, len(self.chain), self.doubts, self.branches, horizon, self.calibration)
+        if chosen is not None and chosen.fork is not None and chosen.growing is None:
+            for branch in self.branches:
+                branch.finished = True
+        return chosen
 
     def cells_held(self) -> int:
         """KV cells its sequences hold (model thread): cells the branch shares with the chain count once."""
@@ -135,6 +96,7 @@ class DraftSession:
         end = start + len(tokens)
         self.commits += 1
         agreed = common_prefix_length(self.chain[start:end], tokens)
+        self._judge(start, tokens, agreed)
         if agreed == len(tokens):
             self.branches = [branch for branch in self.branches if branch.fork >= end]  # the rest were wrong
         else:
@@ -156,6 +118,12 @@ class DraftSession:
                        if end <= position < len(self.chain)}
         self.committed = end
         self.paused = False
+
+    def _judge(self, start: int, tokens: Sequence[int], agreed: int) -> None:
+        """Tell the calibration which drafted tokens the commit kept, and what replaced the first it did not."""
+        drafted = len(self.chain) - start  # the chain's positions from start on hold drafts
+        for i in range(min(agreed + 1, len(tokens), drafted)):
+            self.calibration.judge(self.doubts.get(start + i), i < agreed, tokens[i])
 
 
 def proposes(logits: np.ndarray, p_min: float) -> bool:
@@ -180,22 +148,21 @@ def proposes(logits: np.ndarray, p_min: float) -> bool:
 def draw(session: DraftSession, logits: np.ndarray, position: int) -> Drawn:
     """The token at `position` after these logits, the distribution it was drawn from (None where the
     target needs none: coupled sessions) and, when the session drafts branches, its Doubt."""
-    dist = distribution(logits, session.params)
     if session.coupled_seed is not None:
-        return draw_coupled(session, dist, position)
+        return draw_coupled(session, logits, position)
+    dist = distribution(logits, session.params)
     token = sample(dist, session.rng)
     doubt = doubt_of(logits, token, dist, session.params.greedy) if session.max_branches else None
     return token, dist, doubt
 
 
-def draw_coupled(session: DraftSession, dist: SparseDist, position: int) -> tuple[int, None, Doubt | None]:
+def draw_coupled(session: DraftSession, logits: np.ndarray, position: int) -> tuple[int, None, Doubt | None]:
     """The draft's coupled sample: the winner of the race that decides the target's token, run with
     q instead of p. Its runner-up is the branch's alternative: when the target's race ends otherwise,
     the token that came second with q is the likeliest winner with p."""
-    ids, keys = coupled_ranking(dist, session.coupled_seed, position, n=2 if session.max_branches else 1)
+    ids, keys = coupled_race(logits, session.params, session.coupled_seed, position,
+                             n=2 if session.max_branches else 1)
     if not session.max_branches:
         return int(ids[0]), None, None
     alternative = int(ids[1]) if ids.size > 1 else None
     return int(ids[0]), None, Doubt(float(keys[0] - keys[1]) if ids.size > 1 else np.inf, alternative, None)
-
-

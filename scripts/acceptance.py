@@ -15,7 +15,7 @@ drafts from), the per-position acceptance probabilities are:
               that has probability exp(-e S_i), S_i = sum_{j != i} max(.), and E[exp(-E S_i)] = 1/(1 + S_i), so
                   a = sum_i 1 / sum_j max(p_j/p_i, q_j/q_i)      (each term <= min(p_i, q_i)),
               summed over the whole vocabulary in O(n log n) (see coupled_exact). Cross-check: Monte Carlo
-              over --noise-draws seeds per position with duo's own noise (duo.sampling.uniforms, the race
+              over --noise-draws seeds per position with duo's own noise (duo.noise.uniforms, the race
               of coupled_sample), with its standard error over the noise (assuming the hash is ideal noise).
   argmax      a = p(argmax q): the draft proposes its argmax, the target samples (llama-server's default).
 
@@ -40,13 +40,13 @@ sys.path.insert(0, str(ROOT))
 
 from duo import hub
 from duo.model import Model
+from duo.noise import uniforms
 from duo.sampling import (
     SamplingParams,
     SparseDist,
     coupled_sample,
     distribution,
     sample,
-    uniforms,
 )
 
 PROMPTS = ("Write a snake game in Python.", "Write a quicksort in C.",

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from duo._proto import duo_pb2 as pb
-from duo.branches import Branch, Doubt, branch_length, choose_fork, doubt_of
+from duo.branches import Branch, Doubt, branch_length, doubt_of
 from duo.draft import Drafter
 from duo.draft_batch import Step, Work, plan_work
-from duo.draft_session import BRANCH, CHAIN_AHEAD, CHAIN_NEEDED, DraftSession, Slot
+from duo.draft_session import DraftSession, Slot
 from duo.runtime import ModelWorker
 from duo.sampling import SamplingParams, SparseDist
 from test_draft_and_plan import draft_until_idle
@@ -33,38 +33,38 @@ def test_a_sampled_doubt_offers_the_most_probable_other_token_the_draft_could_dr
     assert doubt_of(np.zeros(8, dtype=np.float32), drawn=4, dist=lone, greedy=False).alternative is None
 
 
-def test_the_fork_is_the_least_sure_undecided_position_without_a_branch():
-    doubts = {5: Doubt(0.9, 1, None), 6: Doubt(0.4, 2, None), 7: Doubt(0.6, 3, None), 8: Doubt(0.1, None, None)}
-    assert choose_fork(doubts, start=5, stop=9, taken=set()) == 6
-    assert choose_fork(doubts, start=5, stop=9, taken={6}) == 7
-    assert choose_fork(doubts, start=7, stop=8, taken={7}) is None
-
-
-def test_branches_are_half_as_long_as_the_draft_length_the_target_steers_for():
-    assert branch_length(max_ahead=18, fixed=0) == 4  # max_ahead 2k + 2 for k = 8
-    assert branch_length(max_ahead=6, fixed=0) == 2   # at least 2
+def test_branches_run_at_most_the_draft_length_the_target_steers_for():
+    assert branch_length(max_ahead=18, fixed=0) == 8  # max_ahead 2k + 2 for k = 8
+    assert branch_length(max_ahead=6, fixed=0) == 2
     assert branch_length(max_ahead=0, fixed=0) == 0   # the draft rests: no branches either
     assert branch_length(max_ahead=10, fixed=3) == 3
 
 
-def test_the_chain_the_next_step_needs_comes_before_branches_and_branches_before_the_rest_of_the_chain():
-    session = session_with_chain([7, 8, 4], committed=2)  # max_ahead 8: the target prefers k = 3
-    session.doubts = {2: Doubt(0.5, 9, None)}
-    assert session.next_work() == CHAIN_NEEDED
-    session.chain += [5, 6, 1]
-    session.doubts.update({3: Doubt(0.1, 9, None), 4: Doubt(0.2, 9, None), 5: Doubt(0.3, 9, None)})
+def test_rounds_go_to_the_chain_first_then_to_a_doubtful_fork_before_a_far_lead():
+    session = session_with_chain([7, 8], committed=2)  # max_ahead 8: the target prefers k = 3
+    assert session.next_round().fork is None  # nothing drafted: the next step needs the chain
+    sure, unsure = Doubt(8.0, 9, None), Doubt(-1.0, 9, None)  # the second: the draft's pick was not its argmax
+    session.chain += [4, 5, 6, 1]
+    session.doubts = {2: sure, 3: unsure, 4: sure, 5: sure}
     session.kv_tokens = session.chain[:-1]
-    assert session.next_work() == BRANCH and session.next_fork(within=4) == 3
-    session.branches = [Branch(epoch=3, fork=3, tokens=[9, 1, 2], doubts=[None] * 3, finished=True)]
-    assert session.next_work() == CHAIN_AHEAD  # one branch for the next step, then the chain's lead
-    session.chain += [1, 2, 3, 4]  # max_ahead reached
+    chosen = session.next_round()
+    assert chosen.fork == 3 and chosen.growing is None  # worth more than a fifth chain token behind a doubt
+    session.doubts[3] = sure
+    assert session.next_round().fork is None  # no doubt left: the lead is worth more than any branch
+    session.chain += [1, 2, 3, 4]  # max_ahead reached, every position sure: branches at the sure positions
+    session.doubts.update({6: sure, 7: sure, 8: sure, 9: sure})
     session.kv_tokens = session.chain[:-1]
-    assert session.next_work() == BRANCH and session.planned_branch() == (None, 4)
-    session.doubts = {6: Doubt(0.1, 9, None)}  # beyond the next step's positions: found with the chain full
-    assert session.next_work() == BRANCH and session.planned_branch() == (None, 6)
-    session.doubts = {4: Doubt(0.2, 9, None)}
-    session.branches.append(Branch(epoch=4, fork=4, tokens=[9, 1, 2], doubts=[None] * 3, finished=True))
-    assert session.next_work() is None  # max_branches reached
+    assert session.next_round() is None  # worth less than a fiftieth of a token each: the draft idles
+
+
+def test_a_new_fork_worth_more_than_the_growing_branch_ends_it():
+    session = session_with_chain([7, 8, 4, 5, 6], committed=2)
+    session.doubts = {2: Doubt(8.0, 9, None), 3: Doubt(8.0, 9, None), 4: Doubt(-2.0, 9, None)}
+    session.kv_tokens = session.chain[:-1]
+    grown = Branch(epoch=3, fork=3, tokens=[9, 1, 2], doubts=[None, Doubt(-2.0, 0, None), Doubt(-2.0, 0, None)])
+    session.branches = [grown]
+    chosen = session.next_round()
+    assert chosen.fork == 4 and chosen.growing is None and grown.finished
 
 
 def session_with_chain(chain: list[int], committed: int) -> DraftSession:
@@ -97,7 +97,7 @@ def test_a_commit_that_agrees_with_the_chain_drops_the_branches_it_decided():
     assert session.chain == [7, 8, 4, 5, 6] and [branch.epoch for branch in session.branches] == [4]
 
 
-def test_in_spare_time_the_draft_branches_at_its_least_sure_position_with_the_tokens_a_fresh_decode_gives(
+def test_in_spare_time_the_draft_branches_with_the_tokens_a_fresh_decode_gives(
         draft_model):
     async def run():
         drafter = Drafter(draft_model, ModelWorker(), n_ctx=256, top_k_cap=10, max_branches=1, branch_len=2)
@@ -108,13 +108,14 @@ def test_in_spare_time_the_draft_branches_at_its_least_sure_position_with_the_to
         return session, chunks[1]
 
     session, chunks = asyncio.run(run())
-    # The two drafts the next step wants, the branch for it, then the chain up to max_ahead.
+    # The chain up to max_ahead, and one branch of two drafts at a position the chain had drafted.
     assert [(c.epoch, c.start) for c in chunks if c.epoch == 0] == [(0, 3), (0, 4), (0, 5), (0, 6)]
+    assert chunks[0].epoch == 0  # nothing before the chain's first draft
     first, second = [c for c in chunks if c.epoch != 0]
-    assert chunks.index(first) == 2 and chunks.index(second) == 3
-    fork = min(range(3, 5), key=lambda position: session.doubts[position].margin)  # the next step's 2
+    fork = first.start
+    assert chunks.index(first) > [(c.epoch, c.start) for c in chunks].index((0, fork))
     assert first.HasField("branch_of") and first.branch_of == session.epoch == 0
-    assert (first.start, first.tokens[0]) == (fork, session.doubts[fork].alternative)
+    assert first.tokens[0] == session.doubts[fork].alternative != session.chain[fork]
     assert first.epoch > session.epoch and second.epoch == first.epoch and not second.HasField("branch_of")
     assert second.start == fork + 2 and session.branches[0].finished  # the one branch is long enough
     # The branch's drafts are what the draft model gives after the chain's prefix and the assumed token.
@@ -148,7 +149,7 @@ def branch_round(session: DraftSession) -> tuple[Drafter, Work]:
 
 def test_a_commit_that_agrees_with_the_chain_keeps_a_branch_round_forking_after_it():
     session = session_with_chain([7, 8, 4, 5, 6, 1, 2, 3, 4, 5, 6], committed=2)
-    session.max_ahead = 8  # the chain is as far ahead as allowed: the next work is a branch
+    session.max_ahead = 6  # the chain is as far ahead as allowed: the next work is a branch
     session.kv_tokens = list(session.chain)
     session.doubts = {5: Doubt(0.1, 9, None), 3: Doubt(2.0, 8, None)}
     drafter, work = branch_round(session)

@@ -15,7 +15,8 @@ from duo._proto import duo_pb2 as pb
 from duo._proto import duo_pb2_grpc as pb_grpc
 from duo.draft import Drafter, InvalidEvent
 from duo.runtime import ModelWorker
-from duo.sampling import SamplingParams, coupled_sample, distribution, noise_key, uniforms, verify_coupled
+from duo.noise import noise_key, uniforms
+from duo.sampling import SamplingParams, coupled_sample, distribution, verify_coupled
 from greedy import leaves_coupled_path_only_at_a_near_tie
 from processes import generate, start, wait_for_draft
 from test_draft_and_plan import draft_once
@@ -81,6 +82,25 @@ def test_the_coupled_sample_is_a_function_of_seed_position_and_logits():
     dist = distribution(LOGITS, SamplingParams(temperature=1.0))
     assert [coupled_sample(dist, 9, p) for p in range(50)] == [coupled_sample(dist, 9, p) for p in range(50)]
     assert [coupled_sample(dist, 9, p) for p in range(50)] != [coupled_sample(dist, 10, p) for p in range(50)]
+
+
+@pytest.mark.parametrize("cut", [sampling._RACE_CUT, 2.0, 0.01])  # small cuts: many rivals past the cut race
+def test_the_bounded_race_equals_the_whole_vocabulary_race_for_every_seed(monkeypatch, cut):
+    monkeypatch.setattr(sampling, "_RACE_CUT", cut)
+    monkeypatch.setattr(sampling, "_TAIL_WEIGHT", np.exp(-cut) * (1 + 1e-9))
+    rng = np.random.default_rng(int(cut * 100))
+    for trial in range(120):
+        n_vocab = 151936 if trial % 10 == 0 else 4096
+        logits = rng.standard_normal(n_vocab) * rng.choice([0.3, 1.0, 3.0])
+        logits[rng.integers(n_vocab, size=3)] += rng.uniform(0, 20, size=3)  # peaked rows, as LLMs give
+        logits[rng.integers(n_vocab, size=5)] = -np.inf
+        logits = logits.astype(rng.choice([np.float32, np.float64]))
+        params = SamplingParams(temperature=float(rng.choice([0.05, 0.3, 0.7, 1.0, 2.0])))
+        seed, position, n = int(rng.integers(2**64, dtype=np.uint64)), int(rng.integers(10**6)), trial % 3 + 1
+        full_ids, full_keys = sampling.coupled_ranking(distribution(logits, params), seed, position, n)
+        ids, keys = sampling.coupled_race(logits, params, seed, position, n)
+        assert ids.tolist() == full_ids.tolist()
+        assert np.diff(keys) == pytest.approx(np.diff(full_keys))  # keys up to ln of the normaliser
 
 
 def test_coupled_verification_outputs_the_targets_own_samples_whatever_the_drafts():

@@ -21,8 +21,12 @@ async def open_session(drafter: Drafter, prompt: list[int], p_min: float = 0.0, 
 
 
 async def draft_once(drafter: Drafter, session: DraftSession) -> pb.DraftChunk | None:
-    """One round for `session` alone: its chunk (None: nothing to send); its error, raised."""
-    [drafted] = await drafter.draft_round([session])
+    """One round for `session` alone: its chunk (None: nothing to send, or no round worth drafting); its
+    error, raised."""
+    drafted = await drafter.draft_round([session])
+    if not drafted:
+        return None
+    [drafted] = drafted
     if drafted.error is not None:
         raise drafted.error
     return drafted.chunk

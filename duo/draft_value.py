@@ -1,0 +1,149 @@
+"""What one more draft round is worth: the draft's scheduler spends each round where it is expected to
+commit the most tokens.
+
+A step of the target that verifies drafts commits E = 1 + S_1 + S_2 + ... tokens, where S_d is the chance
+that the drafts at depths 1..d beyond the committed tokens are all accepted (duo.policy). So one drafted
+token is worth the chance that it ends up committed, and a round (one token) can go to:
+
+- the chain's lead, depth d = L + 1 after L drafts: worth S_L * a, a its own acceptance;
+- a branch forking at depth j, assuming the target commits the alternative token there (duo.branches):
+  the branch is used when drafts 1..j-1 are accepted, the one at j is not, and the target's token is the
+  alternative; its m-th drafted token is then worth
+      S_(j-1) * (1 - a_j) * r * a'_1 ... a'_m,
+  r the chance that a rejected position's token is the alternative, a' its drafts' acceptances.
+
+Each a_d is the draft's confidence at depth d, calibrated by what the commits showed: the draft's two-
+token confidence sigmoid(margin) (the top token's share of the top two, from logits it has anyway) is
+scaled so that its average over judged positions equals the measured acceptance: a = c * alpha / c_mean.
+Commits tell the draft which of its tokens were accepted and which alternative the target took, the same
+events the target's acceptance estimates come from, so no estimate needs to travel: the target tells only
+its planned verify length k and horizon (max_ahead = 2k + 2: the chain serves the step in flight and the
+one after it). Branches end at k tokens: the step after a hit verifies at most k. The chain is drafted to
+that horizon whatever its worth (the target counts on it: its wait for drafts does), but a branch round
+worth less than MIN_VALUE is not: with the chain done and no branch worth it, the draft's core idles.
+
+Example, acceptance 0.85 and k = 4: the lead at depth 6 is worth 0.85^6 = 0.38; a branch at depth 2 whose
+own acceptance is 0.5 is worth 0.85 * 0.5 * r(0.5) * 0.85 = 0.18 for its first token. At 2 drafts, whose
+a_2 = 0.3, the branch's first token is worth 0.85 * 0.7 * 0.5 * 0.85 = 0.25 and beats the lead at depth 9
+(0.23): doubt decides where the rounds go.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from duo.branches import Branch, Doubt
+
+# The draft's own estimates before any commit judged it: accepted at 0.7, and the alternative the
+# target's token at half of the rejections.
+PRIOR_ACCEPTANCE = 0.7
+PRIOR_ALTERNATIVE = 0.5
+# Estimates follow the latest judgements at this rate at most (as duo.policy's averages do).
+DECAY = 0.95
+# A branch round expected to commit fewer tokens than this is not worth the draft's core (nor the bus it shares).
+MIN_VALUE = 0.02
+# Calibrated acceptances stay inside this range: one judgement never makes a position certain.
+CLAMP = (0.02, 0.98)
+
+
+@dataclass
+class Estimate:
+    """A running average that starts from a prior weighing one observation."""
+
+    value: float
+    weight: float = 1.0
+
+    def add(self, x: float) -> None:
+        self.weight = self.weight * DECAY + 1.0
+        self.value += (x - self.value) / self.weight
+
+
+@dataclass
+class Calibration:
+    """What commits showed of one session's drafts: acceptance, the confidence of the judged tokens, and
+    how often a rejected position's token was the draft's alternative."""
+
+    acceptance: Estimate = field(default_factory=lambda: Estimate(PRIOR_ACCEPTANCE))
+    confidence: Estimate = field(default_factory=lambda: Estimate(PRIOR_ACCEPTANCE))
+    alternative: Estimate = field(default_factory=lambda: Estimate(PRIOR_ALTERNATIVE))
+
+    def judge(self, doubt: Doubt | None, accepted: bool, committed_token: int) -> None:
+        """Learn from one drafted token the target decided: kept, or replaced by committed_token."""
+        self.acceptance.add(1.0 if accepted else 0.0)
+        if doubt is None:
+            return
+        self.confidence.add(confidence(doubt))
+        if not accepted and doubt.alternative is not None:
+            self.alternative.add(1.0 if committed_token == doubt.alternative else 0.0)
+
+    def acceptance_at(self, doubt: Doubt | None) -> float:
+        """a at a drafted position: its confidence calibrated to the measured acceptance."""
+        if doubt is None:
+            return self.acceptance.value
+        scaled = confidence(doubt) * self.acceptance.value / max(self.confidence.value, CLAMP[0])
+        return min(max(scaled, CLAMP[0]), CLAMP[1])
+
+
+def confidence(doubt: Doubt) -> float:
+    """The top token's share of the top two, sigmoid(margin): the draft's chance of being right if only
+    its two best tokens could win (an upper bound on its top-1 probability, without a softmax)."""
+    return 1.0 / (1.0 + math.exp(-min(doubt.margin, 50.0)))
+
+
+@dataclass(frozen=True)
+class Round:
+    """The round worth most: the chain's lead (fork None), or a branch at `fork`, `growing` or new."""
+
+    value: float
+    fork: int | None = None
+    growing: Branch | None = None
+
+
+@dataclass(frozen=True)
+class Horizon:
+    """What the draft may do for a session now: the chain can grow (not paused, under max_ahead and the
+    context), forks may start at chain positions below `fork_limit` (the KV cache holds their prefix),
+    branches are at most `branch_cap` tokens past the assumed one, and `new_branches` more may start."""
+
+    chain_open: bool
+    fork_limit: int
+    branch_cap: int
+    new_branches: int
+
+
+def best_round(committed: int, chain_len: int, doubts: dict[int, Doubt], branches: list[Branch],
+               horizon: Horizon, calibration: Calibration) -> Round | None:
+    """The round expected to commit the most tokens (see the top of this module), or None when the chain is
+    as far ahead as allowed and no branch round is worth MIN_VALUE."""
+    survive = [1.0]  # survive[d] = S_d: drafts at depths 1..d all accepted
+    for position in range(committed, chain_len):
+        survive.append(survive[-1] * calibration.acceptance_at(doubts.get(position)))
+    unknown = calibration.acceptance.value  # a token not drafted yet: no confidence to scale
+    hit = calibration.alternative.value
+    candidates = []
+    if horizon.chain_open:
+        candidates.append(Round(survive[-1] * unknown))
+    growing = next((branch for branch in branches if not branch.finished), None)
+    if growing is not None and len(growing.tokens) - 1 < horizon.branch_cap:
+        used = _branch_used(survive, growing.fork - committed, doubts, growing.fork, hit, calibration)
+        for doubt in growing.doubts[1:]:
+            used *= calibration.acceptance_at(doubt)
+        candidates.append(Round(used * unknown, growing.fork, growing))
+    if horizon.new_branches > 0 and horizon.branch_cap > 0:
+        taken = {branch.fork for branch in branches}
+        for position in range(committed, min(horizon.fork_limit, chain_len)):
+            doubt = doubts.get(position)
+            if position in taken or doubt is None or doubt.alternative is None:
+                continue
+            used = _branch_used(survive, position - committed, doubts, position, hit, calibration)
+            candidates.append(Round(used * unknown, position))
+    worth = [c for c in candidates if c.fork is None or c.value >= MIN_VALUE]
+    return max(worth, key=lambda round_: round_.value, default=None)
+
+
+def _branch_used(survive: list[float], depth_before: int, doubts: dict[int, Doubt], fork: int, hit: float,
+                 calibration: Calibration) -> float:
+    """The chance that a branch forking at `fork` (depth_before drafts ahead of it) is the target's chain:
+    the drafts before it accepted, the one at the fork rejected, the alternative committed there."""
+    return survive[depth_before] * (1.0 - calibration.acceptance_at(doubts.get(fork))) * hit
