@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
+from duo import sampling
 from duo.sampling import (
     SamplingParams,
     SparseDist,
@@ -602,3 +603,36 @@ def test_acceptance_rate_is_the_overlap_of_p_and_q() -> None:
     overlap = np.minimum(np.array(p_probs), dense(q, VOCAB)).sum()  # 0.43
     sigma = np.sqrt(overlap * (1 - overlap) / TRIALS)
     assert abs(accepted / TRIALS - overlap) < 4 * sigma
+
+
+def textbook_verify_stochastic(drafts: list[int], qs: list[SparseDist], rows: np.ndarray, params: SamplingParams,
+                               rng: np.random.Generator) -> list[int]:
+    """Speculative sampling written out with p over the whole vocabulary at every row (the reference)."""
+    tokens = []
+    for row, x, q in zip(rows, drafts, qs):
+        p = distribution(row, params)
+        p_x, q_x = float(dense(p, row.size + 1)[x]), float(dense(q, row.size + 1)[x])
+        if q_x > 0 and rng.random() * q_x < p_x:
+            tokens.append(x)
+            continue
+        return tokens + [sampling._sample_residual(p, q, rng) if q_x > 0 else sample(p, rng)]
+    if rows.shape[0] > len(drafts):
+        tokens.append(sample(distribution(rows[-1], params), rng))
+    return tokens
+
+
+@pytest.mark.parametrize("cut", [sampling._RACE_CUT, 2.0, 0.3])  # small cuts: p(x) is seldom settled early
+def test_rejection_sampling_decides_every_row_as_the_whole_distribution_would(monkeypatch, cut) -> None:
+    monkeypatch.setattr(sampling, "_RACE_CUT", cut)
+    monkeypatch.setattr(sampling, "_TAIL_WEIGHT", np.exp(-cut) * (1 + 1e-9))
+    rng = np.random.default_rng(int(cut * 10))
+    for trial in range(150):
+        n_vocab = QWEN_VOCAB if trial % 15 == 0 else 2048
+        rows = rng.standard_normal((4, n_vocab)) * rng.choice([0.5, 2.0])
+        rows[:, :8] += rng.uniform(0, 8, size=(4, 8))  # a few likely tokens, as the draft would propose
+        rows = rows.astype(rng.choice([np.float32, np.float64]))
+        params = SamplingParams(temperature=float(rng.choice([0.3, 0.7, 1.0, 1.5])))
+        qs = [SparseDist(np.arange(8), rng.dirichlet(np.ones(8))) for _ in range(3)]
+        drafts = [int(rng.integers(9)) for _ in range(3)]  # 8: outside q, then p is sampled afresh
+        ours = verify_stochastic(drafts, qs, rows, params, np.random.default_rng(trial))
+        assert ours.tokens == textbook_verify_stochastic(drafts, qs, rows, params, np.random.default_rng(trial))
