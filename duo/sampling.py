@@ -383,8 +383,8 @@ def coupled_race(logits: np.ndarray, params: SamplingParams, seed: int, position
     w >= e^-_RACE_CUT); K is the n-th best key w / E among them. A token past the cut (w_j < b) ranks
     above K only if E_j < w_j / K < b / K, which its noise's 53-bit integer shows (duo.noise.
     lowest_bits_below): those few race too. One integer hash per token instead of a softmax, a log and a
-    division (1.3 ms, not 3.3, over 151,936 tokens on a Xeon core). Keys compare w / E, not (w / Z) / E: the same order
-    in real numbers (a tie to the last bit may break otherwise than in coupled_ranking)."""
+    division (1.3 ms, not 3.3, over 151,936 tokens on a Xeon core). Keys compare w / E, not (w / Z) / E:
+    the same order in real numbers (a tie to the last bit may break otherwise than in coupled_ranking)."""
     logits, n_vocab = np.asarray(logits), np.size(logits)
     if params.greedy or 0 < params.top_k < n_vocab or params.top_p < 1 or params.min_p > 0:
         return coupled_ranking(distribution(logits, params), seed, position, n)
