@@ -22,10 +22,11 @@ one after it). Branches end at k tokens: the step after a hit verifies at most k
 that horizon whatever its worth (the target counts on it: its wait for drafts does), but a branch round
 worth less than MIN_VALUE is not: with the chain done and no branch worth it, the draft's core idles.
 
-Example, acceptance 0.85 and k = 4: the lead at depth 6 is worth 0.85^6 = 0.38; a branch at depth 2 whose
-own acceptance is 0.5 is worth 0.85 * 0.5 * r(0.5) * 0.85 = 0.18 for its first token. At 2 drafts, whose
-a_2 = 0.3, the branch's first token is worth 0.85 * 0.7 * 0.5 * 0.85 = 0.25 and beats the lead at depth 9
-(0.23): doubt decides where the rounds go.
+Example, k = 4, acceptance 0.85 everywhere but at depth 2, where the draft is unsure (a_2 = 0.3): the
+chain's token at depth 6 is worth 0.85^5 * 0.3 = 0.13, a branch forking at depth 2 0.85 * 0.7 * r * a'
+= 0.85 * 0.7 * 0.5 * 0.85 = 0.25 for its first token and 0.21 for its second: the doubt draws the next
+rounds to the branch. Where the draft is sure (0.85 at depth 2 too), the same branch is worth
+0.85 * 0.15 * 0.5 * 0.85 = 0.05 against 0.38 for the lead at depth 6: doubt decides where rounds go.
 """
 
 from __future__ import annotations
