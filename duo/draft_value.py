@@ -35,13 +35,12 @@ import math
 from dataclasses import dataclass, field
 
 from duo.branches import Branch, Doubt
+from duo.policy import MovingAverage
 
 # The draft's own estimates before any commit judged it: accepted at 0.7, and the alternative the
 # target's token at half of the rejections.
 PRIOR_ACCEPTANCE = 0.7
 PRIOR_ALTERNATIVE = 0.5
-# Estimates follow the latest judgements at this rate at most (as duo.policy's averages do).
-DECAY = 0.95
 # A branch round expected to commit fewer tokens than this is not worth the draft's core (nor the bus it shares).
 MIN_VALUE = 0.02
 # Calibrated acceptances stay inside this range: one judgement never makes a position certain.
@@ -49,25 +48,14 @@ CLAMP = (0.02, 0.98)
 
 
 @dataclass
-class Estimate:
-    """A running average that starts from a prior weighing one observation."""
-
-    value: float
-    weight: float = 1.0
-
-    def add(self, x: float) -> None:
-        self.weight = self.weight * DECAY + 1.0
-        self.value += (x - self.value) / self.weight
-
-
-@dataclass
 class Calibration:
     """What commits showed of one session's drafts: acceptance, the confidence of the judged tokens, and
     how often a rejected position's token was the draft's alternative."""
 
-    acceptance: Estimate = field(default_factory=lambda: Estimate(PRIOR_ACCEPTANCE))
-    confidence: Estimate = field(default_factory=lambda: Estimate(PRIOR_ACCEPTANCE))
-    alternative: Estimate = field(default_factory=lambda: Estimate(PRIOR_ALTERNATIVE))
+    # Each starts from its prior, weighing as one judgement, and follows the judgements as duo.policy's do.
+    acceptance: MovingAverage = field(default_factory=lambda: MovingAverage(PRIOR_ACCEPTANCE, 1.0))
+    confidence: MovingAverage = field(default_factory=lambda: MovingAverage(PRIOR_ACCEPTANCE, 1.0))
+    alternative: MovingAverage = field(default_factory=lambda: MovingAverage(PRIOR_ALTERNATIVE, 1.0))
 
     def judge(self, doubt: Doubt | None, accepted: bool, committed_token: int) -> None:
         """Learn from one drafted token the target decided: kept, or replaced by committed_token."""
@@ -127,7 +115,7 @@ def best_round(committed: int, chain_len: int, doubts: dict[int, Doubt], branche
         candidates.append(Round(survive[-1] * unknown))
     growing = next((branch for branch in branches if not branch.finished), None)
     if growing is not None and len(growing.tokens) - 1 < horizon.branch_cap:
-        used = _branch_used(survive, growing.fork - committed, doubts, growing.fork, hit, calibration)
+        used = _branch_used(survive, committed, growing.fork, doubts, hit, calibration)
         for doubt in growing.doubts[1:]:
             used *= calibration.acceptance_at(doubt)
         candidates.append(Round(used * unknown, growing.fork, growing))
@@ -137,14 +125,14 @@ def best_round(committed: int, chain_len: int, doubts: dict[int, Doubt], branche
             doubt = doubts.get(position)
             if position in taken or doubt is None or doubt.alternative is None:
                 continue
-            used = _branch_used(survive, position - committed, doubts, position, hit, calibration)
+            used = _branch_used(survive, committed, position, doubts, hit, calibration)
             candidates.append(Round(used * unknown, position))
     worth = [c for c in candidates if c.fork is None or c.value >= MIN_VALUE]
     return max(worth, key=lambda round_: round_.value, default=None)
 
 
-def _branch_used(survive: list[float], depth_before: int, doubts: dict[int, Doubt], fork: int, hit: float,
+def _branch_used(survive: list[float], committed: int, fork: int, doubts: dict[int, Doubt], hit: float,
                  calibration: Calibration) -> float:
-    """The chance that a branch forking at `fork` (depth_before drafts ahead of it) is the target's chain:
-    the drafts before it accepted, the one at the fork rejected, the alternative committed there."""
-    return survive[depth_before] * (1.0 - calibration.acceptance_at(doubts.get(fork))) * hit
+    """The chance that a branch forking at `fork` is the target's chain: the drafts before it accepted,
+    the one at the fork rejected, the alternative committed there."""
+    return survive[fork - committed] * (1.0 - calibration.acceptance_at(doubts.get(fork))) * hit

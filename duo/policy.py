@@ -35,7 +35,10 @@ MAX_WAIT_OF_A_STEP = 0.5
 
 
 @dataclass
-class _Average:
+class MovingAverage:
+    """An exponential moving average that forgets at DECAY per observation; `weight` is how many
+    observations it holds (a prior given as a starting weight counts as that many)."""
+
     value: float
     weight: float = 0.0  # 0 until the first observation
 
@@ -52,10 +55,10 @@ class StepCosts:
     Only the model call is timed, never the wait behind other requests' steps or prefills.
     """
 
-    step_seconds: dict[int, _Average] = field(default_factory=dict)  # batch size -> T
+    step_seconds: dict[int, MovingAverage] = field(default_factory=dict)  # batch size -> T
 
     def observe(self, batch_size: int, seconds: float) -> None:
-        self.step_seconds.setdefault(batch_size, _Average(seconds)).add(seconds)
+        self.step_seconds.setdefault(batch_size, MovingAverage(seconds)).add(seconds)
 
     def measured_seconds(self, n: int) -> float | None:
         """T(n) where batches of n were measured, else None."""
@@ -92,16 +95,16 @@ class StepCosts:
 class Acceptance:
     """a_i for each chain position i: the chance that draft i is accepted given that drafts before it were."""
 
-    rates: list[_Average]
+    rates: list[MovingAverage]
 
     @classmethod
     def prior(cls, max_draft: int) -> Acceptance:
-        return cls([_Average(PRIOR_ACCEPTANCE, PRIOR_WEIGHT) for _ in range(max_draft + 1)])
+        return cls([MovingAverage(PRIOR_ACCEPTANCE, PRIOR_WEIGHT) for _ in range(max_draft + 1)])
 
     def fork(self) -> Acceptance:
         """A copy that weighs no more than the prior: a new request starts from what earlier requests
         of its sampling mode measured, but its own content (code, prose) soon decides."""
-        return Acceptance([_Average(avg.value, min(avg.weight, PRIOR_WEIGHT)) for avg in self.rates])
+        return Acceptance([MovingAverage(avg.value, min(avg.weight, PRIOR_WEIGHT)) for avg in self.rates])
 
     def observe(self, n_verified: int, n_accepted: int) -> None:
         # Position i was tried only if drafts 0..i-1 were accepted: positions past the first
@@ -120,8 +123,8 @@ class DraftTiming:
     seconds later. One draft serves every request, so one DraftTiming serves them all.
     """
 
-    latency: _Average = field(default_factory=lambda: _Average(0.0))
-    per_token: _Average = field(default_factory=lambda: _Average(0.0))
+    latency: MovingAverage = field(default_factory=lambda: MovingAverage(0.0))
+    per_token: MovingAverage = field(default_factory=lambda: MovingAverage(0.0))
 
     @property
     def measured(self) -> bool:

@@ -274,7 +274,7 @@ def verify_stochastic(
     because sum max(0, p - q) = 1 - sum min(p, q). An accepted token is exactly the
     token the target row after it was conditioned on, so the argument chains.
     The residual vanishes wherever p does, so it is computed on p's support only. An accepted row needs
-    p(x) alone, which _p_exceeds bounds without the whole vocabulary; only the step's last row samples
+    p(x) alone, which _p_exceeds_by_top bounds without the whole vocabulary; only the step's last row samples
     from all of p.
     Draft ids outside the target vocabulary have p(x) = 0 and are always rejected;
     the draft's mass on them just never offsets any p, which the identity above allows.
@@ -287,11 +287,17 @@ def verify_stochastic(
         )
     tokens: list[int] = []
     for row, drafted, q in zip(target_logits, draft_tokens, draft_dists):
-        q_x = _prob_of(q, drafted)
-        if q_x > 0 and _p_exceeds(row, params, int(drafted), rng.random() * q_x):  # u < p(x)/q(x), u in [0, 1)
-            tokens.append(int(drafted))
-            continue
-        p = distribution(row, params)
+        q_x, p = _prob_of(q, drafted), None
+        if q_x > 0:
+            level = rng.random() * q_x  # accept when u < p(x)/q(x), with u in [0, 1)
+            accepted = _p_exceeds_by_top(row, params, int(drafted), level)
+            if accepted is None:
+                p = distribution(row, params)
+                accepted = _prob_of(p, drafted) > level
+            if accepted:
+                tokens.append(int(drafted))
+                continue
+        p = distribution(row, params) if p is None else p
         # q(x) == 0 means the draft did not sample x from q, so the accept/residual
         # pair (whose identity assumes x ~ q) does not apply: alone, the residual
         # emits max(0, p - q) normalised, which is not p. A fresh sample from p,
@@ -303,9 +309,10 @@ def verify_stochastic(
     return Verdict(len(draft_tokens), tokens)
 
 
-def _p_exceeds(row: np.ndarray, params: SamplingParams, token: int, level: float) -> bool:
-    """Whether p(token) > level, p = distribution(row, params), as that would say, at a cost set by the
-    tokens near the top where nothing truncates (temperature alone: p's support is the whole vocabulary).
+def _p_exceeds_by_top(row: np.ndarray, params: SamplingParams, token: int, level: float) -> bool | None:
+    """Whether p(token) > level, p = distribution(row, params), from the tokens near the top where nothing
+    truncates (temperature alone: p's support is the whole vocabulary); None when they cannot tell, or
+    when truncation applies (the caller then computes p).
 
     p(x) = w_x / Z with w = exp((l - max) / T). The tokens within _RACE_CUT * T of the top give
     Z_C <= Z, and each of the n others weighs less than b = e^-_RACE_CUT: Z <= Z_C + n b. So
@@ -313,21 +320,30 @@ def _p_exceeds(row: np.ndarray, params: SamplingParams, token: int, level: float
     float rounding); only p(x) within n b / Z_C (< 2% over 151,936 tokens) of the level needs Z itself.
     0.09 ms instead of 1.75 for a whole-vocabulary softmax (one Xeon core).
     """
-    n_vocab = row.size
-    if params.greedy or 0 < params.top_k < n_vocab or params.top_p < 1 or params.min_p > 0 or not 0 <= token < n_vocab:
-        return _prob_of(distribution(row, params), token) > level
-    params.validate()
-    top = row.max()
-    _check_finite(top)
-    kind = row.dtype.type
-    inside = row >= np.nextafter(kind(top - _RACE_CUT * params.temperature), kind(-np.inf))
-    near = float(_weights(row[inside], top, params.temperature).sum())
+    near = _near_top(row, params)
+    if near is None or not 0 <= token < row.size:
+        return None
+    top, inside = near
+    z_near = float(_weights(row[inside], top, params.temperature).sum())
     w_x = float(_weights(row[token:token + 1], top, params.temperature)[0])
-    if w_x > level * (near + (n_vocab - np.count_nonzero(inside)) * _TAIL_WEIGHT) * (1 + 1e-9):
+    if w_x > level * (z_near + (row.size - np.count_nonzero(inside)) * _TAIL_WEIGHT) * (1 + 1e-9):
         return True
-    if w_x <= level * near * (1 - 1e-9):
+    if w_x <= level * z_near * (1 - 1e-9):
         return False
-    return _prob_of(distribution(row, params), token) > level
+    return None
+
+
+def _near_top(logits: np.ndarray, params: SamplingParams) -> tuple[float, np.ndarray] | None:
+    """Where nothing truncates (temperature alone): the top logit, and which tokens lie within
+    _RACE_CUT * T of it (every other token weighs less than _TAIL_WEIGHT); None for greedy or truncated
+    sampling, whose support distribution() finds."""
+    if params.greedy or 0 < params.top_k < logits.size or params.top_p < 1 or params.min_p > 0:
+        return None
+    params.validate()
+    top = logits.max()
+    _check_finite(top)
+    kind = logits.dtype.type  # the cut rounded down in the logits' own type: below it, w < e^-_RACE_CUT
+    return top, logits >= np.nextafter(kind(top - _RACE_CUT * params.temperature), kind(-np.inf))
 
 
 def _prob_of(dist: SparseDist, token: int) -> float:
@@ -386,13 +402,10 @@ def coupled_race(logits: np.ndarray, params: SamplingParams, seed: int, position
     division (1.3 ms, not 3.3, over 151,936 tokens on a Xeon core). Keys compare w / E, not (w / Z) / E:
     the same order in real numbers (a tie to the last bit may break otherwise than in coupled_ranking)."""
     logits, n_vocab = np.asarray(logits), np.size(logits)
-    if params.greedy or 0 < params.top_k < n_vocab or params.top_p < 1 or params.min_p > 0:
+    near = _near_top(logits, params)
+    if near is None:
         return coupled_ranking(distribution(logits, params), seed, position, n)
-    params.validate()
-    top = logits.max()
-    _check_finite(top)
-    kind = logits.dtype.type  # the cut rounded down in the logits' own type: below it, w < e^-_RACE_CUT
-    inside = logits >= np.nextafter(kind(top - _RACE_CUT * params.temperature), kind(-np.inf))
+    top, inside = near
     if np.count_nonzero(inside) < n:
         inside = logits >= np.partition(logits, n_vocab - n)[n_vocab - n]  # the n best at least
     ids = np.flatnonzero(inside)
