@@ -11,8 +11,9 @@ import numpy as np
 from duo import wire
 from duo._proto import duo_pb2 as pb
 from duo.branches import Branch, Doubt, branch_length
-from duo.draft_batch import DraftCache, RoundReport, Step, Work, plan_work
+from duo.draft_batch import DraftCache, RoundReport, Step, Work, plan_works
 from duo.draft_session import DraftSession
+from duo.draft_value import RoundCost
 from duo.model import Model, ModelError
 from duo.runtime import ModelWorker
 from duo.sampling import SamplingParams, SparseDist
@@ -66,6 +67,7 @@ class Drafter:
         self.n_vocab = model.n_vocab
         self.top_k_cap = top_k_cap
         self.observer = observer
+        self.round_cost = RoundCost()
         self.cache: DraftCache | None = None
         self._making: asyncio.Future[DraftCache] | None = None
 
@@ -185,16 +187,20 @@ class Drafter:
             await self.worker.close(_Release(self.cache, closing))
 
     async def draft_round(self, sessions: Iterable[DraftSession]) -> list[Drafted]:
-        """One batched model call drafting the next token of work (DraftSession.next_round) of each of
-        `sessions` that has any, and what came of it for each; [] when none has work. Never raises: a
-        call that fails as a whole (the model broke) fails each of its sessions."""
-        works = [work for session in sessions if (work := plan_work(session)) is not None]
+        """One batched model call drafting the next tokens of work (DraftSession.next_rounds) of each of
+        `sessions` that has any, and what came of each; [] when none has work. Never raises: a call that
+        fails as a whole (the model broke) fails each of its sessions."""
+        works: list[Work] = []
+        for session in sessions:
+            # A session's second round adds one token to a decode that holds its first and the works so far.
+            works += plan_works(session, self.round_cost.extra(len(works) + 1))
         if not works:
             return []
         try:
             steps, report = await self.worker.run(self.cache.run, works)
         except Exception as error:  # whatever it is, the sessions go on without the draft, the stream does not end
             return [Drafted(work.session, error=error) for work in works]
+        self.round_cost.observe(report.tokens, report.seconds)
         if self.observer is not None:
             self.observer.on_round(report)
         return [self._finish(work, step) for work, step in zip(works, steps)]

@@ -55,20 +55,22 @@ class RoundReport:
     paused: int     # positions where the draft proposed nothing (p_min)
 
 
-def plan_work(session: DraftSession) -> Work | None:
-    """The session's next token of work, the round worth most (DraftSession.next_round), or None."""
-    chosen = session.next_round()
-    if chosen is None:
-        return None
+def plan_works(session: DraftSession, extra_cost: float) -> list[Work]:
+    """The session's work for the next decode (DraftSession.next_rounds): its chain's next token, its
+    branch's, or both, each on its own sequence; [] when none is worth drafting."""
     chain = list(session.chain)
     when = {"epoch": session.epoch, "commits": session.commits, "chain_len": len(chain)}
-    fork, growing = chosen.fork, chosen.growing
-    if fork is None:
-        return Work(session, chain, **when)
-    if growing is not None:
-        return Work(session, chain[:fork] + growing.tokens, fork=fork, growing=growing, **when)
-    doubt = session.doubts[fork]
-    return Work(session, chain[:fork] + [doubt.alternative], fork=fork, doubt=doubt, **when)
+    works = []
+    for chosen in session.next_rounds(extra_cost):
+        fork, growing = chosen.fork, chosen.growing
+        if fork is None:
+            works.append(Work(session, chain, **when))
+        elif growing is not None:
+            works.append(Work(session, chain[:fork] + growing.tokens, fork=fork, growing=growing, **when))
+        else:
+            doubt = session.doubts[fork]
+            works.append(Work(session, chain[:fork] + [doubt.alternative], fork=fork, doubt=doubt, **when))
+    return works
 
 
 class DraftCache:

@@ -8,7 +8,7 @@ from typing import Sequence
 import numpy as np
 
 from duo.branches import Branch, Doubt, branch_length, doubt_of
-from duo.draft_value import Calibration, Horizon, Round, best_round
+from duo.draft_value import Calibration, Horizon, Round, rounds_to_draft
 from duo.model import common_prefix_length
 from duo.sampling import SamplingParams, SparseDist, coupled_race, distribution, sample
 
@@ -65,19 +65,22 @@ class DraftSession:
         return (not self.paused and not self.closed and len(self.chain) - self.committed < self.max_ahead
                 and len(self.chain) < self.n_ctx)
 
-    def next_round(self) -> Round | None:
-        """The round worth most for this session now (duo.draft_value), or None: nothing worth drafting.
+    def next_rounds(self, extra_cost: float) -> list[Round]:
+        """The rounds of the next decode for this session (duo.draft_value.rounds_to_draft): the one worth
+        most, with the other kind alongside when worth `extra_cost`, what one more token adds to the
+        decode; [] when nothing is worth drafting.
 
         A new branch takes over the branch sequence, so the one growing there (if any) stops growing."""
         if self.closed or not self.max_ahead:
-            return None
+            return []
         branching = bool(self.max_branches)
         horizon = Horizon(chain_open=self.wants_to_draft(),
                           fork_limit=common_prefix_length(self.kv_tokens, self.chain) + 1 if branching else 0,
                           branch_cap=branch_length(self.max_ahead, self.branch_len) if branching else 0,
                           new_branches=self.max_branches - len(self.branches))
-        chosen = best_round(self.committed, len(self.chain), self.doubts, self.branches, horizon, self.calibration)
-        if chosen is not None and chosen.fork is not None and chosen.growing is None:
+        chosen = rounds_to_draft(self.committed, len(self.chain), self.doubts, self.branches, horizon,
+                                 self.calibration, extra_cost)
+        if any(round_.fork is not None and round_.growing is None for round_ in chosen):
             for branch in self.branches:
                 branch.finished = True
         return chosen

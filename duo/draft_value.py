@@ -22,10 +22,16 @@ one after it). Branches end at k tokens: the step after a hit verifies at most k
 that horizon whatever its worth (the target counts on it: its wait for drafts does), but a branch round
 worth less than MIN_VALUE is not: with the chain done and no branch worth it, the draft's core idles.
 
+The chain and the branch live in sequences of their own, so one decode can grow both: a decode of two
+tokens costs far less than two of one where the weights' reading dominates (a CPU draft: 1.2x; a GPU:
+next to 1x). The round worth less rides along with the other when its value pays for what it adds to
+the decode's time (rounds_to_draft, the cost measured by RoundCost).
+
 Example, k = 4, acceptance 0.85 everywhere but at depth 2, where the draft is unsure (a_2 = 0.3): the
 chain's token at depth 6 is worth 0.85^5 * 0.3 = 0.13, a branch forking at depth 2 0.85 * 0.7 * r * a'
 = 0.85 * 0.7 * 0.5 * 0.85 = 0.25 for its first token and 0.21 for its second: the doubt draws the next
-rounds to the branch. Where the draft is sure (0.85 at depth 2 too), the same branch is worth
+rounds to the branch, and the lead rides along where one more token adds less than half to a decode
+(0.13 >= extra * 0.25). Where the draft is sure (0.85 at depth 2 too), the same branch is worth
 0.85 * 0.15 * 0.5 * 0.85 = 0.05 against 0.38 for the lead at depth 6: doubt decides where rounds go.
 """
 
@@ -45,6 +51,11 @@ PRIOR_ALTERNATIVE = 0.5
 MIN_VALUE = 0.02
 # Calibrated acceptances stay inside this range: one judgement never makes a position certain.
 CLAMP = (0.02, 0.98)
+# What one more token adds to a draft round, as a fraction of it, until rounds of both sizes were timed:
+# between a GPU's next to nothing and a compute-bound CPU's whole token.
+PRIOR_EXTRA_COST = 0.5
+# Rounds are timed by their tokens up to this many (longer ones are a prompt's catch-up, not drafting).
+MAX_TIMED_TOKENS = 64
 
 
 @dataclass
@@ -74,6 +85,25 @@ class Calibration:
         return min(max(scaled, CLAMP[0]), CLAMP[1])
 
 
+@dataclass
+class RoundCost:
+    """The seconds a draft round takes (roll back, decode, draw) by the tokens it decodes, as measured: what
+    one more token adds to a round, which decides whether a second round rides along (rounds_to_draft)."""
+
+    seconds: dict[int, MovingAverage] = field(default_factory=dict)  # tokens decoded -> seconds
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        if 0 < tokens <= MAX_TIMED_TOKENS:
+            self.seconds.setdefault(tokens, MovingAverage(seconds)).add(seconds)
+
+    def extra(self, tokens: int) -> float:
+        """How much longer a round of tokens + 1 takes than one of `tokens`, as a fraction of the latter."""
+        shorter, longer = self.seconds.get(tokens), self.seconds.get(tokens + 1)
+        if shorter is None or longer is None:
+            return PRIOR_EXTRA_COST
+        return max(longer.value / shorter.value - 1.0, 0.0)
+
+
 def confidence(doubt: Doubt) -> float:
     """The top token's share of the top two, sigmoid(margin): the draft's chance of being right if only
     its two best tokens could win (an upper bound on its top-1 probability, without a softmax)."""
@@ -101,18 +131,34 @@ class Horizon:
     new_branches: int
 
 
-def best_round(committed: int, chain_len: int, doubts: dict[int, Doubt], branches: list[Branch],
-               horizon: Horizon, calibration: Calibration) -> Round | None:
-    """The round expected to commit the most tokens (see the top of this module), or None when the chain is
-    as far ahead as allowed and no branch round is worth MIN_VALUE."""
+def rounds_to_draft(committed: int, chain_len: int, doubts: dict[int, Doubt], branches: list[Branch],
+                    horizon: Horizon, calibration: Calibration, extra_cost: float) -> list[Round]:
+    """The rounds of one batched decode for a session: the one worth most, and the best of the other kind
+    (the chain's lead, or a branch) alongside it when it pays for what it adds to the decode.
+
+    A decode of n + 1 tokens takes (1 + extra_cost) times one of n (RoundCost), and on a CPU much less than
+    twice as long (the weights are read once: 0.5B Q4_K_M on one Xeon core, 66 ms for one token, 80 for
+    two). Rounds worth v1 and v2 together commit (v1 + v2) / (1 + extra_cost) tokens per round's time
+    against v1 alone: so the second rides when v2 >= extra_cost * v1. The chain (sequence `chain`) and the
+    branch (sequence `branch`) then grow in the same call."""
+    lead, branch = _candidates(committed, chain_len, doubts, branches, horizon, calibration)
+    if lead is None or branch is None:
+        return [round_ for round_ in (lead, branch) if round_ is not None]
+    first, second = (lead, branch) if lead.value >= branch.value else (branch, lead)
+    return [first, second] if second.value >= extra_cost * first.value else [first]
+
+
+def _candidates(committed: int, chain_len: int, doubts: dict[int, Doubt], branches: list[Branch],
+                horizon: Horizon, calibration: Calibration) -> tuple[Round | None, Round | None]:
+    """The chain's lead (None when it may not grow) and the branch round worth most (None when none is
+    worth MIN_VALUE): the growing branch's next token, or a new fork's first."""
     survive = [1.0]  # survive[d] = S_d: drafts at depths 1..d all accepted
     for position in range(committed, chain_len):
         survive.append(survive[-1] * calibration.acceptance_at(doubts.get(position)))
     unknown = calibration.acceptance.value  # a token not drafted yet: no confidence to scale
     hit = calibration.alternative.value
+    lead = Round(survive[-1] * unknown) if horizon.chain_open else None
     candidates = []
-    if horizon.chain_open:
-        candidates.append(Round(survive[-1] * unknown))
     growing = next((branch for branch in branches if not branch.finished), None)
     if growing is not None and len(growing.tokens) - 1 < horizon.branch_cap:
         used = _branch_used(survive, committed, growing.fork, doubts, hit, calibration)
@@ -127,8 +173,8 @@ def best_round(committed: int, chain_len: int, doubts: dict[int, Doubt], branche
                 continue
             used = _branch_used(survive, committed, position, doubts, hit, calibration)
             candidates.append(Round(used * unknown, position))
-    worth = [c for c in candidates if c.fork is None or c.value >= MIN_VALUE]
-    return max(worth, key=lambda round_: round_.value, default=None)
+    branch = max(candidates, key=lambda round_: round_.value, default=None)
+    return lead, branch if branch is not None and branch.value >= MIN_VALUE else None
 
 
 def _branch_used(survive: list[float], committed: int, fork: int, doubts: dict[int, Doubt], hit: float,

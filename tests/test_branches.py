@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 
 import numpy as np
 import pytest
@@ -10,11 +11,12 @@ import pytest
 from duo._proto import duo_pb2 as pb
 from duo.branches import Branch, Doubt, branch_length, doubt_of
 from duo.draft import Drafter
-from duo.draft_batch import Step, Work, plan_work
+from duo.draft_batch import Step, Work, plan_works
 from duo.draft_session import DraftSession, Slot
+from duo.draft_value import Round
 from duo.runtime import ModelWorker
 from duo.sampling import SamplingParams, SparseDist
-from test_draft_and_plan import draft_until_idle
+from test_draft_and_plan import FixedExtraCost, draft_until_idle
 
 PROMPT = [9707, 11, 1879]
 
@@ -42,19 +44,19 @@ def test_branches_run_at_most_the_draft_length_the_target_steers_for():
 
 def test_rounds_go_to_the_chain_first_then_to_a_doubtful_fork_before_a_far_lead():
     session = session_with_chain([7, 8], committed=2)  # max_ahead 8: the target prefers k = 3
-    assert session.next_round().fork is None  # nothing drafted: the next step needs the chain
+    assert best_round(session).fork is None  # nothing drafted: the next step needs the chain
     sure, unsure = Doubt(8.0, 9, None), Doubt(-1.0, 9, None)  # the second: the draft's pick was not its argmax
     session.chain += [4, 5, 6, 1]
     session.doubts = {2: sure, 3: unsure, 4: sure, 5: sure}
     session.kv_tokens = session.chain[:-1]
-    chosen = session.next_round()
+    chosen = best_round(session)
     assert chosen.fork == 3 and chosen.growing is None  # worth more than a fifth chain token behind a doubt
     session.doubts[3] = sure
-    assert session.next_round().fork is None  # no doubt left: the lead is worth more than any branch
+    assert best_round(session).fork is None  # no doubt left: the lead is worth more than any branch
     session.chain += [1, 2, 3, 4]  # max_ahead reached, every position sure: branches at the sure positions
     session.doubts.update({6: sure, 7: sure, 8: sure, 9: sure})
     session.kv_tokens = session.chain[:-1]
-    assert session.next_round() is None  # worth less than a fiftieth of a token each: the draft idles
+    assert best_round(session) is None  # worth less than a fiftieth of a token each: the draft idles
 
 
 def test_a_new_fork_worth_more_than_the_growing_branch_ends_it():
@@ -63,8 +65,14 @@ def test_a_new_fork_worth_more_than_the_growing_branch_ends_it():
     session.kv_tokens = session.chain[:-1]
     grown = Branch(epoch=3, fork=3, tokens=[9, 1, 2], doubts=[None, Doubt(-2.0, 0, None), Doubt(-2.0, 0, None)])
     session.branches = [grown]
-    chosen = session.next_round()
+    chosen = best_round(session)
     assert chosen.fork == 4 and chosen.growing is None and grown.finished
+
+
+def best_round(session: DraftSession) -> Round | None:
+    """The one round a decode holds for the session where a second token would cost a whole round."""
+    chosen = session.next_rounds(math.inf)
+    return chosen[0] if chosen else None
 
 
 def session_with_chain(chain: list[int], committed: int) -> DraftSession:
@@ -119,14 +127,44 @@ def test_in_spare_time_the_draft_branches_with_the_tokens_a_fresh_decode_gives(
     assert first.epoch > session.epoch and second.epoch == first.epoch and not second.HasField("branch_of")
     assert second.start == fork + 2 and session.branches[0].finished  # the one branch is long enough
     # The branch's drafts are what the draft model gives after the chain's prefix and the assumed token.
-    branch = session.chain[:fork] + [first.tokens[0]]
-    fresh = draft_model.new_context(256)
-    expected = []
-    for _ in range(2):
-        expected.append(int(np.argmax(fresh.decode(branch + expected, 0)[-1])))
+    assert [first.tokens[1], second.tokens[0]] == greedy(draft_model, session.chain[:fork] + [first.tokens[0]], 2)
+
+
+def test_one_decode_grows_the_chain_and_a_branch_when_a_second_token_is_cheap(draft_model):
+    async def run():
+        drafter = Drafter(draft_model, ModelWorker(), n_ctx=256, top_k_cap=10, max_branches=1, branch_len=2)
+        drafter.round_cost = FixedExtraCost(0.0)  # one more token adds nothing to a decode (a GPU, nearly)
+        session = await drafter.open(pb.OpenSession(session_id=1, committed=PROMPT, max_ahead=6))
+        rounds = []
+        while drafted := await drafter.draft_round([session]):
+            rounds.append([result.chunk for result in drafted if result.chunk is not None])
+        await drafter.close(session)
+        await drafter.stop()
+        return session, rounds
+
+    session, rounds = asyncio.run(run())
+    both = [chunks for chunks in rounds if len(chunks) == 2]
+    assert both, "no decode held the chain's lead and a branch"
+    for chunks in both:
+        assert sorted(c.epoch == session.epoch == 0 for c in chunks) == [False, True]
+    chain = [c for chunks in rounds for c in chunks if c.epoch == 0]
+    assert [c.start for c in chain] == list(range(3, 3 + 6)) and len(rounds) < 6 + 3  # rounds shared
+    # Both sequences' drafts are what a fresh decode gives: the chain's, and the branch's after its fork.
+    branch = session.branches[0]
+    expected_chain, expected_branch = greedy(draft_model, PROMPT, 6), greedy(
+        draft_model, session.chain[:branch.fork] + branch.tokens[:1], len(branch.tokens) - 1)
+    assert session.chain[3:] == expected_chain and branch.tokens[1:] == expected_branch
+
+
+def greedy(model, prompt: list[int], n: int) -> list[int]:
+    """n tokens of a fresh greedy decode after `prompt`."""
+    fresh = model.new_context(256)
+    drawn: list[int] = []
+    for _ in range(n):
+        drawn.append(int(np.argmax(fresh.decode(prompt + drawn, 0)[-1])))
         fresh.rollback(0)
     fresh.close()
-    assert [first.tokens[1], second.tokens[0]] == expected
+    return drawn
 
 
 class NoEndModel:
@@ -142,7 +180,7 @@ class NoEndModel:
 
 def branch_round(session: DraftSession) -> tuple[Drafter, Work]:
     drafter = Drafter(NoEndModel(), None, n_ctx=256, top_k_cap=10, max_branches=2, branch_len=2)
-    work = plan_work(session)
+    work = plan_works(session, math.inf)[0]
     assert work is not None and work.fork is not None
     return drafter, work
 

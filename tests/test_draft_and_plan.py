@@ -32,6 +32,20 @@ async def draft_once(drafter: Drafter, session: DraftSession) -> pb.DraftChunk |
     return drafted.chunk
 
 
+class FixedExtraCost:
+    """A draft round cost where one more token adds `extra` to a decode of any size: a schedule that does not
+    depend on timings, as duo.draft_value.RoundCost's measurements make it."""
+
+    def __init__(self, extra: float) -> None:
+        self.value = extra
+
+    def extra(self, tokens: int) -> float:
+        return self.value
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        pass
+
+
 async def draft_until_idle(drafter: Drafter, sessions: list[DraftSession],
                            max_rounds: int = 200) -> tuple[dict[int, list[pb.DraftChunk]], int]:
     """Rounds for `sessions` until none has work: each session's chunks, and the number of rounds; an

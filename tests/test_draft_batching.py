@@ -13,12 +13,22 @@ from duo.draft_metrics import DraftMetrics
 from duo.draft_session import DraftSession
 from duo.model import Context, ModelError, Part
 from duo.runtime import ModelWorker
-from test_draft_and_plan import draft_until_idle
+from test_draft_and_plan import FixedExtraCost, draft_until_idle
 from test_draft_hardening import CountingModel, Stream, holds_nothing, servicer_for
 
 TEXTS = ["def fibonacci(n):", "Once upon a time, in a land far away", "The quick brown fox",
          "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n", "import numpy as np\n"]
 SETTINGS = {"n_ctx": 256, "top_k_cap": 10, "max_branches": 2, "branch_len": 2}
+# What one more token adds to a decode, the same for every round: the schedule depends on the values alone,
+# not on timings that differ between a batched round and a session's own (a branch rides at 0.3).
+RIDE_COST = 0.3
+
+
+def drafter_for(model, **settings) -> Drafter:
+    """A Drafter whose schedule depends on the values alone (RIDE_COST), as the comparisons need."""
+    drafter = Drafter(model, ModelWorker(), **settings)
+    drafter.round_cost = FixedExtraCost(RIDE_COST)
+    return drafter
 
 
 def messages(model) -> list[pb.OpenSession]:
@@ -82,7 +92,7 @@ def assert_drafted_alike(drafted: dict[int, list[pb.DraftChunk]], expected: dict
 
 
 async def drafted_alone(model, message: pb.OpenSession) -> list[pb.DraftChunk]:
-    drafter = Drafter(model, ModelWorker(), **SETTINGS)
+    drafter = drafter_for(model, **SETTINGS)
     session = await drafter.open(message)
     chunks, _ = await draft_with_a_commit(drafter, [session])
     await drafter.close(session)
@@ -92,7 +102,7 @@ async def drafted_alone(model, message: pb.OpenSession) -> list[pb.DraftChunk]:
 
 def test_a_batched_round_drafts_for_each_session_what_it_drafts_alone(draft_model):
     async def run() -> tuple[dict, int, dict]:
-        drafter = Drafter(draft_model, ModelWorker(), **SETTINGS)
+        drafter = drafter_for(draft_model, **SETTINGS)
         sessions = [await drafter.open(message) for message in messages(draft_model)]
         together, rounds = await draft_with_a_commit(drafter, sessions)
         await drafter.close(*sessions)
@@ -113,7 +123,7 @@ def test_n_sessions_cost_one_model_call_per_round(draft_model):
     model = CountingModel(draft_model)
 
     async def run() -> int:
-        drafter = Drafter(model, ModelWorker(), **SETTINGS)
+        drafter = drafter_for(model, **SETTINGS)
         sessions = [await drafter.open(message) for message in messages(draft_model)]
         _, rounds = await draft_until_idle(drafter, sessions)
         await drafter.close(*sessions)
@@ -128,7 +138,7 @@ def test_a_commit_during_a_round_makes_that_sessions_token_stale_and_no_other(dr
     model = CountingModel(draft_model, delay=0.2)
 
     async def run() -> tuple[list, list]:
-        drafter = Drafter(model, ModelWorker(), **SETTINGS)
+        drafter = drafter_for(model, **SETTINGS)
         first, second = [await drafter.open(message) for message in messages(draft_model)[:2]]
         model.decoding.clear()
         round_ = asyncio.create_task(drafter.draft_round([first, second]))
@@ -190,7 +200,7 @@ class RefusingContext:
 
 def test_when_llama_refuses_a_batched_call_each_part_is_retried_alone_and_only_the_failing_one_fails(draft_model):
     async def run() -> tuple[dict[int, object], list[int]]:
-        drafter = Drafter(draft_model, ModelWorker(), **SETTINGS)
+        drafter = drafter_for(draft_model, **SETTINGS)
         sessions = [await drafter.open(message) for message in messages(draft_model)[:3]]
         refusing = RefusingContext(drafter.cache.context, bad=sessions[1].slot.chain)
         drafter.cache.context = refusing
@@ -211,7 +221,7 @@ def test_a_closed_sessions_sequences_serve_the_next_session(draft_model):
     """Two slots, five sessions opened and closed in turns: each drafts what it drafts alone (nothing of
     an earlier session's cache is left), a third session at once finds no slot, and all is freed."""
     async def run() -> tuple[dict, bool]:
-        drafter = Drafter(draft_model, ModelWorker(), max_sessions=2, **SETTINGS)
+        drafter = drafter_for(draft_model, max_sessions=2, **SETTINGS)
         chunks: dict[int, list[pb.DraftChunk]] = {}
         held: list[DraftSession] = []
         for message in messages(draft_model):
@@ -237,7 +247,7 @@ def test_the_metrics_count_sessions_and_tokens_per_batched_call(draft_model):
     metrics = DraftMetrics()
 
     async def run() -> None:
-        drafter = Drafter(draft_model, ModelWorker(), observer=metrics, **SETTINGS)
+        drafter = drafter_for(draft_model, observer=metrics, **SETTINGS)
         sessions = [await drafter.open(message) for message in messages(draft_model)[:3]]
         await drafter.draft_round(sessions)
         await drafter.close(*sessions)
@@ -258,7 +268,7 @@ def test_a_new_session_starts_from_a_prefix_another_session_holds_and_drafts_as_
     decoded: list[Part] = []
 
     async def run() -> list[pb.DraftChunk]:
-        drafter = Drafter(draft_model, ModelWorker(), **SETTINGS)
+        drafter = drafter_for(draft_model, **SETTINGS)
         await drafter.start()
         context = drafter.cache.context
         decode_parts = context.decode_parts

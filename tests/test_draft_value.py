@@ -2,22 +2,31 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
 from duo.branches import Branch, Doubt
 from duo.draft_session import DraftSession, Slot
-from duo.draft_value import (MIN_VALUE, PRIOR_ACCEPTANCE, PRIOR_ALTERNATIVE, Calibration, Horizon, best_round,
-                             confidence)
+from duo.draft_value import (MAX_TIMED_TOKENS, MIN_VALUE, PRIOR_ACCEPTANCE, PRIOR_ALTERNATIVE, PRIOR_EXTRA_COST,
+                             Calibration, Horizon, Round, RoundCost, confidence, rounds_to_draft)
 from duo.sampling import SamplingParams
 
 OPEN = Horizon(chain_open=True, fork_limit=100, branch_cap=4, new_branches=4)
 
 
+def best_round(*situation) -> Round | None:
+    """The round worth most: what a decode holds where a second token would cost as much as a round."""
+    chosen = rounds_to_draft(*situation, extra_cost=math.inf)
+    assert len(chosen) <= 1
+    return chosen[0] if chosen else None
+
+
 def test_a_round_is_worth_the_chance_that_its_token_is_committed():
     calibration = Calibration()  # no commit yet: every position accepted at the prior
     a = PRIOR_ACCEPTANCE
-    lead = best_round(committed=10, chain_len=13, doubts={}, branches=[], horizon=OPEN, calibration=calibration)
+    lead = best_round(10, 13, {}, [], OPEN, calibration)
     assert lead.fork is None and lead.value == pytest.approx(a ** 4)  # 3 drafts before it, then its own
     fork = best_round(10, 13, {10: Doubt(-3.0, 5, None)}, [], OPEN, calibration)
     doubtful = calibration.acceptance_at(Doubt(-3.0, 5, None))
@@ -72,3 +81,33 @@ def test_commits_judge_the_drafts_they_decide_and_no_others():
     session.apply_commit(4, [3, 2])  # the draft at 4 rejected for its alternative; 5 and beyond undecided
     assert session.calibration.acceptance.value < kept and session.calibration.alternative.value > PRIOR_ALTERNATIVE
     assert session.calibration.acceptance.weight == pytest.approx((1 * 0.95 + 1) * 0.95 ** 2 + 0.95 + 1)
+
+
+def test_the_other_kind_of_round_rides_along_when_worth_what_it_adds_to_the_decode():
+    calibration = Calibration()
+    doubts = {10: Doubt(-0.5, 5, None)}  # a doubtful first draft: its branch is worth more than the lead
+    doubtful = calibration.acceptance_at(doubts[10])
+    lead_value = doubtful * PRIOR_ACCEPTANCE ** 3
+    fork_value = (1 - doubtful) * PRIOR_ALTERNATIVE * PRIOR_ACCEPTANCE
+    assert fork_value > lead_value
+    both = rounds_to_draft(10, 13, doubts, [], OPEN, calibration, extra_cost=0.2)
+    assert [(r.fork, r.value) for r in both] == [(10, pytest.approx(fork_value)), (None, pytest.approx(lead_value))]
+    dear = lead_value / fork_value + 0.01  # one more token costs more than the lead is worth beside the branch
+    assert [r.fork for r in rounds_to_draft(10, 13, doubts, [], OPEN, calibration, extra_cost=dear)] == [10]
+    closed = Horizon(chain_open=False, fork_limit=100, branch_cap=4, new_branches=4)
+    assert [r.fork for r in rounds_to_draft(10, 13, doubts, [], closed, calibration, extra_cost=0.0)] == [10]
+    sure = {10: Doubt(6.0, 5, None)}  # no branch worth MIN_VALUE rides, however cheap
+    assert [r.fork for r in rounds_to_draft(10, 13, sure, [], OPEN, calibration, extra_cost=0.0)] == [None]
+
+
+def test_round_cost_is_what_one_more_token_adds_to_a_round_as_measured():
+    cost = RoundCost()
+    assert cost.extra(1) == PRIOR_EXTRA_COST  # nothing timed yet
+    for _ in range(5):
+        cost.observe(1, 0.066)
+        cost.observe(2, 0.080)
+        cost.observe(3, 0.079)  # noise: a longer round never counts as cheaper
+        cost.observe(MAX_TIMED_TOKENS + 1, 9.0)  # a prompt's catch-up, not a drafting round
+    assert cost.extra(1) == pytest.approx(0.080 / 0.066 - 1)
+    assert cost.extra(2) == 0.0
+    assert cost.extra(3) == PRIOR_EXTRA_COST and MAX_TIMED_TOKENS + 1 not in cost.seconds
