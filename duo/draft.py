@@ -13,7 +13,7 @@ from duo._proto import duo_pb2 as pb
 from duo.branches import Branch, Doubt, branch_length
 from duo.draft_batch import DraftCache, RoundReport, Step, Work, plan_works
 from duo.draft_session import DraftSession
-from duo.draft_value import RoundCost
+from duo.draft_value import RoundCost, with_riders
 from duo.model import Model, ModelError
 from duo.runtime import ModelWorker
 from duo.sampling import SamplingParams, SparseDist
@@ -187,13 +187,12 @@ class Drafter:
             await self.worker.close(_Release(self.cache, closing))
 
     async def draft_round(self, sessions: Iterable[DraftSession]) -> list[Drafted]:
-        """One batched model call drafting the next tokens of work (DraftSession.next_rounds) of each of
+        """One batched model call drafting the next tokens of work (DraftSession.offered_rounds) of each of
         `sessions` that has any, and what came of each; [] when none has work. Never raises: a call that
         fails as a whole (the model broke) fails each of its sessions."""
-        works: list[Work] = []
-        for session in sessions:
-            # A session's second round adds one token to a decode that holds its first and the works so far.
-            works += plan_works(session, self.round_cost.extra(len(works) + 1))
+        offering = [(session, offer) for session in sessions if (offer := session.offered_rounds())]
+        chosen = with_riders([offer for _, offer in offering], self.round_cost)
+        works = [work for (session, _), rounds in zip(offering, chosen) for work in plan_works(session, rounds)]
         if not works:
             return []
         try:

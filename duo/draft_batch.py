@@ -11,6 +11,7 @@ import numpy as np
 
 from duo.branches import Branch, Doubt
 from duo.draft_session import DraftSession, Drawn, Slot, draw, proposes
+from duo.draft_value import Round
 from duo.model import Context, ModelError, Part, common_prefix_length
 
 
@@ -55,13 +56,14 @@ class RoundReport:
     paused: int     # positions where the draft proposed nothing (p_min)
 
 
-def plan_works(session: DraftSession, extra_cost: float) -> list[Work]:
-    """The session's work for the next decode (DraftSession.next_rounds): its chain's next token, its
-    branch's, or both, each on its own sequence; [] when none is worth drafting."""
+def plan_works(session: DraftSession, rounds: list[Round]) -> list[Work]:
+    """The Work of each of `rounds`, chosen for the session's next decode (duo.draft_value.with_riders):
+    its chain's next token, its branch's, or both, each on its own sequence."""
+    session.take(rounds)
     chain = list(session.chain)
     when = {"epoch": session.epoch, "commits": session.commits, "chain_len": len(chain)}
     works = []
-    for chosen in session.next_rounds(extra_cost):
+    for chosen in rounds:
         fork, growing = chosen.fork, chosen.growing
         if fork is None:
             works.append(Work(session, chain, **when))

@@ -8,7 +8,7 @@ from typing import Sequence
 import numpy as np
 
 from duo.branches import Branch, Doubt, branch_length, doubt_of
-from duo.draft_value import Calibration, Horizon, Round, rounds_to_draft
+from duo.draft_value import Calibration, Horizon, Round, ranked_rounds
 from duo.model import common_prefix_length
 from duo.sampling import SamplingParams, SparseDist, coupled_race, distribution, sample
 
@@ -65,12 +65,9 @@ class DraftSession:
         return (not self.paused and not self.closed and len(self.chain) - self.committed < self.max_ahead
                 and len(self.chain) < self.n_ctx)
 
-    def next_rounds(self, extra_cost: float) -> list[Round]:
-        """The rounds of the next decode for this session (duo.draft_value.rounds_to_draft): the one worth
-        most, with the other kind alongside when worth `extra_cost`, what one more token adds to the
-        decode; [] when nothing is worth drafting.
-
-        A new branch takes over the branch sequence, so the one growing there (if any) stops growing."""
+    def offered_rounds(self) -> list[Round]:
+        """What this session offers the next decode, worth most first (duo.draft_value.ranked_rounds): its
+        chain's lead, its best branch round, or both; [] when nothing is worth drafting."""
         if self.closed or not self.max_ahead:
             return []
         branching = bool(self.max_branches)
@@ -78,12 +75,14 @@ class DraftSession:
                           fork_limit=common_prefix_length(self.kv_tokens, self.chain) + 1 if branching else 0,
                           branch_cap=branch_length(self.max_ahead, self.branch_len) if branching else 0,
                           new_branches=self.max_branches - len(self.branches))
-        chosen = rounds_to_draft(self.committed, len(self.chain), self.doubts, self.branches, horizon,
-                                 self.calibration, extra_cost)
-        if any(round_.fork is not None and round_.growing is None for round_ in chosen):
+        return ranked_rounds(self.committed, len(self.chain), self.doubts, self.branches, horizon, self.calibration)
+
+    def take(self, rounds: list[Round]) -> None:
+        """Note that `rounds` go into the next decode: a new branch takes over the branch sequence, so the
+        one growing there (if any) stops growing."""
+        if any(round_.fork is not None and round_.growing is None for round_ in rounds):
             for branch in self.branches:
                 branch.finished = True
-        return chosen
 
     def cells_held(self) -> int:
         """KV cells its sequences hold (model thread): cells the branch shares with the chain count once."""

@@ -24,14 +24,14 @@ worth less than MIN_VALUE is not: with the chain done and no branch worth it, th
 
 The chain and the branch live in sequences of their own, so one decode can grow both: a decode of two
 tokens costs far less than two of one where the weights' reading dominates (a CPU draft: 1.2x; a GPU:
-next to 1x). The round worth less rides along with the other when its value pays for what it adds to
-the decode's time (rounds_to_draft, the cost measured by RoundCost).
+next to 1x). A session's second round rides along in a decode when its value pays for the time it adds
+to the whole decode (with_riders, the cost measured by RoundCost).
 
 Example, k = 4, acceptance 0.85 everywhere but at depth 2, where the draft is unsure (a_2 = 0.3): the
 chain's token at depth 6 is worth 0.85^5 * 0.3 = 0.13, a branch forking at depth 2 0.85 * 0.7 * r * a'
 = 0.85 * 0.7 * 0.5 * 0.85 = 0.25 for its first token and 0.21 for its second: the doubt draws the next
 rounds to the branch, and the lead rides along where one more token adds less than half to a decode
-(0.13 >= extra * 0.25). Where the draft is sure (0.85 at depth 2 too), the same branch is worth
+of this session alone (0.13 >= extra * 0.25). Where the draft is sure (0.85 at depth 2 too), the same branch is worth
 0.85 * 0.15 * 0.5 * 0.85 = 0.05 against 0.38 for the lead at depth 6: doubt decides where rounds go.
 """
 
@@ -131,21 +131,36 @@ class Horizon:
     new_branches: int
 
 
-def rounds_to_draft(committed: int, chain_len: int, doubts: dict[int, Doubt], branches: list[Branch],
-                    horizon: Horizon, calibration: Calibration, extra_cost: float) -> list[Round]:
-    """The rounds of one batched decode for a session: the one worth most, and the best of the other kind
-    (the chain's lead, or a branch) alongside it when it pays for what it adds to the decode.
+def ranked_rounds(committed: int, chain_len: int, doubts: dict[int, Doubt], branches: list[Branch],
+                  horizon: Horizon, calibration: Calibration) -> list[Round]:
+    """What a session offers the next decode, worth most first: the chain's lead and the best branch round
+    (either may be missing). The first is drafted; the second only where it pays (with_riders)."""
+    offered = [round_ for round_ in _candidates(committed, chain_len, doubts, branches, horizon, calibration)
+               if round_ is not None]
+    return sorted(offered, key=lambda round_: -round_.value)
 
-    A decode of n + 1 tokens takes (1 + extra_cost) times one of n (RoundCost), and on a CPU much less than
-    twice as long (the weights are read once: 0.5B Q4_K_M on one Xeon core, 66 ms for one token, 80 for
-    two). Rounds worth v1 and v2 together commit (v1 + v2) / (1 + extra_cost) tokens per round's time
-    against v1 alone: so the second rides when v2 >= extra_cost * v1. The chain (sequence `chain`) and the
-    branch (sequence `branch`) then grow in the same call."""
-    lead, branch = _candidates(committed, chain_len, doubts, branches, horizon, calibration)
-    if lead is None or branch is None:
-        return [round_ for round_ in (lead, branch) if round_ is not None]
-    first, second = (lead, branch) if lead.value >= branch.value else (branch, lead)
-    return [first, second] if second.value >= extra_cost * first.value else [first]
+
+def with_riders(offers: list[list[Round]], cost: RoundCost) -> list[list[Round]]:
+    """The rounds of one batched decode: each session's first, and the second ones that pay for the time
+    they add.
+
+    The chain and the branch live in sequences of their own, so one decode can grow both, and where
+    reading the weights dominates, a decode of n + 1 tokens costs far less than n + 1 decodes of one
+    (0.5B Q4_K_M on one Xeon core: 66 ms for one token, 80 for two, 102 for four). A decode of n tokens
+    worth V in all commits V / T(n) tokens per second; one more worth v makes it (V + v) / T(n + 1), which
+    is more when v >= V * (T(n + 1) / T(n) - 1) = V * cost.extra(n): the time a token adds delays every
+    token of the decode, every session's. Riders are taken worth most first, so the first that does not
+    pay ends the list."""
+    chosen = [offer[:1] for offer in offers]
+    tokens = sum(map(len, chosen))
+    value = sum(round_.value for rounds in chosen for round_ in rounds)
+    riders = sorted(((offer[1], i) for i, offer in enumerate(offers) if len(offer) > 1), key=lambda r: -r[0].value)
+    for rider, i in riders:
+        if rider.value < value * cost.extra(tokens):
+            break
+        chosen[i].append(rider)
+        tokens, value = tokens + 1, value + rider.value
+    return chosen
 
 
 def _candidates(committed: int, chain_len: int, doubts: dict[int, Doubt], branches: list[Branch],

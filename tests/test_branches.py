@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import math
 
 import numpy as np
 import pytest
@@ -70,9 +69,10 @@ def test_a_new_fork_worth_more_than_the_growing_branch_ends_it():
 
 
 def best_round(session: DraftSession) -> Round | None:
-    """The one round a decode holds for the session where a second token would cost a whole round."""
-    chosen = session.next_rounds(math.inf)
-    return chosen[0] if chosen else None
+    """The round worth most, the one a decode holds for the session whatever the cost of a second; taken."""
+    offered = session.offered_rounds()
+    session.take(offered[:1])
+    return offered[0] if offered else None
 
 
 def session_with_chain(chain: list[int], committed: int) -> DraftSession:
@@ -180,7 +180,7 @@ class NoEndModel:
 
 def branch_round(session: DraftSession) -> tuple[Drafter, Work]:
     drafter = Drafter(NoEndModel(), None, n_ctx=256, top_k_cap=10, max_branches=2, branch_len=2)
-    work = plan_works(session, math.inf)[0]
+    work = plan_works(session, session.offered_rounds()[:1])[0]
     assert work is not None and work.fork is not None
     return drafter, work
 

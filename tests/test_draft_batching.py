@@ -19,13 +19,14 @@ from test_draft_hardening import CountingModel, Stream, holds_nothing, servicer_
 TEXTS = ["def fibonacci(n):", "Once upon a time, in a land far away", "The quick brown fox",
          "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n", "import numpy as np\n"]
 SETTINGS = {"n_ctx": 256, "top_k_cap": 10, "max_branches": 2, "branch_len": 2}
-# What one more token adds to a decode, the same for every round: the schedule depends on the values alone,
-# not on timings that differ between a batched round and a session's own (a branch rides at 0.3).
-RIDE_COST = 0.3
+# What one more token adds to a decode: nothing, so every round a session offers rides (duo.draft_value.
+# with_riders). Its schedule then depends on its own values alone, not on the timings or the other sessions
+# of a batched decode, and a batched round must draft for it what it drafts alone.
+RIDE_COST = 0.0
 
 
 def drafter_for(model, **settings) -> Drafter:
-    """A Drafter whose schedule depends on the values alone (RIDE_COST), as the comparisons need."""
+    """A Drafter whose sessions' schedules depend on their own values alone (RIDE_COST), as the comparisons need."""
     drafter = Drafter(model, ModelWorker(), **settings)
     drafter.round_cost = FixedExtraCost(RIDE_COST)
     return drafter

@@ -2,25 +2,22 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 
 from duo.branches import Branch, Doubt
 from duo.draft_session import DraftSession, Slot
 from duo.draft_value import (MAX_TIMED_TOKENS, MIN_VALUE, PRIOR_ACCEPTANCE, PRIOR_ALTERNATIVE, PRIOR_EXTRA_COST,
-                             Calibration, Horizon, Round, RoundCost, confidence, rounds_to_draft)
+                             Calibration, Horizon, Round, RoundCost, confidence, ranked_rounds, with_riders)
 from duo.sampling import SamplingParams
 
 OPEN = Horizon(chain_open=True, fork_limit=100, branch_cap=4, new_branches=4)
 
 
 def best_round(*situation) -> Round | None:
-    """The round worth most: what a decode holds where a second token would cost as much as a round."""
-    chosen = rounds_to_draft(*situation, extra_cost=math.inf)
-    assert len(chosen) <= 1
-    return chosen[0] if chosen else None
+    """The round worth most, the one a decode holds for the session whatever the cost of a second."""
+    offered = ranked_rounds(*situation)
+    return offered[0] if offered else None
 
 
 def test_a_round_is_worth_the_chance_that_its_token_is_committed():
@@ -83,21 +80,42 @@ def test_commits_judge_the_drafts_they_decide_and_no_others():
     assert session.calibration.acceptance.weight == pytest.approx((1 * 0.95 + 1) * 0.95 ** 2 + 0.95 + 1)
 
 
+class Fixed:
+    """A round cost where one more token adds `extra` to a decode of any size."""
+
+    def __init__(self, extra: float) -> None:
+        self.value = extra
+
+    def extra(self, tokens: int) -> float:
+        return self.value
+
+
 def test_the_other_kind_of_round_rides_along_when_worth_what_it_adds_to_the_decode():
     calibration = Calibration()
     doubts = {10: Doubt(-0.5, 5, None)}  # a doubtful first draft: its branch is worth more than the lead
     doubtful = calibration.acceptance_at(doubts[10])
     lead_value = doubtful * PRIOR_ACCEPTANCE ** 3
     fork_value = (1 - doubtful) * PRIOR_ALTERNATIVE * PRIOR_ACCEPTANCE
-    assert fork_value > lead_value
-    both = rounds_to_draft(10, 13, doubts, [], OPEN, calibration, extra_cost=0.2)
-    assert [(r.fork, r.value) for r in both] == [(10, pytest.approx(fork_value)), (None, pytest.approx(lead_value))]
+    offered = ranked_rounds(10, 13, doubts, [], OPEN, calibration)
+    assert [(r.fork, r.value) for r in offered] == [(10, pytest.approx(fork_value)), (None, pytest.approx(lead_value))]
+    assert with_riders([offered], Fixed(0.2)) == [offered]
     dear = lead_value / fork_value + 0.01  # one more token costs more than the lead is worth beside the branch
-    assert [r.fork for r in rounds_to_draft(10, 13, doubts, [], OPEN, calibration, extra_cost=dear)] == [10]
+    assert with_riders([offered], Fixed(dear)) == [offered[:1]]
     closed = Horizon(chain_open=False, fork_limit=100, branch_cap=4, new_branches=4)
-    assert [r.fork for r in rounds_to_draft(10, 13, doubts, [], closed, calibration, extra_cost=0.0)] == [10]
-    sure = {10: Doubt(6.0, 5, None)}  # no branch worth MIN_VALUE rides, however cheap
-    assert [r.fork for r in rounds_to_draft(10, 13, sure, [], OPEN, calibration, extra_cost=0.0)] == [None]
+    assert [r.fork for r in ranked_rounds(10, 13, doubts, [], closed, calibration)] == [10]
+    sure = {10: Doubt(6.0, 5, None)}  # no branch worth MIN_VALUE is offered, however cheap a token
+    assert [r.fork for r in ranked_rounds(10, 13, sure, [], OPEN, calibration)] == [None]
+
+
+def test_a_rider_pays_for_the_time_it_adds_to_every_sessions_tokens_in_the_decode():
+    lead, branch = Round(0.5), Round(0.2, fork=3)
+    alone = with_riders([[lead, branch]], Fixed(0.3))  # 0.2 >= 0.3 * 0.5: worth it beside one lead
+    assert alone == [[lead, branch]]
+    others = [[Round(0.5)] for _ in range(3)]  # three more sessions' leads delayed too: 0.2 < 0.3 * 2.0
+    assert with_riders([[lead, branch], *others], Fixed(0.3)) == [[lead], *others]
+    better = Round(0.7, fork=5)  # riders worth most first; the first that does not pay ends them
+    chosen = with_riders([[lead, branch], [Round(0.9), better]], Fixed(0.45))
+    assert chosen == [[lead], [Round(0.9), better]]  # 0.7 >= 0.45 * 1.4, then 0.2 < 0.45 * 2.1
 
 
 def test_round_cost_is_what_one_more_token_adds_to_a_round_as_measured():
