@@ -1,5 +1,5 @@
 """The draft's batched step: one llama context holds every session's sequences, and one decode per round
-drafts the next token of work for every session that has some."""
+drafts the next token of each work: a session's chain, its branch, or both."""
 
 from __future__ import annotations
 
@@ -124,7 +124,8 @@ class DraftCache:
         for i, row in logits.items():
             steps[i] = draw_step(works[i], row)
         decoded = sum(len(part.tokens) for part in fitted.values())
-        report = RoundReport(time.perf_counter() - began, len(fitted), decoded,
+        sessions = len({works[i].session.session_id for i in fitted})  # a chain and its branch: one session
+        report = RoundReport(time.perf_counter() - began, sessions, decoded,
                              sum(step.drawn is not None for step in steps), sum(step.paused for step in steps))
         return steps, report
 

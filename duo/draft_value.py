@@ -31,8 +31,9 @@ Example, k = 4, acceptance 0.85 everywhere but at depth 2, where the draft is un
 chain's token at depth 6 is worth 0.85^5 * 0.3 = 0.13, a branch forking at depth 2 0.85 * 0.7 * r * a'
 = 0.85 * 0.7 * 0.5 * 0.85 = 0.25 for its first token and 0.21 for its second: the doubt draws the next
 rounds to the branch, and the lead rides along where one more token adds less than half to a decode
-of this session alone (0.13 >= extra * 0.25). Where the draft is sure (0.85 at depth 2 too), the same branch is worth
-0.85 * 0.15 * 0.5 * 0.85 = 0.05 against 0.38 for the lead at depth 6: doubt decides where rounds go.
+of this session alone (0.13 >= extra * 0.25). Where the draft is sure (0.85 at depth 2 too), the same
+branch is worth 0.85 * 0.15 * 0.5 * 0.85 = 0.05 against 0.38 for the lead at depth 6: doubt decides
+where rounds go.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ import math
 from dataclasses import dataclass, field
 
 from duo.branches import Branch, Doubt
-from duo.policy import MovingAverage
+from duo.policy import MovingAverage, StepCosts
 
 # The draft's own estimates before any commit judged it: accepted at 0.7, and the alternative the
 # target's token at half of the rejections.
@@ -51,9 +52,6 @@ PRIOR_ALTERNATIVE = 0.5
 MIN_VALUE = 0.02
 # Calibrated acceptances stay inside this range: one judgement never makes a position certain.
 CLAMP = (0.02, 0.98)
-# What one more token adds to a draft round, as a fraction of it, until rounds of both sizes were timed:
-# between a GPU's next to nothing and a compute-bound CPU's whole token.
-PRIOR_EXTRA_COST = 0.5
 # Rounds are timed by their tokens up to this many (longer ones are a prompt's catch-up, not drafting).
 MAX_TIMED_TOKENS = 64
 
@@ -87,21 +85,26 @@ class Calibration:
 
 @dataclass
 class RoundCost:
-    """The seconds a draft round takes (roll back, decode, draw) by the tokens it decodes, as measured: what
-    one more token adds to a round, which decides whether a second round rides along (rounds_to_draft)."""
+    """The seconds a draft round takes (roll back, decode, draw) by the tokens it decodes: what one more token
+    adds to a decode, which decides whether a second round rides along (with_riders).
 
-    seconds: dict[int, MovingAverage] = field(default_factory=dict)  # tokens decoded -> seconds
+    Kept as the target keeps its verify costs (duo.policy.StepCosts): measured, interpolated between
+    measured sizes, and optimistic beyond them, so a size never timed is tried and one slow round does not
+    keep riders out for good (catch-up after commits times the sizes again)."""
+
+    costs: StepCosts = field(default_factory=StepCosts)
 
     def observe(self, tokens: int, seconds: float) -> None:
         if 0 < tokens <= MAX_TIMED_TOKENS:
-            self.seconds.setdefault(tokens, MovingAverage(seconds)).add(seconds)
+            self.costs.observe(tokens, seconds)
 
     def extra(self, tokens: int) -> float:
-        """How much longer a round of tokens + 1 takes than one of `tokens`, as a fraction of the latter."""
-        shorter, longer = self.seconds.get(tokens), self.seconds.get(tokens + 1)
-        if shorter is None or longer is None:
-            return PRIOR_EXTRA_COST
-        return max(longer.value / shorter.value - 1.0, 0.0)
+        """How much longer a decode of tokens + 1 takes than one of `tokens`, as a fraction of the latter.
+
+        with_riders counts a work as one token; a work that also catches up after a commit decodes more,
+        so the ratio read is of slightly smaller decodes than the real ones: a little dearer per token
+        (decodes flatten as they grow), which errs towards fewer riders."""
+        return max(self.costs.batch_seconds(tokens + 1) / self.costs.batch_seconds(tokens) - 1.0, 0.0)
 
 
 def confidence(doubt: Doubt) -> float:
@@ -112,7 +115,7 @@ def confidence(doubt: Doubt) -> float:
 
 @dataclass(frozen=True)
 class Round:
-    """The round worth most: the chain's lead (fork None), or a branch at `fork`, `growing` or new."""
+    """A round a session offers a decode: the chain's lead (fork None), or a branch at `fork`, `growing` or new."""
 
     value: float
     fork: int | None = None

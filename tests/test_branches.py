@@ -75,6 +75,18 @@ def best_round(session: DraftSession) -> Round | None:
     return offered[0] if offered else None
 
 
+def test_a_new_fork_left_out_of_the_decode_leaves_the_growing_branch_growing():
+    session = session_with_chain([7, 8, 4, 5, 6], committed=2)
+    session.doubts = {2: Doubt(8.0, 9, None), 3: Doubt(8.0, 9, None), 4: Doubt(-2.0, 9, None)}
+    session.kv_tokens = session.chain[:-1]
+    grown = Branch(epoch=3, fork=3, tokens=[9, 1, 2], doubts=[None, Doubt(-2.0, 0, None), Doubt(-2.0, 0, None)])
+    session.branches = [grown]
+    offered = session.offered_rounds()
+    assert offered[0].fork == 4 and offered[0].growing is None  # the new fork first, the lead beside it
+    works = plan_works(session, [offered[1]])  # only the lead went in (the fork did not pay)
+    assert [work.fork for work in works] == [None] and not grown.finished
+
+
 def session_with_chain(chain: list[int], committed: int) -> DraftSession:
     return DraftSession(session_id=1, chain=chain, committed=committed, params=SamplingParams(),
                         rng=np.random.default_rng(0), max_ahead=8, p_min=0.0, slot=Slot(0, 1), n_ctx=256, max_branches=2,
@@ -113,9 +125,10 @@ def test_in_spare_time_the_draft_branches_with_the_tokens_a_fresh_decode_gives(
         chunks, _ = await draft_until_idle(drafter, [session])
         await drafter.close(session)
         await drafter.stop()
-        return session, chunks[1]
+        return session, chunks[1], drafter.round_cost
 
-    session, chunks = asyncio.run(run())
+    session, chunks, cost = asyncio.run(run())
+    assert cost.costs.measured_seconds(1) is not None  # the rounds timed, for riders to come
     # The chain up to max_ahead, and one branch of two drafts at a position the chain had drafted.
     assert [(c.epoch, c.start) for c in chunks if c.epoch == 0] == [(0, 3), (0, 4), (0, 5), (0, 6)]
     assert chunks[0].epoch == 0  # nothing before the chain's first draft

@@ -9,6 +9,7 @@ from duo._proto import duo_pb2 as pb
 from duo.draft import Drafter
 from duo.batching import StepBatcher
 from duo.draft_session import DraftSession
+from duo.draft_value import RoundCost
 from duo.policy import StepCosts
 from duo.runtime import ModelWorker
 from duo.sampling import SamplingParams
@@ -32,11 +33,12 @@ async def draft_once(drafter: Drafter, session: DraftSession) -> pb.DraftChunk |
     return drafted.chunk
 
 
-class FixedExtraCost:
+class FixedExtraCost(RoundCost):
     """A draft round cost where one more token adds `extra` to a decode of any size: a schedule that does not
-    depend on timings, as duo.draft_value.RoundCost's measurements make it."""
+    depend on timings, as RoundCost's measurements make it."""
 
     def __init__(self, extra: float) -> None:
+        super().__init__()
         self.value = extra
 
     def extra(self, tokens: int) -> float:

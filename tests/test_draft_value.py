@@ -7,9 +7,11 @@ import pytest
 
 from duo.branches import Branch, Doubt
 from duo.draft_session import DraftSession, Slot
-from duo.draft_value import (MAX_TIMED_TOKENS, MIN_VALUE, PRIOR_ACCEPTANCE, PRIOR_ALTERNATIVE, PRIOR_EXTRA_COST,
+from duo.draft_value import (MAX_TIMED_TOKENS, MIN_VALUE, PRIOR_ACCEPTANCE, PRIOR_ALTERNATIVE,
                              Calibration, Horizon, Round, RoundCost, confidence, ranked_rounds, with_riders)
+from duo.policy import PRIOR_BATCH_SLOPE
 from duo.sampling import SamplingParams
+from test_draft_and_plan import FixedExtraCost
 
 OPEN = Horizon(chain_open=True, fork_limit=100, branch_cap=4, new_branches=4)
 
@@ -80,16 +82,6 @@ def test_commits_judge_the_drafts_they_decide_and_no_others():
     assert session.calibration.acceptance.weight == pytest.approx((1 * 0.95 + 1) * 0.95 ** 2 + 0.95 + 1)
 
 
-class Fixed:
-    """A round cost where one more token adds `extra` to a decode of any size."""
-
-    def __init__(self, extra: float) -> None:
-        self.value = extra
-
-    def extra(self, tokens: int) -> float:
-        return self.value
-
-
 def test_the_other_kind_of_round_rides_along_when_worth_what_it_adds_to_the_decode():
     calibration = Calibration()
     doubts = {10: Doubt(-0.5, 5, None)}  # a doubtful first draft: its branch is worth more than the lead
@@ -98,9 +90,9 @@ def test_the_other_kind_of_round_rides_along_when_worth_what_it_adds_to_the_deco
     fork_value = (1 - doubtful) * PRIOR_ALTERNATIVE * PRIOR_ACCEPTANCE
     offered = ranked_rounds(10, 13, doubts, [], OPEN, calibration)
     assert [(r.fork, r.value) for r in offered] == [(10, pytest.approx(fork_value)), (None, pytest.approx(lead_value))]
-    assert with_riders([offered], Fixed(0.2)) == [offered]
+    assert with_riders([offered], FixedExtraCost(0.2)) == [offered]
     dear = lead_value / fork_value + 0.01  # one more token costs more than the lead is worth beside the branch
-    assert with_riders([offered], Fixed(dear)) == [offered[:1]]
+    assert with_riders([offered], FixedExtraCost(dear)) == [offered[:1]]
     closed = Horizon(chain_open=False, fork_limit=100, branch_cap=4, new_branches=4)
     assert [r.fork for r in ranked_rounds(10, 13, doubts, [], closed, calibration)] == [10]
     sure = {10: Doubt(6.0, 5, None)}  # no branch worth MIN_VALUE is offered, however cheap a token
@@ -109,23 +101,24 @@ def test_the_other_kind_of_round_rides_along_when_worth_what_it_adds_to_the_deco
 
 def test_a_rider_pays_for_the_time_it_adds_to_every_sessions_tokens_in_the_decode():
     lead, branch = Round(0.5), Round(0.2, fork=3)
-    alone = with_riders([[lead, branch]], Fixed(0.3))  # 0.2 >= 0.3 * 0.5: worth it beside one lead
+    alone = with_riders([[lead, branch]], FixedExtraCost(0.3))  # 0.2 >= 0.3 * 0.5: worth it beside one lead
     assert alone == [[lead, branch]]
     others = [[Round(0.5)] for _ in range(3)]  # three more sessions' leads delayed too: 0.2 < 0.3 * 2.0
-    assert with_riders([[lead, branch], *others], Fixed(0.3)) == [[lead], *others]
+    assert with_riders([[lead, branch], *others], FixedExtraCost(0.3)) == [[lead], *others]
     better = Round(0.7, fork=5)  # riders worth most first; the first that does not pay ends them
-    chosen = with_riders([[lead, branch], [Round(0.9), better]], Fixed(0.45))
+    chosen = with_riders([[lead, branch], [Round(0.9), better]], FixedExtraCost(0.45))
     assert chosen == [[lead], [Round(0.9), better]]  # 0.7 >= 0.45 * 1.4, then 0.2 < 0.45 * 2.1
 
 
 def test_round_cost_is_what_one_more_token_adds_to_a_round_as_measured():
     cost = RoundCost()
-    assert cost.extra(1) == PRIOR_EXTRA_COST  # nothing timed yet
+    assert cost.extra(1) == pytest.approx(PRIOR_BATCH_SLOPE)  # nothing timed yet: optimistic, so it is tried
     for _ in range(5):
         cost.observe(1, 0.066)
         cost.observe(2, 0.080)
-        cost.observe(3, 0.079)  # noise: a longer round never counts as cheaper
+        cost.observe(4, 0.079)  # noise: a longer round never counts as cheaper
         cost.observe(MAX_TIMED_TOKENS + 1, 9.0)  # a prompt's catch-up, not a drafting round
     assert cost.extra(1) == pytest.approx(0.080 / 0.066 - 1)
-    assert cost.extra(2) == 0.0
-    assert cost.extra(3) == PRIOR_EXTRA_COST and MAX_TIMED_TOKENS + 1 not in cost.seconds
+    assert cost.extra(2) == 0.0 and cost.extra(3) == 0.0  # 3 interpolated between 2 and 4
+    assert cost.extra(4) == pytest.approx(PRIOR_BATCH_SLOPE)  # beyond the sizes timed: optimistic again
+    assert cost.costs.measured_seconds(MAX_TIMED_TOKENS + 1) is None
