@@ -59,13 +59,19 @@ def test_rounds_go_to_the_chain_first_then_to_a_doubtful_fork_before_a_far_lead(
 
 
 def test_a_new_fork_worth_more_than_the_growing_branch_ends_it():
+    session, grown = growing_a_branch_with_a_doubt_after_it()
+    chosen = best_round(session)
+    assert chosen.fork == 4 and chosen.growing is None and grown.finished
+
+
+def growing_a_branch_with_a_doubt_after_it() -> tuple[DraftSession, Branch]:
+    """A session growing a doubtful branch at position 3, with the chain's doubt at 4 worth a new fork."""
     session = session_with_chain([7, 8, 4, 5, 6], committed=2)
     session.doubts = {2: Doubt(8.0, 9, None), 3: Doubt(8.0, 9, None), 4: Doubt(-2.0, 9, None)}
     session.kv_tokens = session.chain[:-1]
     grown = Branch(epoch=3, fork=3, tokens=[9, 1, 2], doubts=[None, Doubt(-2.0, 0, None), Doubt(-2.0, 0, None)])
     session.branches = [grown]
-    chosen = best_round(session)
-    assert chosen.fork == 4 and chosen.growing is None and grown.finished
+    return session, grown
 
 
 def best_round(session: DraftSession) -> Round | None:
@@ -76,11 +82,7 @@ def best_round(session: DraftSession) -> Round | None:
 
 
 def test_a_new_fork_left_out_of_the_decode_leaves_the_growing_branch_growing():
-    session = session_with_chain([7, 8, 4, 5, 6], committed=2)
-    session.doubts = {2: Doubt(8.0, 9, None), 3: Doubt(8.0, 9, None), 4: Doubt(-2.0, 9, None)}
-    session.kv_tokens = session.chain[:-1]
-    grown = Branch(epoch=3, fork=3, tokens=[9, 1, 2], doubts=[None, Doubt(-2.0, 0, None), Doubt(-2.0, 0, None)])
-    session.branches = [grown]
+    session, grown = growing_a_branch_with_a_doubt_after_it()
     offered = session.offered_rounds()
     assert offered[0].fork == 4 and offered[0].growing is None  # the new fork first, the lead beside it
     works = plan_works(session, [offered[1]])  # only the lead went in (the fork did not pay)
