@@ -210,7 +210,7 @@ def grpc_server_options() -> list[tuple[str, int]]:
         ("grpc.http2.max_pings_without_data", 0),
         # Ping, and accept the client's pings, also between calls instead of answering GOAWAY.
         ("grpc.keepalive_permit_without_calls", 1),
-        # Clients ping every KEEPALIVE_TIME_MS (duo.link does): allow that, with room for jitter.
+        # Clients ping every KEEPALIVE_TIME_MS (duo.target.link does): allow that, with room for jitter.
         ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_TIME_MS // 2),
         ("grpc.http2.max_ping_strikes", 0),
         # grpc sets SO_REUSEPORT by default: a second process on the same port would then share it
@@ -252,7 +252,7 @@ def grpc_channel_options() -> list[tuple[str, int]]:
         *_keepalive_options(),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.max_pings_without_data", 0),
-        # Reconnection is ours (duo.link backs off itself); keep grpc's own backoff short.
+        # Reconnection is ours (duo.target.link backs off itself); keep grpc's own backoff short.
         ("grpc.initial_reconnect_backoff_ms", 200),
         ("grpc.max_reconnect_backoff_ms", 2_000),
     ]
@@ -331,6 +331,13 @@ def listen_socket(address: str, default_host: str = "127.0.0.1") -> socket.socke
         return socket.create_server((host, int(port)), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
     except OSError as error:
         raise ValueError(f"cannot listen on {address}: {error.strerror or error}") from error
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (another process may take it before you do)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def run_async(main: Awaitable[None]) -> int:

@@ -7,12 +7,25 @@ from dataclasses import dataclass
 import numpy as np
 
 from duo._proto import duo_pb2 as pb
-from duo.branches import MAX_BRANCHES
-from duo.chain import ChainChunk
 from duo.model import Vocab
 from duo.sampling import SamplingParams, SparseDist
 
 PROTOCOL = "duo/3"  # 2: branches; 3: coupled sampling (OpenSession.verification)
+# Branches per chain the draft keeps at most (duo-draft --max-branches); the target accepts this many
+# per commit, and counts epochs accordingly.
+MAX_BRANCHES = 4
+
+
+@dataclass(frozen=True)
+class ChainChunk:
+    """Chain tokens at positions start, start + 1, ... of chain `epoch`, as the link let them through."""
+
+    epoch: int
+    start: int
+    tokens: list[int]
+    dists: list[SparseDist]  # the distribution each token was drawn from; empty for greedy sessions
+    branch_of: int | None = None  # set on a branch's first chunk: the epoch of the chain it forks from
+    paused: bool = False  # the draft stopped this chain after these tokens, until the next commit
 
 
 def sampling_to_pb(params: SamplingParams, seed: int | None) -> pb.SamplingParams:

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Builds of llama.cpp that duo makes: the llama-cpp-python wheel it runs on, and llama.cpp's own
-llama-server for scripts/bench.py, both from the same pinned source, cached by version and flags.
+llama-server for `duo bench`, both from the same pinned source, cached by version and flags.
 
 Standard library only: scripts/setup.sh runs it with the system's python3 before the venv has anything.
 

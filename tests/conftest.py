@@ -97,7 +97,7 @@ def served_alone(tiny_target: Path, process_logs: Path):
     """duo-target without a draft, serving gRPC and HTTP."""
     from processes import start
 
-    process = start("duo.target_process", ["--model", str(tiny_target), "--ctx-size", str(CONTEXT_SIZE)], process_logs,
+    process = start("duo.cli.target", ["--model", str(tiny_target), "--ctx-size", str(CONTEXT_SIZE)], process_logs,
                     http=True)
     yield process
     process.stop()
@@ -107,7 +107,7 @@ def served_alone(tiny_target: Path, process_logs: Path):
 def served_draft(tiny_draft: Path, process_logs: Path):
     from processes import start
 
-    process = start("duo.draft_process", ["--model", str(tiny_draft)], process_logs)
+    process = start("duo.cli.draft", ["--model", str(tiny_draft)], process_logs)
     yield process
     process.stop()
 
@@ -121,7 +121,7 @@ def served_duo(tiny_target: Path, served_draft, process_logs: Path):
     """
     from processes import start, wait_for_draft
 
-    process = start("duo.target_process", ["--model", str(tiny_target), "--peer", served_draft.address, "--draft-max", "4"],
+    process = start("duo.cli.target", ["--model", str(tiny_target), "--peer", served_draft.address, "--draft-max", "4"],
                     process_logs, http=True)
     wait_for_draft(process.address)
     yield process
@@ -136,7 +136,7 @@ def served_sync(tiny_target: Path, served_draft, process_logs: Path):
     that is no faster than its tiny target)."""
     from processes import start, wait_for_draft
 
-    process = start("duo.target_process", ["--model", str(tiny_target), "--peer", served_draft.address, "--sync", "4"],
+    process = start("duo.cli.target", ["--model", str(tiny_target), "--peer", served_draft.address, "--sync", "4"],
                     process_logs, http=True)
     wait_for_draft(process.address)
     yield process

@@ -16,7 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from duo._proto import duo_pb2 as pb
 from duo._proto import duo_pb2_grpc as pb_grpc
-from duo.demo import free_port
+from duo.runtime import free_port
 
 
 @dataclass
@@ -60,7 +60,7 @@ def start(module: str, args: list[str], log_dir: Path, *, port: int | None = Non
         popen = subprocess.Popen([sys.executable, "-m", module, *args, "--listen", address, "--threads", "1"],
                                  stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     process = Process(popen, address, log_path, http_url)
-    ready = (lambda: is_serving(address, credentials)) if module == "duo.target_process" else (lambda: accepts(port))
+    ready = (lambda: is_serving(address, credentials)) if module == "duo.cli.target" else (lambda: accepts(port))
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if popen.poll() is not None:

@@ -7,11 +7,11 @@ import threading
 
 import pytest
 
-from duo.batching import MIN_PREFILL_CHUNK
 from duo.model import Part
 from duo.runtime import ModelWorker
 from duo.sampling import SamplingParams
-from duo.target import Request, SpecSettings, Target
+from duo.target.batching import MIN_PREFILL_CHUNK
+from duo.target.generation import Request, SpecSettings, Target
 from greedy import leaves_coupled_path_only_at_a_near_tie, leaves_greedy_path_only_at_a_near_tie
 from processes import generate, start, wait_for_draft
 
@@ -209,10 +209,10 @@ def test_a_request_arriving_while_another_runs_starts_from_that_ones_prefix_and_
 def served(tiny_target, tiny_draft, tmp_path_factory):
     """A draft and a target running 8 generations at once, and a target alone."""
     logs = tmp_path_factory.mktemp("logs")
-    draft = start("duo.draft_process", ["--model", str(tiny_draft)], logs)
-    target = start("duo.target_process", ["--model", str(tiny_target), "--peer", draft.address, "--draft-max", "4",
+    draft = start("duo.cli.draft", ["--model", str(tiny_draft)], logs)
+    target = start("duo.cli.target", ["--model", str(tiny_target), "--peer", draft.address, "--draft-max", "4",
                                           "--parallel", "8"], logs, http=True)
-    alone = start("duo.target_process", ["--model", str(tiny_target)], logs)
+    alone = start("duo.cli.target", ["--model", str(tiny_target)], logs)
     wait_for_draft(target.address)
     yield target, alone
     for process in (target, alone, draft):

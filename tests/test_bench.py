@@ -1,4 +1,4 @@
-"""scripts/bench*.py without models: what runs at which link delay, the per-mode numbers, clients at once, the
+"""duo.bench without models: what runs at which link delay, the per-mode numbers, clients at once, the
 baseline's code."""
 
 from __future__ import annotations
@@ -12,14 +12,12 @@ from types import SimpleNamespace
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-
-import bench  # noqa: E402
-import bench_cluster  # noqa: E402
-import bench_concurrency  # noqa: E402
-import bench_report  # noqa: E402
-from bench_cluster import Code, baseline_worktree, spawn  # noqa: E402
-from bench_report import Run, Variant, run_from_stats, summarise  # noqa: E402
+from duo.bench import cluster as bench_cluster
+from duo.bench import concurrency as bench_concurrency
+from duo.bench import report as bench_report
+from duo.bench import run as bench
+from duo.bench.cluster import ROOT, Code, baseline_worktree, spawn
+from duo.bench.report import Run, Variant, run_from_stats, summarise
 
 
 def _run(mode: str, delay: float = 0.0, temperature: float = 0.0, *, tokens: int = 100, seconds: float = 10.0,
@@ -96,7 +94,8 @@ def test_alone_rpc_starts_two_servers_on_the_target_cores_then_the_target_split_
     assert servers_started == 2 and [s.name for s in servers] == ["alone-rpc-server1.log", "alone-rpc-server2.log"]
     assert len(set(endpoints)) == 2 and all(e.startswith("127.0.0.1:") for e in endpoints)
     for (_, command, _), endpoint in zip(started[:2], endpoints):
-        assert command[1:] == ["-m", "duo.cli", "rpc-server", "--listen", endpoint, "--device", "cpu", "--threads", "1"]
+        assert command[1:] == ["-m", "duo.cli.main", "rpc-server", "--listen", endpoint, "--device", "cpu",
+                               "--threads", "1"]
     target = started[2][1]
     assert target[target.index("--rpc") + 1] == ",".join(endpoints)
     assert target[target.index("--threads") + 1] == "1" and "--peer" not in target
@@ -236,12 +235,16 @@ def test_runs_record_the_verification_and_seed_the_target_reports():
     assert (run.verification, run.seed) == ("coupled", 7)
 
 
-def test_code_finds_the_process_modules_of_either_layout(tmp_path):
+def test_code_finds_the_process_modules_of_every_layout(tmp_path):
     (tmp_path / "old" / "duo").mkdir(parents=True)
-    (tmp_path / "new" / "duo").mkdir(parents=True)
-    (tmp_path / "new" / "duo" / "target_process.py").touch()
+    (tmp_path / "flat" / "duo").mkdir(parents=True)
+    (tmp_path / "flat" / "duo" / "target_process.py").touch()
+    (tmp_path / "packages" / "duo" / "cli").mkdir(parents=True)
+    (tmp_path / "packages" / "duo" / "cli" / "target.py").touch()
     assert Code.at(tmp_path / "old") == Code(tmp_path / "old", "duo.target", "duo.draft")
-    assert Code.at(tmp_path / "new") == Code(tmp_path / "new", "duo.target_process", "duo.draft_process")
+    assert Code.at(tmp_path / "flat") == Code(tmp_path / "flat", "duo.target_process", "duo.draft_process")
+    assert Code.at(tmp_path / "packages") == Code(tmp_path / "packages", "duo.cli.target", "duo.cli.draft")
+    assert Code.at(ROOT).target_module == "duo.cli.target"  # this checkout
 
 
 def test_processes_of_a_baseline_import_its_duo_not_the_installed_one(tmp_path):
@@ -426,7 +429,7 @@ MEMORY_BOUND = {n: 0.2 * (1 + 0.1 * (n - 1)) for n in range(1, 10)}  # T(n): a s
 
 
 def test_the_pace_aware_bound_meets_the_ideal_with_a_free_draft_and_falls_as_the_draft_slows():
-    import pace_bound
+    from duo.bench import pace_bound
 
     ideal, _ = bench_report.ideal_rate(0.85, MEMORY_BOUND)
     free = pace_bound.pace_bound(0.85, MEMORY_BOUND, draft_s=1e-6)
@@ -441,7 +444,7 @@ def test_the_pace_aware_bound_meets_the_ideal_with_a_free_draft_and_falls_as_the
 
 
 def test_a_draft_as_fast_as_the_target_wants_its_schedule_to_wait_or_verify_less():
-    import pace_bound
+    from duo.bench import pace_bound
 
     slow = pace_bound.pace_bound(0.9, MEMORY_BOUND, draft_s=0.05)
     fast = pace_bound.pace_bound(0.9, MEMORY_BOUND, draft_s=0.001)

@@ -1,21 +1,18 @@
-"""scripts/bench_llama.py: llama.cpp's llama-server as the bench's peer, its modes' wiring, the stream it is
+"""duo/bench/llama_server.py: llama.cpp's llama-server as the bench's peer, its modes' wiring, the stream it is
 read from, and its numbers beside duo's. The last test runs llama-server itself on the tiny models."""
 
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-
-import bench  # noqa: E402
-import bench_llama  # noqa: E402
-from bench_llama import PeerAnswer, cpu_mask, expand_modes, read_stream, run_from_answer, server_args  # noqa: E402
-from bench_report import Variant, print_table, summarise  # noqa: E402
-from duo.demo import free_port  # noqa: E402
+from duo.bench import llama_server as bench_llama
+from duo.bench import run as bench
+from duo.bench.llama_server import PeerAnswer, cpu_mask, expand_modes, read_stream, run_from_answer, server_args
+from duo.bench.report import Variant, print_table, summarise
+from duo.runtime import free_port
 
 MODELS = (Path("/m/target.gguf"), Path("/m/draft.gguf"))
 
@@ -96,7 +93,7 @@ def _answer(tokens: int, seconds: float, ttft: float, draft_n: int = 0, accepted
 
 
 def test_llama_server_numbers_stand_beside_duos_with_its_acceptance_and_the_best_draft_length(capsys):
-    from bench_report import run_from_stats
+    from duo.bench.report import run_from_stats
     from types import SimpleNamespace
 
     runs = [run_from_answer(Variant("llama-server"), "p", 0.0, 0, _answer(97, 13.0, 1.0)),

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from duo._proto import duo_pb2 as pb
-from duo.branches import Branch, Doubt, branch_length, doubt_of
-from duo.draft import Drafter
-from duo.draft_batch import Step, Work, plan_works
-from duo.draft_session import DraftSession, Slot
-from duo.draft_value import Round
+from duo.draft.batch import Step, Work, plan_works
+from duo.draft.branches import Branch, Doubt, branch_length, doubt_of
+from duo.draft.drafter import Drafter
+from duo.draft.session import DraftSession, Slot
+from duo.draft.value import Round
 from duo.runtime import ModelWorker
 from duo.sampling import SamplingParams, SparseDist
 from test_draft_and_plan import FixedExtraCost, draft_until_idle

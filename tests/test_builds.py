@@ -101,7 +101,7 @@ _BATCHES = textwrap.dedent("""
 @pytest.fixture(scope="module")
 def quantized_models(tiny_models_dir) -> dict[str, Path]:
     """A tiny model wide enough for k-quants (256), written in F32 then quantized by llama.cpp itself."""
-    from duo.model_files import convert_ftype
+    from duo.models.files import convert_ftype
     from tiny_models import write_tiny_model
 
     source = write_tiny_model(tiny_models_dir / "tiny-256-f32.gguf", seed=7, n_embd=256, n_head=4, n_head_kv=2,
@@ -159,7 +159,7 @@ def test_the_registry_counts_this_builds_devices():
 def test_duo_draft_with_device_cuda_on_a_build_or_machine_without_one_fails_at_start_up(tiny_draft):
     if any(name.startswith("CUDA") and count for name, count in backends.backend_devices().items()):
         pytest.skip("this machine has a CUDA device")
-    done = subprocess.run([sys.executable, "-m", "duo.draft_process", "--model", str(tiny_draft), "--device", "cuda",
+    done = subprocess.run([sys.executable, "-m", "duo.cli.draft", "--model", str(tiny_draft), "--device", "cuda",
                            "--listen", "127.0.0.1:0"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and "--device cuda" in done.stderr, done.stderr
     assert "--device cpu" in done.stderr
@@ -213,12 +213,13 @@ def test_help_and_models_work_where_llama_cpp_cannot_load_and_a_model_load_says_
     broken.mkdir()
     (broken / "__init__.py").write_text("raise OSError('libcudart.so.12: cannot open shared object file')\n")
     env = {"PYTHONPATH": f"{tmp_path}:{ROOT}", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
-    for command in (["duo.cli", "--help"], ["duo.cli", "models", "--help"], ["duo.cli", "models", "list"],
-                    ["duo.target_process", "--help"], ["duo.draft_process", "--help"], ["duo.cli", "rpc-server", "--help"]):
+    for command in (["duo.cli.main", "--help"], ["duo.cli.main", "models", "--help"],
+                    ["duo.cli.main", "models", "list"], ["duo.cli.target", "--help"], ["duo.cli.draft", "--help"],
+                    ["duo.cli.main", "rpc-server", "--help"], ["duo.cli.main", "bench", "--help"]):
         done = subprocess.run([sys.executable, "-m", *command], env=env, capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, (command, done.stderr)
         assert "usage:" in done.stdout or "models" in done.stdout, command
-    done = subprocess.run([sys.executable, "-m", "duo.draft_process", "--model", str(tiny_draft)], env=env,
+    done = subprocess.run([sys.executable, "-m", "duo.cli.draft", "--model", str(tiny_draft)], env=env,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and "cannot be loaded" in done.stderr and "libcudart" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr

@@ -1,6 +1,6 @@
 """The target's bookkeeping of draft chains: only tokens drafted on the committed prefix are verified."""
 
-from duo.chain import DraftChain
+from duo.target.chain import DraftChain
 
 
 def test_tokens_beyond_the_committed_prefix_are_pending():

@@ -155,7 +155,7 @@ class DraftKiller:
                     return
             self.draft.kill()
             self.kills += 1
-            self.draft = start("duo.draft_process", ["--model", str(self.model)], self.log_dir, port=self.port)
+            self.draft = start("duo.cli.draft", ["--model", str(self.model)], self.log_dir, port=self.port)
 
 
 def spec_decode_drafts(process: Process) -> float:
@@ -174,14 +174,14 @@ def test_churn_no_request_fails_greedy_answers_hold_and_memory_stays_flat(tiny_t
                                                                           target_model):
     calls = [Call.number(i) for i in range(REQUESTS)]
     references = sorted({call for call in calls if call.greedy}, key=str)
-    alone = start("duo.target_process", ["--model", str(tiny_target)], log_dir, http=True)
+    alone = start("duo.cli.target", ["--model", str(tiny_target)], log_dir, http=True)
     try:
         expected = {call: answer(alone, call) for call in references}
     finally:
         alone.stop()
 
-    draft = start("duo.draft_process", ["--model", str(tiny_draft)], log_dir)
-    target = start("duo.target_process", ["--model", str(tiny_target), "--peer", draft.address, "--draft-max", "4"],
+    draft = start("duo.cli.draft", ["--model", str(tiny_draft)], log_dir)
+    target = start("duo.cli.target", ["--model", str(tiny_target), "--peer", draft.address, "--draft-max", "4"],
                    log_dir, http=True)
     killer = DraftKiller(draft, tiny_draft, log_dir)
     try:

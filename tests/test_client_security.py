@@ -42,7 +42,7 @@ def credentials(pki: Pki) -> grpc.ChannelCredentials:
 @pytest.fixture(scope="module")
 def mtls_draft(tiny_draft, pki, process_logs):
     """duo-draft accepting only targets with a certificate from the test CA."""
-    process = start("duo.draft_process", ["--model", str(tiny_draft), "--tls-cert", str(pki.server_cert),
+    process = start("duo.cli.draft", ["--model", str(tiny_draft), "--tls-cert", str(pki.server_cert),
                                   "--tls-key", str(pki.server_key), "--tls-ca", str(pki.ca)], process_logs)
     yield process
     process.stop()
@@ -51,7 +51,7 @@ def mtls_draft(tiny_draft, pki, process_logs):
 @pytest.fixture(scope="module")
 def secured(tiny_target, mtls_draft, pki, process_logs):
     """duo-target with TLS and an API key for clients, and mutual TLS to its draft."""
-    process = start("duo.target_process", ["--model", str(tiny_target), "--peer", mtls_draft.address,
+    process = start("duo.cli.target", ["--model", str(tiny_target), "--peer", mtls_draft.address,
                                    "--peer-tls-ca", str(pki.ca), "--peer-tls-cert", str(pki.client_cert),
                                    "--peer-tls-key", str(pki.client_key), "--tls-cert", str(pki.server_cert),
                                    "--tls-key", str(pki.server_key), "--api-key", API_KEY],
@@ -128,7 +128,7 @@ def test_health_reflection_and_metrics_need_no_api_key(secured, pki):
 
 
 def test_duo_generate_takes_the_key_from_the_environment_and_the_ca_from_a_flag(secured, pki):
-    command = [sys.executable, "-m", "duo.cli", "generate", "--endpoint", secured.address, "--prompt", "hi",
+    command = [sys.executable, "-m", "duo.cli.main", "generate", "--endpoint", secured.address, "--prompt", "hi",
                "--max-tokens", "4", "--json", "--tls-ca", str(pki.ca)]
     environment = {k: v for k, v in os.environ.items() if k != "DUO_API_KEY"}
     refused = subprocess.run(command, capture_output=True, text=True, timeout=60, env=environment)
@@ -143,10 +143,10 @@ def test_duo_generate_takes_the_key_from_the_environment_and_the_ca_from_a_flag(
 
 
 def test_a_certificate_without_its_key_is_refused_at_start_with_the_flag_named(tiny_target, pki):
-    completed = subprocess.run([sys.executable, "-m", "duo.target_process", "--model", str(tiny_target),
+    completed = subprocess.run([sys.executable, "-m", "duo.cli.target", "--model", str(tiny_target),
                                 "--tls-cert", str(pki.server_cert)], capture_output=True, text=True, timeout=60)
     assert completed.returncode == 1 and "--tls-cert/--tls-key" in completed.stderr
-    completed = subprocess.run([sys.executable, "-m", "duo.target_process", "--model", str(tiny_target),
+    completed = subprocess.run([sys.executable, "-m", "duo.cli.target", "--model", str(tiny_target),
                                 "--tls-cert", str(pki.server_cert), "--tls-key", str(pki.client_key)],
                                capture_output=True, text=True, timeout=60)
     assert completed.returncode == 1 and "not a usable certificate and key" in completed.stderr
@@ -157,11 +157,11 @@ def test_a_certificate_without_its_key_is_refused_at_start_with_the_flag_named(t
 def test_a_link_whose_tls_does_not_match_leaves_the_target_decoding_alone_and_health_says_why(
         case, tiny_target, tiny_draft, target_model, pki, process_logs):
     draft_tls = ["--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key)]
-    draft = start("duo.draft_process", ["--model", str(tiny_draft), *(draft_tls if case != "TLS on the target only"
+    draft = start("duo.cli.draft", ["--model", str(tiny_draft), *(draft_tls if case != "TLS on the target only"
                                                                         else [])], process_logs)
     trusted = {"the draft's certificate from another CA": ["--peer-tls-ca", str(pki.other_ca)],
                "TLS on the draft only": [], "TLS on the target only": ["--peer-tls-ca", str(pki.ca)]}[case]
-    target = start("duo.target_process", ["--model", str(tiny_target), "--peer", draft.address, *trusted],
+    target = start("duo.cli.target", ["--model", str(tiny_target), "--peer", draft.address, *trusted],
                    process_logs, http=True)
     try:
         deadline = time.monotonic() + 30

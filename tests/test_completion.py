@@ -10,11 +10,11 @@ from types import SimpleNamespace
 import pytest
 from fastapi.testclient import TestClient
 
-from duo.admission import Admission, QueueFull
-from duo.completion import BadRequest, CompletionRequest, Completions, NotReady
-from duo.metrics import Metrics
-from duo.openai_api import create_app
-from duo.target import GenerationStats, Request, Step
+from duo.api.admission import Admission, QueueFull
+from duo.api.completion import BadRequest, CompletionRequest, Completions, NotReady
+from duo.api.http import create_app
+from duo.api.metrics import Metrics
+from duo.target.generation import GenerationStats, Request, Step
 
 # Token id -> bytes; 1 and 2 split the UTF-8 bytes of "日" (e6 97 a5) between them.
 PIECES = {1: b"\xe6\x97", 2: b"\xa5", 3: b" the", 4: b" end", 5: b".", 6: b"\n"}
@@ -201,7 +201,7 @@ def test_admission_comes_before_tokenizing_for_generations_and_for_tokenize(monk
 
 
 def test_the_api_key_is_checked_before_any_body_is_read_and_a_trickling_body_times_out():
-    import duo.openai_api as openai_api
+    import duo.api.http as openai_api
 
     service = Completions(Admission(1, 1), Metrics(), ["m"])
     app = openai_api.BodyLimit(create_app(service, Metrics(), api_key="k").app, openai_api.MAX_BODY_BYTES, "k",

@@ -13,9 +13,9 @@ from scipy.stats import chisquare
 from duo import sampling
 from duo._proto import duo_pb2 as pb
 from duo._proto import duo_pb2_grpc as pb_grpc
-from duo.draft import Drafter, InvalidEvent
-from duo.runtime import ModelWorker
+from duo.draft.drafter import Drafter, InvalidEvent
 from duo.noise import noise_key, uniforms
+from duo.runtime import ModelWorker
 from duo.sampling import SamplingParams, coupled_sample, distribution, verify_coupled
 from greedy import leaves_coupled_path_only_at_a_near_tie
 from processes import generate, start, wait_for_draft
@@ -188,8 +188,8 @@ def test_the_same_seed_gives_the_same_tokens_with_and_without_a_draft(served_alo
 
 def test_the_same_seed_gives_the_same_tokens_with_the_draft_killed_mid_generation(tiny_target, tiny_draft,
                                                                                     target_model, process_logs):
-    draft = start("duo.draft_process", ["--model", str(tiny_draft)], process_logs)
-    target = start("duo.target_process", ["--model", str(tiny_target), "--peer", draft.address, "--sync", "4"],
+    draft = start("duo.cli.draft", ["--model", str(tiny_draft)], process_logs)
+    target = start("duo.cli.target", ["--model", str(tiny_target), "--peer", draft.address, "--sync", "4"],
                    process_logs)
     try:
         wait_for_draft(target.address)
@@ -267,7 +267,7 @@ def test_the_openai_clients_seed_check_passes_with_a_draft_attached(served_alone
 
 def test_unseeded_requests_use_the_configured_mode_and_report_a_seed_that_replays_them(tiny_target, served_draft,
                                                                                       process_logs, target_model):
-    target = start("duo.target_process", ["--model", str(tiny_target), "--peer", served_draft.address,
+    target = start("duo.cli.target", ["--model", str(tiny_target), "--peer", served_draft.address,
                                           "--unseeded", "coupled"], process_logs)
     try:
         wait_for_draft(target.address)

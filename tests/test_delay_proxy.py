@@ -1,20 +1,14 @@
-"""scripts/delay_proxy.py: each direction delayed by D, bytes intact and in order, throughput not serialized."""
+"""duo/bench/delay_proxy.py: each direction delayed by D, bytes intact and in order, throughput not serialized."""
 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import os
-import sys
 import time
-from pathlib import Path
 from typing import Awaitable, Callable
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "delay_proxy.py"
-_spec = importlib.util.spec_from_file_location("delay_proxy", SCRIPT)
-delay_proxy = importlib.util.module_from_spec(_spec)
-sys.modules["delay_proxy"] = delay_proxy
-_spec.loader.exec_module(delay_proxy)
+from duo.bench import delay_proxy
+
 
 # Scheduling slack: the best of several round trips on a loaded 2-core machine; the delays tested are
 # several times larger.

@@ -6,14 +6,14 @@ import asyncio
 from types import SimpleNamespace
 
 from duo._proto import duo_pb2 as pb
-from duo.draft import Drafter
-from duo.batching import StepBatcher
-from duo.draft_session import DraftSession
-from duo.draft_value import RoundCost
-from duo.policy import StepCosts
+from duo.costs import StepCosts
+from duo.draft.drafter import Drafter
+from duo.draft.session import DraftSession
+from duo.draft.value import RoundCost
 from duo.runtime import ModelWorker
 from duo.sampling import SamplingParams
-from duo.target import Generation, Request, SpecSettings
+from duo.target.batching import StepBatcher
+from duo.target.generation import Generation, Request, SpecSettings
 from greedy import leaves_greedy_path_only_at_a_near_tie
 
 

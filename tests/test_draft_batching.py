@@ -8,9 +8,9 @@ import asyncio
 import pytest
 
 from duo._proto import duo_pb2 as pb
-from duo.draft import Drafter
-from duo.draft_metrics import DraftMetrics
-from duo.draft_session import DraftSession
+from duo.draft.drafter import Drafter
+from duo.draft.metrics import DraftMetrics
+from duo.draft.session import DraftSession
 from duo.model import Context, ModelError, Part
 from duo.runtime import ModelWorker
 from test_draft_and_plan import FixedExtraCost, draft_until_idle
@@ -19,7 +19,7 @@ from test_draft_hardening import CountingModel, Stream, holds_nothing, servicer_
 TEXTS = ["def fibonacci(n):", "Once upon a time, in a land far away", "The quick brown fox",
          "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n", "import numpy as np\n"]
 SETTINGS = {"n_ctx": 256, "top_k_cap": 10, "max_branches": 2, "branch_len": 2}
-# What one more token adds to a decode: nothing, so every round a session offers rides (duo.draft_value.
+# What one more token adds to a decode: nothing, so every round a session offers rides (duo.draft.value.
 # with_riders). Its schedule then depends on its own values alone, not on the timings or the other sessions
 # of a batched decode, and a batched round must draft for it what it drafts alone.
 RIDE_COST = 0.0

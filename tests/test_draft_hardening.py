@@ -16,14 +16,15 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from duo._proto import duo_pb2 as pb
-from duo.draft import Drafter
-from duo.draft_metrics import DraftMetrics
-from duo.draft_process import DraftServicer, SessionLimits, main
-from duo.draft_session import DraftSession, proposes
+from duo.cli.draft import main
+from duo.draft.drafter import Drafter
+from duo.draft.metrics import DraftMetrics
+from duo.draft.service import DraftServicer, SessionLimits
+from duo.draft.session import DraftSession, proposes
 from duo.model import Context, Model, ModelError
 from duo.runtime import ModelWorker
 from duo.sampling import SamplingParams, SparseDist, sample, verify
-from duo.target import SYNC_WAIT_S
+from duo.target.generation import SYNC_WAIT_S
 from exact_fit import first_two_p_values
 from greedy import leaves_greedy_path_only_at_a_near_tie
 from processes import free_port, generate, start, wait_for_draft
@@ -112,8 +113,8 @@ def test_sampled_tokens_with_draft_p_min_follow_the_target_distribution(tiny_tar
     depends on timing (on a busy machine the draft lags and few are), so the test below, which verifies
     every proposal, is the one that tells the old rule from the new."""
     metrics_port = free_port()
-    draft = start("duo.draft_process", ["--model", str(tiny_draft), "--metrics", str(metrics_port)], process_logs)
-    target = start("duo.target_process", ["--model", str(tiny_target), "--peer", draft.address, "--draft-max", "4",
+    draft = start("duo.cli.draft", ["--model", str(tiny_draft), "--metrics", str(metrics_port)], process_logs)
+    target = start("duo.cli.target", ["--model", str(tiny_target), "--peer", draft.address, "--draft-max", "4",
                                           "--draft-p-min", "0.45"], process_logs)
     try:
         wait_for_draft(target.address)
@@ -124,7 +125,7 @@ def test_sampled_tokens_with_draft_p_min_follow_the_target_distribution(tiny_tar
         assert min(p_values) > 1e-4, p_values
         # A target that waits for the draft at each step verifies its proposals whatever the timing; where
         # the draft paused it says so, and the target decodes alone at once (a wait would last SYNC_WAIT_S).
-        sync = start("duo.target_process", ["--model", str(tiny_target), "--peer", draft.address, "--sync", "4",
+        sync = start("duo.cli.target", ["--model", str(tiny_target), "--peer", draft.address, "--sync", "4",
                                             "--draft-p-min", "0.45"], process_logs)
         try:
             wait_for_draft(sync.address)
@@ -544,9 +545,9 @@ def test_sessions_beyond_the_per_target_or_total_cap_are_refused_until_one_close
 def test_beyond_its_session_cap_the_draft_refuses_and_the_target_decodes_alone_as_metrics_show(
         tiny_target, tiny_draft, served_alone, process_logs, target_model):
     metrics_port = free_port()
-    draft = start("duo.draft_process", ["--model", str(tiny_draft), "--max-sessions-per-target", "1",
+    draft = start("duo.cli.draft", ["--model", str(tiny_draft), "--max-sessions-per-target", "1",
                                         "--metrics", str(metrics_port)], process_logs)
-    target = start("duo.target_process", ["--model", str(tiny_target), "--peer", draft.address, "--draft-max", "4"],
+    target = start("duo.cli.target", ["--model", str(tiny_target), "--peer", draft.address, "--draft-max", "4"],
                    process_logs)
     url = f"http://127.0.0.1:{metrics_port}/metrics"
     try:
@@ -599,12 +600,12 @@ def test_duo_draft_refuses_flags_it_cannot_serve_before_loading_the_model(flags,
 @pytest.mark.parametrize("limit", ["size", "stall"])
 def test_a_target_that_sends_commits_but_never_reads_is_dropped_and_the_drafts_queue_stays_bounded(draft_model,
                                                                                                   monkeypatch, limit):
-    from duo import draft_process
+    from duo.draft import service
 
     if limit == "size":
-        monkeypatch.setattr(draft_process, "MAX_OUTBOX", 32)
+        monkeypatch.setattr(service, "MAX_OUTBOX", 32)
     else:
-        monkeypatch.setattr(draft_process, "OUTBOX_STALL_S", 0.3)
+        monkeypatch.setattr(service, "OUTBOX_STALL_S", 0.3)
 
     async def run() -> None:
         servicer, _ = servicer_for(draft_model, n_ctx=512)
@@ -634,9 +635,9 @@ def test_a_target_that_sends_commits_but_never_reads_is_dropped_and_the_drafts_q
 
 
 def test_while_drafting_the_draft_logs_its_sessions_and_tokens_now_and_then(draft_model, monkeypatch, caplog):
-    from duo import draft_process
+    from duo.draft import service
 
-    monkeypatch.setattr(draft_process, "ACTIVITY_LOG_S", 0.0)
+    monkeypatch.setattr(service, "ACTIVITY_LOG_S", 0.0)
 
     async def run() -> None:
         servicer, _ = servicer_for(draft_model)

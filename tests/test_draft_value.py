@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from duo.branches import Branch, Doubt
-from duo.draft_session import DraftSession, Slot
-from duo.draft_value import (MAX_TIMED_TOKENS, MIN_VALUE, PRIOR_ACCEPTANCE, PRIOR_ALTERNATIVE,
+from duo.costs import PRIOR_BATCH_SLOPE
+from duo.draft.branches import Branch, Doubt
+from duo.draft.session import DraftSession, Slot
+from duo.draft.value import (MAX_TIMED_TOKENS, MIN_VALUE, PRIOR_ACCEPTANCE, PRIOR_ALTERNATIVE,
                              Calibration, Horizon, Round, RoundCost, confidence, ranked_rounds, with_riders)
-from duo.policy import PRIOR_BATCH_SLOPE
 from duo.sampling import SamplingParams
 from test_draft_and_plan import FixedExtraCost
 

@@ -31,21 +31,21 @@ def log_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def alone(tiny_target, log_dir):
-    process = start("duo.target_process", ["--model", str(tiny_target)], log_dir)
+    process = start("duo.cli.target", ["--model", str(tiny_target)], log_dir)
     yield process
     process.stop()
 
 
 @pytest.fixture(scope="module")
 def draft(tiny_draft, log_dir):
-    process = start("duo.draft_process", ["--model", str(tiny_draft)], log_dir)
+    process = start("duo.cli.draft", ["--model", str(tiny_draft)], log_dir)
     yield process
     process.stop()
 
 
 @pytest.fixture(scope="module")
 def duo(tiny_target, draft, log_dir):
-    process = start("duo.target_process", ["--model", str(tiny_target), "--peer", draft.address, *FIXED], log_dir)
+    process = start("duo.cli.target", ["--model", str(tiny_target), "--peer", draft.address, *FIXED], log_dir)
     wait_for_draft(process.address)
     yield process
     process.stop()
@@ -54,7 +54,7 @@ def duo(tiny_target, draft, log_dir):
 @pytest.fixture(scope="module")
 def duo_sync(tiny_target, draft, log_dir):
     """The synchronous mode waits for the draft at each step: its generations always verify drafts."""
-    process = start("duo.target_process", ["--model", str(tiny_target), "--peer", draft.address, "--sync", "4"],
+    process = start("duo.cli.target", ["--model", str(tiny_target), "--peer", draft.address, "--sync", "4"],
                     log_dir)
     wait_for_draft(process.address)
     yield process
@@ -113,15 +113,15 @@ def test_sampled_tokens_through_duo_follow_the_target_distribution(duo_sync, tar
 
 def test_killing_the_draft_mid_generation_completes_the_request_with_the_same_output(
         tiny_target, tiny_draft, target_model, log_dir):
-    draft = start("duo.draft_process", ["--model", str(tiny_draft)], log_dir)
-    target = start("duo.target_process", ["--model", str(tiny_target), "--peer", draft.address, *FIXED], log_dir)
+    draft = start("duo.cli.draft", ["--model", str(tiny_draft)], log_dir)
+    target = start("duo.cli.target", ["--model", str(tiny_target), "--peer", draft.address, *FIXED], log_dir)
     try:
         wait_for_draft(target.address)
         tokens, received_at_kill = stream_and_interrupt(target.address, PROMPTS[0], 400, draft.kill)
         assert leaves_greedy_path_only_at_a_near_tie(target_model, PROMPTS[0], tokens, 400)
         assert received_at_kill > 0
         # The restarted draft is found again, and serves the next generation.
-        restarted = start("duo.draft_process", ["--model", str(tiny_draft)], log_dir, port=int(draft.address.split(":")[1]))
+        restarted = start("duo.cli.draft", ["--model", str(tiny_draft)], log_dir, port=int(draft.address.split(":")[1]))
         try:
             wait_for_draft(target.address)
             tokens, last = generate(target.address, PROMPTS[1], max_tokens=400)  # long enough for a fresh draft to join
@@ -155,15 +155,15 @@ def stream_and_interrupt(address: str, prompt: str, max_tokens: int, interrupt, 
 
 
 def test_a_restarted_draft_rejoins_a_generation_that_is_still_running(tiny_target, tiny_draft, target_model, log_dir):
-    draft = start("duo.draft_process", ["--model", str(tiny_draft)], log_dir)
+    draft = start("duo.cli.draft", ["--model", str(tiny_draft)], log_dir)
     port = int(draft.address.split(":")[1])
-    target = start("duo.target_process", ["--model", str(tiny_target), "--peer", draft.address, *FIXED], log_dir)
+    target = start("duo.cli.target", ["--model", str(tiny_target), "--peer", draft.address, *FIXED], log_dir)
     replacement: list[Process] = []
     try:
         wait_for_draft(target.address)
         def restart() -> None:
             draft.kill()
-            replacement.append(start("duo.draft_process", ["--model", str(tiny_draft)], log_dir, port=port))
+            replacement.append(start("duo.cli.draft", ["--model", str(tiny_draft)], log_dir, port=port))
 
         from duo._proto import duo_pb2 as pb
         from duo._proto import duo_pb2_grpc as pb_grpc
@@ -208,7 +208,7 @@ def test_concurrent_generations_each_get_their_own_output(duo, target_model):
 
 def test_duo_generate_prints_json_with_text_ids_and_stats(duo, target_model):
     completed = subprocess.run(
-        [sys.executable, "-m", "duo.cli", "generate", "--endpoint", duo.address, "--prompt", PROMPTS[0],
+        [sys.executable, "-m", "duo.cli.main", "generate", "--endpoint", duo.address, "--prompt", PROMPTS[0],
          "--max-tokens", "16", "--json"], capture_output=True, text=True, timeout=120)
     assert completed.returncode == 0, completed.stderr
     result = json.loads(completed.stdout)
@@ -232,7 +232,7 @@ def test_a_bad_request_gets_invalid_argument_and_the_server_keeps_serving(alone)
 def test_the_target_decodes_alone_while_no_draft_is_listening_says_why_and_speculates_once_it_starts(
         tiny_target, tiny_draft, target_model, log_dir):
     peer_port = free_port()
-    target = start("duo.target_process", ["--model", str(tiny_target), "--peer", f"127.0.0.1:{peer_port}"], log_dir)
+    target = start("duo.cli.target", ["--model", str(tiny_target), "--peer", f"127.0.0.1:{peer_port}"], log_dir)
     draft = None
     try:
         tokens, last = generate(target.address, PROMPTS[1], max_tokens=32)
@@ -244,7 +244,7 @@ def test_the_target_decodes_alone_while_no_draft_is_listening_says_why_and_specu
         # One line per finished request, as llama-server prints its timings.
         done = [line for line in target.log().splitlines() if "request done (length): 32 tokens at" in line]
         assert len(done) == 1 and "first token after" in done[0] and "no drafts verified" in done[0]
-        draft = start("duo.draft_process", ["--model", str(tiny_draft)], log_dir, port=peer_port)
+        draft = start("duo.cli.draft", ["--model", str(tiny_draft)], log_dir, port=peer_port)
         wait_for_draft(target.address)
         assert "connected (model " in target.log()
         assert "only a target on this machine can reach it" in draft.log()  # it listens on loopback
@@ -255,7 +255,7 @@ def test_the_target_decodes_alone_while_no_draft_is_listening_says_why_and_specu
 
 
 def test_greedy_output_with_the_adaptive_policy_equals_the_target_alone(tiny_target, draft, target_model, log_dir):
-    target = start("duo.target_process", ["--model", str(tiny_target), "--peer", draft.address], log_dir)
+    target = start("duo.cli.target", ["--model", str(tiny_target), "--peer", draft.address], log_dir)
     try:
         wait_for_draft(target.address)
         for prompt in PROMPTS:
@@ -268,7 +268,7 @@ def test_greedy_output_with_the_adaptive_policy_equals_the_target_alone(tiny_tar
 def test_duo_generate_says_when_no_target_answers_instead_of_waiting():
     began = time.monotonic()
     completed = subprocess.run(
-        [sys.executable, "-m", "duo.cli", "generate", "--endpoint", f"127.0.0.1:{free_port()}", "--prompt", "hi",
+        [sys.executable, "-m", "duo.cli.main", "generate", "--endpoint", f"127.0.0.1:{free_port()}", "--prompt", "hi",
          "--connect-timeout", "1"], capture_output=True, text=True, timeout=60)
     assert completed.returncode == 1
     assert "cannot reach duo-target" in completed.stderr
@@ -279,7 +279,7 @@ def test_a_speculating_generation_runs_to_the_end_of_its_context_and_stops_there
                                                                                  log_dir):
     """Verify batches near the context's end are cut to what it has left: the generation fills the context
     exactly (drafts verified to the last step), ends with "length", and the target serves on."""
-    target = start("duo.target_process", ["--model", str(tiny_target), "--peer", draft.address, "--sync", "4",
+    target = start("duo.cli.target", ["--model", str(tiny_target), "--peer", draft.address, "--sync", "4",
                                           "--ctx-size", "64"], log_dir)
     try:
         wait_for_draft(target.address)
@@ -294,7 +294,7 @@ def test_a_speculating_generation_runs_to_the_end_of_its_context_and_stops_there
 
 
 def test_a_port_in_use_is_one_clear_line_for_each_listener_not_a_shared_port(tiny_target, tiny_draft, draft):
-    for module, model in (("duo.draft_process", tiny_draft), ("duo.target_process", tiny_target)):
+    for module, model in (("duo.cli.draft", tiny_draft), ("duo.cli.target", tiny_target)):
         second = subprocess.run([sys.executable, "-m", module, "--model", str(model), "--listen", draft.address,
                                  "--threads", "1"], capture_output=True, text=True, timeout=120)
         assert second.returncode != 0, f"{module} shared the port of a running duo-draft"
@@ -306,9 +306,9 @@ def test_both_processes_serve_metrics_and_a_draft_stopped_with_sigterm_says_so_w
         tiny_target, tiny_draft, log_dir):
     import httpx
 
-    draft = start("duo.draft_process", ["--model", str(tiny_draft), "--metrics", str(free_port())], log_dir)
+    draft = start("duo.cli.draft", ["--model", str(tiny_draft), "--metrics", str(free_port())], log_dir)
     metrics_port = free_port()
-    target = start("duo.target_process", ["--model", str(tiny_target), "--peer", draft.address, *FIXED,
+    target = start("duo.cli.target", ["--model", str(tiny_target), "--peer", draft.address, *FIXED,
                                           "--metrics", f"127.0.0.1:{metrics_port}"], log_dir)
     try:
         wait_for_draft(target.address)

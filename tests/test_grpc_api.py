@@ -103,7 +103,7 @@ def test_health_turns_serving_only_once_the_model_is_loaded(tiny_target, process
     grpc_address, http_port = f"127.0.0.1:{free_port()}", free_port()
     log_path = process_logs / f"startup-{http_port}.log"
     with open(log_path, "wb") as log:
-        popen = subprocess.Popen([sys.executable, "-m", "duo.target_process", "--model", str(tiny_target), "--threads", "1",
+        popen = subprocess.Popen([sys.executable, "-m", "duo.cli.target", "--model", str(tiny_target), "--threads", "1",
                                   "--listen", grpc_address, "--http", str(http_port)],
                                  stdout=log, stderr=subprocess.STDOUT)
     seen_grpc: list[str] = []
@@ -139,7 +139,7 @@ def test_health_turns_serving_only_once_the_model_is_loaded(tiny_target, process
 def test_a_model_that_cannot_be_loaded_stops_duo_target_with_the_reason(tmp_path):
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"not a model")
-    completed = subprocess.run([sys.executable, "-m", "duo.target_process", "--model", str(broken), "--threads", "1",
+    completed = subprocess.run([sys.executable, "-m", "duo.cli.target", "--model", str(broken), "--threads", "1",
                                 "--listen", f"127.0.0.1:{free_port()}"], capture_output=True, text=True, timeout=60)
     assert completed.returncode == 1
     assert "broken.gguf" in completed.stderr and "GGUF" in completed.stderr
@@ -148,7 +148,7 @@ def test_a_model_that_cannot_be_loaded_stops_duo_target_with_the_reason(tmp_path
 def test_duo_generate_passes_stop_strings(served_alone):
     full, _ = stream_text(served_alone.address, pb.GenerateRequest(prompt="Once upon a time", max_tokens=16))
     stop = full.split()[3]
-    completed = subprocess.run([sys.executable, "-m", "duo.cli", "generate", "--endpoint", served_alone.address,
+    completed = subprocess.run([sys.executable, "-m", "duo.cli.main", "generate", "--endpoint", served_alone.address,
                                 "--prompt", "Once upon a time", "--max-tokens", "16", "--stop", stop, "--json"],
                                capture_output=True, text=True, timeout=60)
     assert completed.returncode == 0, completed.stderr

@@ -328,7 +328,7 @@ def test_eight_concurrent_streaming_clients_each_get_their_own_greedy_output(ser
 
 @pytest.fixture(scope="module")
 def one_at_a_time(tiny_target, process_logs):
-    process = start("duo.target_process", ["--model", str(tiny_target), "--parallel", "1", "--queue-size", "1"],
+    process = start("duo.cli.target", ["--model", str(tiny_target), "--parallel", "1", "--queue-size", "1"],
                     process_logs, http=True)
     yield process
     process.stop()

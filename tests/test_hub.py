@@ -1,4 +1,4 @@
-"""duo.hub and `duo models` against a fake PEP 503 index on 127.0.0.1.
+"""duo.models.hub and `duo models` against a fake PEP 503 index on 127.0.0.1.
 
 Nothing here touches the network beyond the loopback address: a threaded
 http.server serves index pages and archives (zip wheels, a tar.gz sdist) that
@@ -22,9 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from duo import cli, hub
-from duo.hub import HubError, ModelSpec, Part
-from duo.model_files import convert_ftype, partial_path
+from duo.cli import main as cli
+from duo.models import hub
+from duo.models.files import convert_ftype, partial_path
+from duo.models.hub import HubError, ModelSpec, Part
 
 # --------------------------------------------------------------------------
 # the fake index
@@ -677,7 +678,7 @@ def test_assembly_stops_as_soon_as_an_archive_holds_more_than_the_model_and_keep
 
 
 def test_a_durable_replace_syncs_the_file_and_its_folder_before_it_returns(tmp_path, monkeypatch):
-    from duo.model_files import durable_replace
+    from duo.models.files import durable_replace
 
     synced = []
     real_fsync = os.fsync

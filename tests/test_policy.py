@@ -6,8 +6,8 @@ import numpy as np
 
 import pytest
 
-from duo.policy import (EXPLORE_EVERY, PRIOR_BATCH_SLOPE, PROBE_LEAD, Acceptance, AdaptivePolicy, DraftTiming, StepCosts,
-                        allocate)
+from duo.costs import PRIOR_BATCH_SLOPE, StepCosts
+from duo.target.policy import EXPLORE_EVERY, PROBE_LEAD, Acceptance, AdaptivePolicy, DraftTiming, allocate
 
 
 def teach(policy: AdaptivePolicy, cost, acceptance: float, steps: int = 200) -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from duo import cli
 from duo.backends import rpc_supported
+from duo.cli import main as cli
 from duo.rpc import parse_endpoints, parse_tensor_split
 from greedy import leaves_greedy_path_only_at_a_near_tie
 from processes import Process, free_port, generate, start, wait_for_draft
@@ -46,7 +46,7 @@ def resident_kib(process: Process) -> int:
 
 @pytest.fixture(scope="module")
 def rpc_servers(process_logs):
-    servers = [start("duo.cli", ["rpc-server"], process_logs) for _ in range(2)]
+    servers = [start("duo.cli.main", ["rpc-server"], process_logs) for _ in range(2)]
     yield servers
     for server in servers:
         server.stop()
@@ -57,7 +57,7 @@ def test_a_target_split_over_two_rpc_servers_gives_the_greedy_output_of_the_targ
         tiny_target, target_model, served_draft, rpc_servers, process_logs):
     endpoints = ",".join(server.address for server in rpc_servers)
     before = [resident_kib(server) for server in rpc_servers]
-    split = start("duo.target_process", ["--model", str(tiny_target), "--rpc", endpoints], process_logs)
+    split = start("duo.cli.target", ["--model", str(tiny_target), "--rpc", endpoints], process_logs)
     try:
         # The tiny target's weights are 43 MiB, 39 of them in its output layer (151936 x 64 floats), the
         # rest in two small layers: each server now holds a share, and one of them the output layer.
@@ -67,7 +67,7 @@ def test_a_target_split_over_two_rpc_servers_gives_the_greedy_output_of_the_targ
             assert leaves_greedy_path_only_at_a_near_tie(target_model, prompt, generate(split.address, prompt)[0], 32), prompt
     finally:
         split.stop()  # a ggml RPC server serves one client at a time
-    duo = start("duo.target_process", ["--model", str(tiny_target), "--rpc", endpoints, "--tensor-split", "1,3",
+    duo = start("duo.cli.target", ["--model", str(tiny_target), "--rpc", endpoints, "--tensor-split", "1,3",
                                        "--peer", served_draft.address, "--sync", "4"], process_logs)
     try:
         wait_for_draft(duo.address)
@@ -78,13 +78,13 @@ def test_a_target_split_over_two_rpc_servers_gives_the_greedy_output_of_the_targ
             accepted += last.stats.draft_tokens_accepted
         assert accepted > 0
     finally:
-        duo.stop()
+        duo.api.stop()
 
 
 @pytest.mark.parametrize("address", [f"127.0.0.1:{free_port()}", "10.255.255.1:50052"])
 def test_an_unreachable_rpc_server_stops_duo_target_at_start_up_within_seconds_naming_it(tiny_target, address):
     began = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "duo.target_process", "--model", str(tiny_target), "--rpc", address,
+    done = subprocess.run([sys.executable, "-m", "duo.cli.target", "--model", str(tiny_target), "--rpc", address,
                            "--listen", f"127.0.0.1:{free_port()}"], capture_output=True, text=True, timeout=60)
     if not rpc_supported():
         assert done.returncode == 1 and "-DGGML_RPC=on" in done.stderr
@@ -95,8 +95,8 @@ def test_an_unreachable_rpc_server_stops_duo_target_at_start_up_within_seconds_n
 
 @needs_rpc
 def test_a_lost_rpc_server_ends_the_generation_with_an_error_and_the_target_says_why(tiny_target, process_logs):
-    servers = [start("duo.cli", ["rpc-server"], process_logs) for _ in range(2)]
-    target = start("duo.target_process", ["--model", str(tiny_target), "--ctx-size", "4096", "--rpc",
+    servers = [start("duo.cli.main", ["rpc-server"], process_logs) for _ in range(2)]
+    target = start("duo.cli.target", ["--model", str(tiny_target), "--ctx-size", "4096", "--rpc",
                                           ",".join(server.address for server in servers)], process_logs)
     try:
         began = time.monotonic()
@@ -120,14 +120,14 @@ def test_a_draft_on_an_rpc_device_drafts_for_a_cpu_target_as_one_on_the_cpu_does
     its buffers and only logits come back. The draft's proposals after every partial acceptance come from
     that device-side cache rolled back, so a rollback that left rejected tokens in it would lower the
     acceptance below the CPU draft's on the same requests."""
-    server = start("duo.cli", ["rpc-server"], process_logs)
-    offloaded = start("duo.draft_process", ["--model", str(tiny_draft), "--rpc", server.address], process_logs)
+    server = start("duo.cli.main", ["rpc-server"], process_logs)
+    offloaded = start("duo.cli.draft", ["--model", str(tiny_draft), "--rpc", server.address], process_logs)
     acceptance = {}
     try:
         placed = next(line for line in offloaded.log().splitlines() if "duo-draft serving" in line)
         assert f"RPC0 ({server.address}," in placed and "2/2 layers offloaded" in placed, placed
         for name, draft in (("rpc", offloaded), ("cpu", served_draft)):
-            duo = start("duo.target_process", ["--model", str(tiny_target), "--peer", draft.address, "--sync", "4"],
+            duo = start("duo.cli.target", ["--model", str(tiny_target), "--peer", draft.address, "--sync", "4"],
                         process_logs)
             try:
                 wait_for_draft(duo.address)
@@ -142,7 +142,7 @@ def test_a_draft_on_an_rpc_device_drafts_for_a_cpu_target_as_one_on_the_cpu_does
                 if name == "rpc":
                     assert "CPU: 0/2 layers offloaded" in duo.log()
             finally:
-                duo.stop()
+                duo.api.stop()
     finally:
         offloaded.stop()
         server.stop()

@@ -122,7 +122,8 @@ def test_a_close_cancelled_while_waiting_for_the_model_thread_still_runs():
     ("machineA", "is not HOST:PORT"), ("machineA:0", "the port is 1-65535"), ("machineA:http", "is not HOST:PORT"),
 ])
 def test_peer_and_listen_addresses_are_checked_with_what_to_write_instead(value, says, capsys):
-    from duo import draft_process, target_process
+    from duo.cli import draft as draft_process
+    from duo.cli import target as target_process
 
     with pytest.raises(ValueError, match=re.escape(says)):
         host_port(value, "--peer")
@@ -142,7 +143,7 @@ def test_loopback_addresses_are_told_from_reachable_ones():
 
 
 def test_the_log_level_is_taken_in_any_case_and_a_wrong_one_is_a_usage_error(capsys):
-    from duo import target_process
+    from duo.cli import target as target_process
 
     assert target_process.build_parser().parse_args(["--model", "m", "--log-level", "debug"]).log_level == "DEBUG"
     with pytest.raises(SystemExit) as exit:
@@ -152,7 +153,9 @@ def test_the_log_level_is_taken_in_any_case_and_a_wrong_one_is_a_usage_error(cap
 
 def test_each_process_defaults_to_its_roles_catalog_model_and_names_the_pull_that_fetches_it(tmp_path, monkeypatch,
                                                                                           capsys):
-    from duo import draft_process, hub, target_process
+    from duo.cli import draft as draft_process
+    from duo.models import hub
+    from duo.cli import target as target_process
 
     monkeypatch.setenv("DUO_HOME", str(tmp_path))  # nothing pulled here
     assert target_process.main(["--listen", "127.0.0.1:0"]) == 1
@@ -163,7 +166,7 @@ def test_each_process_defaults_to_its_roles_catalog_model_and_names_the_pull_tha
 
 @pytest.mark.parametrize("flag", ["--draft-max", "--sync"])
 def test_a_verify_batch_larger_than_one_model_call_is_refused_at_start(flag, capsys):
-    from duo import target_process
+    from duo.cli import target as target_process
     from duo.model import N_BATCH
 
     assert target_process.main(["--model", "absent.gguf", "--listen", "127.0.0.1:0", flag, str(N_BATCH)]) == 1
@@ -173,7 +176,7 @@ def test_a_verify_batch_larger_than_one_model_call_is_refused_at_start(flag, cap
 
 
 def test_the_api_key_comes_from_the_flag_a_file_or_the_environment(tmp_path, monkeypatch):
-    from duo import target_process
+    from duo.cli import target as target_process
 
     def key(*flags: str) -> str | None:
         return target_process.api_key_from(target_process.build_parser().parse_args(list(flags)))
@@ -193,7 +196,7 @@ def test_the_api_key_comes_from_the_flag_a_file_or_the_environment(tmp_path, mon
 
 
 def test_the_clients_grpc_port_caps_messages_like_http_and_keeps_grpcs_ping_flood_protection():
-    from duo.openai_api import MAX_BODY_BYTES
+    from duo.api.http import MAX_BODY_BYTES
     from duo.runtime import client_server_options, grpc_server_options
 
     options = dict(client_server_options())

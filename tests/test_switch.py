@@ -1,12 +1,13 @@
-"""duo.switch: speculation judged by the tokens per wall second it delivers, against decoding alone."""
+"""duo.target.switch: speculation judged by the tokens per wall second it delivers, against decoding alone."""
 
 from __future__ import annotations
 
 import pytest
 
-from duo import switch as sw
-from duo.policy import AdaptivePolicy, StepCosts
-from duo.switch import Switch
+from duo.costs import StepCosts
+from duo.target import switch as sw
+from duo.target.policy import AdaptivePolicy
+from duo.target.switch import Switch
 
 
 class Clock:
@@ -162,9 +163,9 @@ def test_a_new_request_wants_drafts_from_its_first_step():
 
 def test_the_reason_shows_in_a_requests_stats_line_and_in_the_targets_log_line():
     from duo._proto import duo_pb2 as pb
-    from duo.completion import request_line
-    from duo.grpc_client import format_stats
-    from duo.target import GenerationStats
+    from duo.api.completion import request_line
+    from duo.cli.generate import format_stats
+    from duo.target.generation import GenerationStats
 
     clock = Clock()
     switch = Switch(clock=clock)

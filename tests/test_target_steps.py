@@ -10,9 +10,9 @@ import pytest
 from duo._proto import duo_pb2 as pb
 from duo.runtime import ModelWorker
 from duo.sampling import SamplingParams
-from duo.chain import ChainChunk
-from duo.policy import AdaptivePolicy
-from duo.target import SYNC_WAIT_S, Generation, Request, SpecSettings, StepRecord, Target
+from duo.target.generation import SYNC_WAIT_S, Generation, Request, SpecSettings, StepRecord, Target
+from duo.target.policy import AdaptivePolicy
+from duo.wire import ChainChunk
 
 BLOCK_S = 0.15  # another request's work on the model thread, in front of every step
 
@@ -203,8 +203,8 @@ class RecordingLink:
 
 
 def test_while_the_draft_rests_commits_wait_and_then_go_out_in_one_message(target_model):
-    from duo import switch as sw
-    from duo.switch import Switch
+    from duo.target import switch as sw
+    from duo.target.switch import Switch
 
     prompt, n = [9707, 11, 1879], 14
     link = RecordingLink()

@@ -29,7 +29,7 @@ CONTEXT_SIZE = 2048
 @pytest.fixture(scope="module")
 def one_at_a_time(tiny_target, served_draft, process_logs):
     """duo-target running one generation at a time, with a short write timeout."""
-    process = start("duo.target_process", ["--model", str(tiny_target), "--peer", served_draft.address,
+    process = start("duo.cli.target", ["--model", str(tiny_target), "--peer", served_draft.address,
                                            "--draft-max", "4", "--parallel", "1", "--queue-size", "4",
                                            "--ctx-size", str(CONTEXT_SIZE), "--write-timeout", str(WRITE_TIMEOUT_S)],
                     process_logs, http=True)

@@ -21,13 +21,14 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from duo import link as duo_link
 from duo import wire
 from duo._proto import duo_pb2 as pb
 from duo._proto import duo_pb2_grpc as pb_grpc
-from duo.chain import ChainChunk, DraftChain
-from duo.link import DraftLink
 from duo.model import Model, Vocab
+from duo.target import link as duo_link
+from duo.target.chain import DraftChain
+from duo.target.link import DraftLink
+from duo.wire import ChainChunk
 from greedy import leaves_greedy_path_only_at_a_near_tie
 from processes import Process, free_port, generate, health_status, start, wait_for_draft
 
@@ -334,7 +335,7 @@ def test_the_link_drops_a_stopped_draft_within_the_ping_timeout_and_rejoins_it_w
     fast = {"grpc.keepalive_time_ms": 1000, "grpc.keepalive_timeout_ms": 500, "grpc.http2.ping_timeout_ms": 500}
     options = [(key, fast.get(key, value)) for key, value in duo_link.grpc_channel_options()]
     monkeypatch.setattr(duo_link, "grpc_channel_options", lambda: options)
-    draft = start("duo.draft_process", ["--model", str(tiny_draft)], log_dir)
+    draft = start("duo.cli.draft", ["--model", str(tiny_draft)], log_dir)
     vocab = vocab_of(tiny_draft)
     session = FakeSession(1, [785, 3974, 315])
 
@@ -364,7 +365,7 @@ def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def alone(tiny_target: Path, log_dir: Path) -> Iterator[Process]:
-    process = start("duo.target_process", ["--model", str(tiny_target)], log_dir)
+    process = start("duo.cli.target", ["--model", str(tiny_target)], log_dir)
     yield process
     process.stop()
 
@@ -397,7 +398,7 @@ def test_a_hostile_draft_fails_no_request_and_changes_no_greedy_output(tiny_targ
     vocab = vocab_of(tiny_draft)
     known = [tokenize(alone, prompt) + expected[prompt] for prompt in PROMPTS]
     with serving(FakeDraft(wire.vocab_to_pb(vocab), Hostile(vocab.n_vocab, known))) as address:
-        target = start("duo.target_process", ["--model", str(tiny_target), "--peer", address, *FIXED], log_dir,
+        target = start("duo.cli.target", ["--model", str(tiny_target), "--peer", address, *FIXED], log_dir,
                        http=True)
         try:
             wait_for_draft(target.address)
@@ -430,8 +431,8 @@ def wait_for_state(process: Process, state: str, timeout: float = 30) -> dict:
 
 def test_a_draft_of_another_model_leaves_the_target_decoding_alone_and_health_says_why(
         tiny_target, tiny_mismatched, target_model, log_dir):
-    draft = start("duo.draft_process", ["--model", str(tiny_mismatched)], log_dir)
-    target = start("duo.target_process", ["--model", str(tiny_target), "--peer", draft.address], log_dir, http=True)
+    draft = start("duo.cli.draft", ["--model", str(tiny_mismatched)], log_dir)
+    target = start("duo.cli.target", ["--model", str(tiny_target), "--peer", draft.address], log_dir, http=True)
     try:
         body = wait_for_state(target, "incompatible")
         assert "token 1000 differs" in body["draft_error"]
@@ -468,8 +469,8 @@ def timed_generation(address: str, prompt: str, max_tokens: int,
 
 def test_a_stopped_draft_costs_only_speculation_and_speculation_resumes_when_it_continues(
         tiny_target, tiny_draft, alone, log_dir, target_model):
-    draft = start("duo.draft_process", ["--model", str(tiny_draft)], log_dir)
-    target = start("duo.target_process", ["--model", str(tiny_target), "--peer", draft.address, *FIXED], log_dir)
+    draft = start("duo.cli.draft", ["--model", str(tiny_draft)], log_dir)
+    target = start("duo.cli.target", ["--model", str(tiny_target), "--peer", draft.address, *FIXED], log_dir)
     prompt, n_tokens = PROMPTS[0], 500
     try:
         wait_for_draft(target.address)

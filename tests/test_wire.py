@@ -154,7 +154,7 @@ def test_a_distribution_naming_more_tokens_than_any_honest_draft_sends_is_refuse
 
 
 def test_duo_draft_refuses_a_top_k_cap_beyond_what_targets_accept(capsys):
-    from duo import draft_process
+    from duo.cli import draft as draft_process
 
     assert draft_process.main(["--model", "absent.gguf", "--listen", "127.0.0.1:0",
                                "--top-k-cap", str(wire.MAX_DIST_IDS + 1)]) == 1

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from duo.completion import BadRequest, CompletionRequest
+from duo.api.completion import BadRequest, CompletionRequest
 from duo.sampling import SamplingParams
 
 

@@ -11,13 +11,13 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 
 
-from duo.admission import Admission, Slot
-from duo.chat import chat_tokens
-from duo.metrics import Metrics
+from duo.api.admission import Admission, Slot
+from duo.api.chat import chat_tokens
+from duo.api.metrics import Metrics
+from duo.api.stop import StopMatcher
 from duo.model import ModelError
 from duo.sampling import SamplingParams
-from duo.stop import StopMatcher
-from duo.target import GenerationStats, Request, Target
+from duo.target.generation import GenerationStats, Request, Target
 
 log = logging.getLogger("duo.target")
 

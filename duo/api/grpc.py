@@ -14,8 +14,8 @@ from grpc_reflection.v1alpha import reflection
 from duo import wire
 from duo._proto import duo_pb2 as pb
 from duo._proto import duo_pb2_grpc as pb_grpc
-from duo.admission import QueueFull
-from duo.completion import BadRequest, ClientError, CompletionRequest, Completions, NotReady, Piece, stats_fields
+from duo.api.admission import QueueFull
+from duo.api.completion import BadRequest, ClientError, CompletionRequest, Completions, NotReady, Piece, stats_fields
 from duo.model import ModelError
 from duo.runtime import MAX_CLIENT_RPCS, WRITE_TIMEOUT_S, WriteTimeout, client_server_options, write_within
 

@@ -20,12 +20,12 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from duo.admission import QueueFull
-from duo.completion import (BadRequest, ClientError, Completion, CompletionRequest, Completions, NotReady, Piece,
+from duo.api.admission import QueueFull
+from duo.api.bodies import ChatBody, CompletionBody, GenerationBody
+from duo.api.completion import (BadRequest, ClientError, Completion, CompletionRequest, Completions, NotReady, Piece,
                             UnknownModel, stats_fields)
-from duo.metrics import CONTENT_TYPE, Metrics
+from duo.api.metrics import CONTENT_TYPE, Metrics
 from duo.model import ModelError
-from duo.openai_types import ChatBody, CompletionBody, GenerationBody
 from duo.runtime import WRITE_TIMEOUT_S, HttpServer, WriteTimeout, write_within
 
 log = logging.getLogger("duo.http")

@@ -14,7 +14,7 @@ from typing import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from duo.target import GenerationStats, StepRecord
+from duo.target.generation import GenerationStats, StepRecord
 from duo.wire import REJECTION_REASONS
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -79,7 +79,7 @@ class Metrics:
                                "Draft tokens per step: the adaptive policy's current choice, or --draft-max.",
                                registry=r)
         self.spec_on = Gauge("duo:spec_decode_on", "1 while the adaptive policy speculates, 0 while the draft rests "
-                             "because speculation did not beat decoding alone (duo.switch).", registry=r)
+                             "because speculation did not beat decoding alone (duo.target.switch).", registry=r)
         self.spec_gain = Gauge("duo:spec_decode_gain", "Why: tokens per wall second speculating over decoding alone, "
                                "as last judged (0: not judged yet). A trial must reach 1.05 to turn speculation on; "
                                "once on, it stays on while at least 1.0.", registry=r)
@@ -106,7 +106,7 @@ class Metrics:
         self.requests_running.set_function(running)
         self.requests_waiting.set_function(waiting)
 
-    # duo.target.StepObserver
+    # duo.target.generation.StepObserver
     def on_step(self, record: StepRecord) -> None:
         if record.waited:
             self.waits.inc()
@@ -119,12 +119,12 @@ class Metrics:
         for position in range(record.n_accepted):
             self.accepted_per_pos.labels(position=str(position)).inc()
 
-    # duo.batching.CallObserver
+    # duo.target.batching.CallObserver
     def on_call(self, requests: int, tokens: int) -> None:
         self.iteration_requests.observe(requests)
         self.iteration_tokens.observe(tokens)
 
-    # duo.link.DraftObserver
+    # duo.target.link.DraftObserver
     def on_draft_rejected(self, reason: str, entries: int) -> None:
         self.draft_rejected_entries.labels(reason=reason).inc(entries)
 

@@ -3,7 +3,7 @@
 We sample a text from the TARGET at temperature T, decoding the target and the draft along the same
 tokens, so that at every position t we hold both models' logits. With p = distribution(target, params),
 q_res = the draft's distribution further capped to its top 10 (what a RESIDUAL session drafts from,
-duo.draft.Drafter.draft_params) and q_full = the draft's distribution uncapped (what a COUPLED session
+duo.draft.drafter.Drafter.draft_params) and q_full = the draft's distribution uncapped (what a COUPLED session
 drafts from), the per-position acceptance probabilities are:
 
   residual    a = sum_i min(p_i, q_res_i)      exact (Leviathan et al. 2023: accept x ~ q w.p. min(1, p/q));
@@ -20,7 +20,7 @@ drafts from), the per-position acceptance probabilities are:
   argmax      a = p(argmax q): the draft proposes its argmax, the target samples (llama-server's default).
 
 Means are over positions; se_positions is the standard error across positions (text variation).
-Example: .venv/bin/python scripts/acceptance.py --temperatures 0.7 1.0 --positions 120 --noise-draws 400
+Example: .venv/bin/python -m duo.bench.acceptance --temperatures 0.7 1.0 --positions 120 --noise-draws 400
 """
 
 from __future__ import annotations
@@ -28,18 +28,15 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from duo import hub
+from duo.bench.cluster import ROOT
 from duo.model import Model
+from duo.models import hub
 from duo.noise import uniforms
 from duo.sampling import (
     SamplingParams,

@@ -28,12 +28,13 @@ from typing import Callable, Iterator, NamedTuple, TypeVar
 
 import grpc
 
-from bench_report import Variant
 from duo._proto import duo_pb2 as pb
 from duo._proto import duo_pb2_grpc as pb_grpc
-from duo.demo import free_port
+from duo.bench.report import Variant
+from duo.runtime import free_port
 
-ROOT = Path(__file__).resolve().parent.parent
+# The checkout this bench runs from: its duo, its git history (baselines), its scripts/ (llama-server's build).
+ROOT = Path(__file__).resolve().parents[2]
 DELAY_PROXY = Path(__file__).resolve().parent / "delay_proxy.py"
 T = TypeVar("T")
 # How each mode's duo-target verifies sampled requests without a seed (the bench sends none).
@@ -50,8 +51,10 @@ class Code:
 
     @classmethod
     def at(cls, root: Path) -> Code:
-        # Commit 621876b moved each process's command line beside its wiring:
-        # duo.target / duo.draft before it, duo.target_process / duo.draft_process after.
+        # Commit 621876b moved each process's command line beside its wiring (duo.target / duo.draft before
+        # it, duo.target_process / duo.draft_process after); the packages by owner moved them to duo.cli.
+        if (root / "duo" / "cli" / "target.py").is_file():
+            return cls(root, "duo.cli.target", "duo.cli.draft")
         if (root / "duo" / "target_process.py").is_file():
             return cls(root, "duo.target_process", "duo.draft_process")
         return cls(root, "duo.target", "duo.draft")
@@ -155,7 +158,7 @@ def _start_alone_rpc(variant: Variant, code: Code, address: str, target_args: li
     """alone-rpc: two RPC servers and the target, all on the target's cores, each with as many threads
     as those cores; the target's layers split evenly over the servers."""
     endpoints = [f"127.0.0.1:{port}" for port in _free_ports(2, {int(address.rpartition(":")[2])})]
-    servers = [spawn(_duo("duo.cli", ["rpc-server", "--listen", endpoint, "--device", "cpu"], cores), cores,
+    servers = [spawn(_duo("duo.cli.main", ["rpc-server", "--listen", endpoint, "--device", "cpu"], cores), cores,
                      logs / f"{name}-server{i}.log", code) for i, endpoint in enumerate(endpoints, 1)]
     try:
         wait_listening(endpoints, servers)

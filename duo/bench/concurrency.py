@@ -17,7 +17,7 @@ import math
 import statistics
 from pathlib import Path
 
-from bench_report import Run, Variant, summarise_variant
+from duo.bench.report import Run, Variant, summarise_variant
 
 # The single-client numbers a level carries too, over all its requests (bench_report's vocabulary).
 CARRIED = ("verification", "token_acceptance", "mean_accepted_length", "alone_share", "branch_hit_rate",

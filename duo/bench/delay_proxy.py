@@ -6,7 +6,7 @@ does not add up over chunks and the link's throughput is not limited: chunks rea
 delivered 1 ms apart, each exactly `delay` late (a serial read-sleep-write loop would make the
 n-th chunk n delays late).
 
-    python scripts/delay_proxy.py --listen 127.0.0.1:7170 --upstream 127.0.0.1:7070 --delay-ms 10
+    python duo/bench/delay_proxy.py --listen 127.0.0.1:7170 --upstream 127.0.0.1:7070 --delay-ms 10
 """
 
 from __future__ import annotations

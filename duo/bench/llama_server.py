@@ -30,10 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
-from bench_cluster import released_together
-from bench_report import Run, Variant
+from duo.bench.cluster import ROOT, released_together
+from duo.bench.report import Run, Variant
 
-SCRIPTS = Path(__file__).resolve().parent
 PEER_MODES = ("llama-server", "llama-server-all", "llama-server-spec", "llama-server-spec-all")
 SPEC_PINNED = "llama-server-spec"  # expanded into one variant per --spec-n-max
 CONTEXT = 4096  # per slot, as duo-target's default --ctx-size
@@ -84,7 +83,7 @@ def server_args(mode: str, models: tuple[Path, Path], cores: tuple[set[int], set
 
 def llama_server_binary() -> Path:
     """The cached llama-server, built on first use (scripts/llama_build.py says how long it took)."""
-    sys.path.insert(0, str(SCRIPTS))
+    sys.path.insert(0, str(ROOT / "scripts"))  # a set-up script, run before duo is installed
     from llama_build import ensure_server
 
     return ensure_server(os.environ.get("CMAKE_ARGS"))

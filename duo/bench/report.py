@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pace_bound import pace_bound
+from duo.bench.pace_bound import pace_bound
 
 # Modes whose target talks to a draft over the link: these run once per --link-delay-ms.
 # sync-shared puts both models on the same cores, one machine: it runs with a direct link only.
@@ -312,7 +312,7 @@ def print_table(summary: dict[str, dict], costs: dict[int, float], machine: dict
     print("\nverify: how the target verified sampled drafts; alpha: per-token acceptance; tok/step: tokens "
           "committed per verify step;\nalone: share of steps decoded alone; branch: share of rejections whose next "
           "step found a branch;\nideal: share of max_k E(k)/T(k+1) reached (decode rate); pace: share of the "
-          "pace-aware bound (scripts/pace_bound.py: the draft's measured speed);\ndcpu: duo-draft's CPU time "
+          "pace-aware bound (duo/bench/pace_bound.py: the draft's measured speed);\ndcpu: duo-draft's CPU time "
           "over the wall time (1 core busy = 100%)")
     if costs:
         t1 = costs[1]

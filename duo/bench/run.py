@@ -19,12 +19,12 @@ Modes, alternated within each repetition so that machine noise hits all of them 
                  --modes): it needs llama-cpp-python built with RPC              (a')
   llama-server, llama-server-all, llama-server-spec, llama-server-spec-all
                  llama.cpp's own server, alone and with its speculative decoding, built once
-                 from the same pinned llama.cpp (scripts/bench_llama.py says how each is pinned;
+                 from the same pinned llama.cpp (duo/bench/llama_server.py says how each is pinned;
                  --peers adds all four; llama-server-spec runs once per --spec-n-max and the best
                  is named). Every variant is also compared with llama-server alone on the
                  target's cores, by the decode rate and end to end.
 --link-delay-ms D1 D2 ... runs the modes that talk over the target-draft link (sync-split, duo,
-duo-coupled, duo@REV) once per one-way delay, through scripts/delay_proxy.py (0: a direct
+duo-coupled, duo@REV) once per one-way delay, through duo/bench/delay_proxy.py (0: a direct
 connection): a network between the two machines, as in duo's mission (a fast draft, a slow target).
 
 Requests carry no seed (but the warm-up's), so each duo-target verifies sampled requests as its
@@ -57,28 +57,28 @@ each of m sequences in one call on its cores, for m up to max(C); m*S(1)/S(m) bo
 alone's speedup. The chart of aggregate tok/s against clients goes to bench-concurrency.png.
 
 Example (2 cores: draft on core 0, target on core 1; F32 target = a slow, memory-bound target):
-  python scripts/bench.py --target qwen2.5-coder-1.5b-instruct-f32 --draft qwen2.5-coder-0.5b-instruct \
+  duo bench --target qwen2.5-coder-1.5b-instruct-f32 --draft qwen2.5-coder-0.5b-instruct \
       --draft-cores 0 --target-cores 1 --prompts code --temperatures 0 0.7 --reps 2 \
       --link-delay-ms 0 5 20 --baseline-rev main
 
 Coupled against residual verification of sampled drafts (greedy is the same in both):
-  python scripts/bench.py --target qwen2.5-coder-1.5b-instruct-f32 --draft qwen2.5-coder-0.5b-instruct \
+  duo bench --target qwen2.5-coder-1.5b-instruct-f32 --draft qwen2.5-coder-0.5b-instruct \
       --draft-cores 0 --target-cores 1 --modes alone-tcores duo duo-coupled --prompts all \
       --temperatures 0.7 1.0 --reps 3
 
 The cost of splitting the target over RPC servers, on the same cores (needs an RPC build):
-  python scripts/bench.py --target qwen2.5-coder-1.5b-instruct --target-cores 1 \
+  duo bench --target qwen2.5-coder-1.5b-instruct --target-cores 1 \
       --modes alone-tcores alone-rpc --temperatures 0
 
 duo beside llama.cpp's llama-server, alone and speculative, on the same two cores, F16 then Q4_K_M target
 (their results in --out/<target>/):
-  python scripts/bench.py --target qwen2.5-coder-1.5b-instruct-f16 qwen2.5-coder-1.5b-instruct \
+  duo bench --target qwen2.5-coder-1.5b-instruct-f16 qwen2.5-coder-1.5b-instruct \
       --draft qwen2.5-coder-0.5b-instruct \
       --draft-cores 0 --target-cores 1 --modes alone-tcores duo --peers --prompts code \
       --temperatures 0 0.7 --reps 1 --max-tokens 96
 
 1, 2, 4 and 8 clients at once, against the target alone and duo:
-  python scripts/bench.py --target qwen2.5-coder-1.5b-instruct-f16 --draft qwen2.5-coder-0.5b-instruct \
+  duo bench --target qwen2.5-coder-1.5b-instruct-f16 --draft qwen2.5-coder-0.5b-instruct \
       --draft-cores 0 --target-cores 1 --modes alone-tcores duo --prompts code --temperatures 0 \
       --concurrency 1 2 4 8 --reps 1 --max-tokens 96
 """
@@ -91,18 +91,13 @@ import itertools
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
-import time
 from dataclasses import asdict
 from pathlib import Path
-from collections.abc import Iterator
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from bench_cluster import (  # noqa: E402
+from duo.bench.cluster import (
+    ROOT,
     UNSEEDED,
     Cluster,
     Code,
@@ -112,7 +107,8 @@ from bench_cluster import (  # noqa: E402
     start_variant,
     wait_ready,
 )
-from bench_llama import (  # noqa: E402
+from duo.bench.concurrency import batch_wall_times, plot_concurrency, print_concurrency, with_concurrency
+from duo.bench.llama_server import (
     PEER_MODES,
     PeerServer,
     expand_modes,
@@ -124,11 +120,10 @@ from bench_llama import (  # noqa: E402
     start_peer,
     wait_peer_ready,
 )
-from bench_concurrency import batch_wall_times, plot_concurrency, print_concurrency, with_concurrency  # noqa: E402
-from bench_report import UNDELAYED_MODES, Run, Variant, plot, print_table, run_from_stats, summarise  # noqa: E402
-
-from duo import hub  # noqa: E402
-from duo.demo import free_port  # noqa: E402
+from duo.bench.report import UNDELAYED_MODES, Run, Variant, plot, print_table, run_from_stats, summarise
+from duo.bench.timing import measure_sequence_costs, measure_verify_costs
+from duo.models import hub
+from duo.runtime import free_port
 
 PROMPTS = {
     # As in the community tests of llama-server's speculative decoding.
@@ -162,74 +157,6 @@ def check_modes(modes: list[str]) -> None:
         raise SystemExit("bench: alone-rpc splits the target over `duo rpc-server`s, but this llama-cpp-python "
                          "was built without RPC (llama_cpp.llama_supports_rpc() is False): run scripts/setup.sh "
                          "(it builds with CMAKE_ARGS=-DGGML_RPC=on), or leave alone-rpc out of --modes")
-
-
-COST_PREFIX = "def snake_game():\n" + "    x = step(x)\n" * 40  # cut to 200 tokens
-COST_BATCH = " score = score + 1 if food == head else score"
-
-
-@contextlib.contextmanager
-def pinned(cores: set[int]) -> Iterator[None]:
-    """This process on `cores` only, for the duration."""
-    saved = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, cores)
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, saved)
-
-
-def measure_verify_costs(target: Path, cores: set[int], max_batch: int, reps: int) -> dict[int, float]:
-    """T(n): median seconds to decode a batch of n tokens after a 200-token prefix, on `cores`."""
-    from duo.model import Model
-
-    with pinned(cores):
-        model = Model(target, device="cpu", threads=len(cores))
-        context = model.new_context(1024)
-        prefix = model.tokenize(COST_PREFIX)[:200]
-        context.decode(prefix, 0, logits_for=[])
-        batch = model.tokenize(COST_BATCH)[:max_batch]
-        costs = {}
-        for n in range(1, max_batch + 1):
-            times = []
-            for _ in range(reps):
-                began = time.perf_counter()
-                context.decode(batch[:n], len(prefix), logits_for=range(n))
-                times.append(time.perf_counter() - began)
-                context.rollback(len(prefix))
-            costs[n] = statistics.median(times)
-        context.close()
-        model.close()
-        return costs
-
-
-def measure_sequence_costs(target: Path, cores: set[int], counts: list[int], reps: int) -> dict[int, float]:
-    """S(m): median seconds to decode one token for each of m sequences in one call, on `cores`, each
-    sequence after the same 200-token prefix (forked from the first: shared cells; what is measured is
-    reading the weights once for m tokens)."""
-    from duo.model import Model, Part
-
-    with pinned(cores):
-        model = Model(target, device="cpu", threads=len(cores))
-        context = model.new_context(1024, n_seq=max(counts))
-        prefix = model.tokenize(COST_PREFIX)[:200]
-        context.decode(prefix, 0, logits_for=[])
-        for seq in range(1, max(counts)):
-            context.fork(seq, len(prefix))
-        token = model.tokenize(COST_BATCH)[0]
-        costs = {}
-        for m in counts:
-            times = []
-            for _ in range(reps):
-                began = time.perf_counter()
-                context.decode_parts([Part(seq, len(prefix), [token]) for seq in range(m)])
-                times.append(time.perf_counter() - began)
-                for seq in range(m):
-                    context.rollback(len(prefix), seq)
-            costs[m] = statistics.median(times)
-        context.close()
-        model.close()
-        return costs
 
 
 def machine_info(args: argparse.Namespace) -> dict:
@@ -325,7 +252,14 @@ def stop_all(clusters: list[Cluster | PeerServer]) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="duo bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_bench_arguments(parser)
+    return parser
+
+
+def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    """The bench's flags, on its own parser (scripts/bench.py) or on `duo bench`'s."""
     parser.add_argument("--target", nargs="+", default=[hub.DEFAULT_TARGET],
                         help="target model(s): name or path; several run one after the other, each with its "
                              "tables and its folder under --out")
@@ -355,11 +289,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="also send C requests at once, by C clients, at each level C; 1 always runs (the "
                              "speedups are against it) and the targets run with --parallel max(C) (default: 1)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench-out")
-    return parser
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    args = build_parser().parse_args(argv)
+    return completed(build_parser().parse_args(argv))
+
+
+def completed(args: argparse.Namespace) -> argparse.Namespace:
+    """The flags as parsed, with the concurrency levels and the modes (--peers, --spec-n-max) spelled out."""
     args.concurrency = concurrency_levels(args.concurrency)
     modes = args.modes + [m for m in PEER_MODES if args.peers and m not in args.modes]
     args.modes = expand_modes(modes, args.spec_n_max)
@@ -378,8 +315,13 @@ def target_parallel(levels: list[int]) -> int | None:
     return max(levels) if max(levels) > 1 else None
 
 
-def main() -> int:
-    args = parse_args()
+def main(argv: list[str] | None = None) -> int:
+    return run_bench(build_parser().parse_args(argv))
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """Every target's bench, with the flags as parsed (`duo bench` or scripts/bench.py)."""
+    args = completed(args)
     check_modes(args.modes)
     draft = hub.resolve_model(args.draft)
     targets = [hub.resolve_model(name) for name in args.target]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -12,9 +11,10 @@ from pathlib import Path
 
 import grpc
 
-from duo import hub
 from duo._proto import duo_pb2 as pb
-from duo.grpc_client import format_stats, stream
+from duo.cli.generate import format_stats, stream
+from duo.models import hub
+from duo.runtime import free_port
 
 
 def split_cores() -> tuple[set[int], set[int]]:
@@ -24,12 +24,6 @@ def split_cores() -> tuple[set[int], set[int]]:
         return set(cores), set(cores)
     n_draft = max(1, len(cores) // 3)
     return set(cores[:n_draft]), set(cores[n_draft:])
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def spawn(module: str, args: list[str], cores: set[int], log: Path) -> subprocess.Popen:
@@ -68,9 +62,9 @@ def run_demo(args: argparse.Namespace) -> int:
     logs.mkdir(parents=True, exist_ok=True)
     print(f"duo-draft on cores {sorted(draft_cores)}, duo-target on cores {sorted(target_cores)}; "
           f"logs in {logs}", file=sys.stderr)
-    draft = spawn("duo.draft_process", ["--model", str(draft_path), "--listen", draft_address, "--device", args.device],
+    draft = spawn("duo.cli.draft", ["--model", str(draft_path), "--listen", draft_address, "--device", args.device],
                   draft_cores, logs / "draft.log")
-    target = spawn("duo.target_process", ["--model", str(target_path), "--listen", target_address, "--peer", draft_address,
+    target = spawn("duo.cli.target", ["--model", str(target_path), "--listen", target_address, "--peer", draft_address,
                                   "--device", "cpu"], target_cores, logs / "target.log")
     try:
         wait_until_speculating(target_address, [draft, target])

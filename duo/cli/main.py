@@ -16,8 +16,8 @@ import os
 import sys
 from typing import Callable, Sequence
 
-from duo import hub
-from duo.progress import human_size
+from duo.models import hub
+from duo.models.progress import human_size
 
 PROG = "duo"
 
@@ -140,7 +140,7 @@ def _missing_action(parser: argparse.ArgumentParser) -> int:
 
 
 def add_generate_command(subparsers: argparse._SubParsersAction) -> None:
-    from duo.grpc_client import add_generate_arguments, run_generate
+    from duo.cli.generate import add_generate_arguments, run_generate
 
     parser = subparsers.add_parser("generate", help="stream a completion from a running duo-target",
                                    description="Stream a completion from duo-target and print it as it comes.")
@@ -149,7 +149,7 @@ def add_generate_command(subparsers: argparse._SubParsersAction) -> None:
 
 
 def add_demo_command(subparsers: argparse._SubParsersAction) -> None:
-    from duo.demo import add_demo_arguments, run_demo
+    from duo.cli.demo import add_demo_arguments, run_demo
 
     parser = subparsers.add_parser(
         "demo", help="pull the default pair and generate through duo-draft + duo-target on this machine",
@@ -157,6 +157,15 @@ def add_demo_command(subparsers: argparse._SubParsersAction) -> None:
                     "through them, print the text as it streams and the stats, then stop both.")
     add_demo_arguments(parser)
     parser.set_defaults(func=run_demo)
+
+
+def add_bench_command(subparsers: argparse._SubParsersAction) -> None:
+    from duo.bench import run
+
+    parser = subparsers.add_parser("bench", help="benchmark duo beside its peers (the target alone, llama-server)",
+                                   description=run.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    run.add_bench_arguments(parser)
+    parser.set_defaults(func=run.run_bench)
 
 
 def add_rpc_server_command(subparsers: argparse._SubParsersAction) -> None:
@@ -167,7 +176,7 @@ def add_rpc_server_command(subparsers: argparse._SubParsersAction) -> None:
 
 #: functions that each add one subcommand to the top-level subparsers
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
-    add_models_command, add_generate_command, add_demo_command, add_rpc_server_command]
+    add_models_command, add_generate_command, add_demo_command, add_bench_command, add_rpc_server_command]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,19 +14,19 @@ from typing import Any
 
 from grpc_health.v1 import health
 
-from duo.admission import Admission
-from duo.completion import Completions
-from duo.grpc_api import client_server, set_serving
-from duo.hub import CATALOG, DEFAULT_TARGET, HubError, resolve_model
-from duo.link import DraftLink
-from duo.metrics import Metrics
+from duo.api.admission import Admission
+from duo.api.completion import Completions
+from duo.api.grpc import client_server, set_serving
+from duo.api.http import create_app, http_server
+from duo.api.metrics import Metrics
 from duo.backends import on_native_abort
 from duo.model import MAX_SEQUENCES, N_BATCH, Model, ModelError
-from duo.openai_api import create_app, http_server
+from duo.models.hub import CATALOG, DEFAULT_TARGET, HubError, resolve_model
 from duo.runtime import (WRITE_TIMEOUT_S, ModelWorker, add_process_arguments, check_can_listen, host_port,
                          listen_socket, metrics_server, model_options, run_async, run_server, setup_logging)
 from duo.sampling import COUPLED, RESIDUAL
-from duo.target import SpecSettings, Target
+from duo.target.generation import SpecSettings, Target
+from duo.target.link import DraftLink
 from duo.tls import channel_credentials, check_pair, server_credentials
 
 log = logging.getLogger("duo.target")

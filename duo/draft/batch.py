@@ -9,9 +9,9 @@ from typing import Sequence
 
 import numpy as np
 
-from duo.branches import Branch, Doubt
-from duo.draft_session import DraftSession, Drawn, Slot, draw, proposes
-from duo.draft_value import Round
+from duo.draft.branches import Branch, Doubt
+from duo.draft.session import DraftSession, Drawn, Slot, draw, proposes
+from duo.draft.value import Round
 from duo.model import Context, ModelError, Part, common_prefix_length
 
 
@@ -57,7 +57,7 @@ class RoundReport:
 
 
 def plan_works(session: DraftSession, rounds: list[Round]) -> list[Work]:
-    """The Work of each of `rounds`, chosen for the session's next decode (duo.draft_value.with_riders):
+    """The Work of each of `rounds`, chosen for the session's next decode (duo.draft.value.with_riders):
     its chain's next token, its branch's, or both, each on its own sequence."""
     session.take(rounds)
     chain = list(session.chain)

@@ -20,11 +20,6 @@ import numpy as np
 
 from duo.sampling import SparseDist
 
-# Branches per chain the draft keeps at most (duo-draft --max-branches); the target accepts this many
-# per commit, and counts epochs accordingly.
-MAX_BRANCHES = 4
-
-
 @dataclass(frozen=True)
 class Doubt:
     """How sure the draft was at one chain position, and what it would have picked otherwise."""
@@ -79,7 +74,7 @@ def preferred_draft_len(max_ahead: int) -> int:
 def branch_length(max_ahead: int, fixed: int) -> int:
     """The most tokens to draft after a branch's assumed token: `fixed`, or by default the draft length k
     the target prefers: a hit's branch serves the step after the rejection, which verifies at most k.
-    Whether a branch grows that long is duo.draft_value's to say: its later tokens are worth less.
+    Whether a branch grows that long is duo.draft.value's to say: its later tokens are worth less.
     """
     if fixed:
         return fixed

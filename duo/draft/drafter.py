@@ -10,10 +10,10 @@ import numpy as np
 
 from duo import wire
 from duo._proto import duo_pb2 as pb
-from duo.branches import Branch, Doubt, branch_length
-from duo.draft_batch import DraftCache, RoundReport, Step, Work, plan_works
-from duo.draft_session import DraftSession
-from duo.draft_value import RoundCost, with_riders
+from duo.draft.batch import DraftCache, RoundReport, Step, Work, plan_works
+from duo.draft.branches import Branch, Doubt, branch_length
+from duo.draft.session import DraftSession
+from duo.draft.value import RoundCost, with_riders
 from duo.model import Model, ModelError
 from duo.runtime import ModelWorker
 from duo.sampling import SamplingParams, SparseDist

@@ -13,7 +13,7 @@ from typing import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from duo.draft_batch import RoundReport
+from duo.draft.batch import RoundReport
 
 # Seconds per round: a tiny model's tenth of a millisecond to a large draft on a CPU.
 ROUND_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
@@ -61,7 +61,7 @@ class DraftMetrics:
         self.connections.set_function(connections)
         self.kv_cells_used.set_function(kv_cells_used)
 
-    # duo.draft.DraftObserver
+    # duo.draft.drafter.DraftObserver
     def on_round(self, report: RoundReport) -> None:
         self.round_seconds.observe(report.seconds)
         self.sessions_per_round.observe(report.sessions)

@@ -7,8 +7,8 @@ from typing import Sequence
 
 import numpy as np
 
-from duo.branches import Branch, Doubt, branch_length, doubt_of
-from duo.draft_value import Calibration, Horizon, Round, ranked_rounds
+from duo.draft.branches import Branch, Doubt, branch_length, doubt_of
+from duo.draft.value import Calibration, Horizon, Round, ranked_rounds
 from duo.model import common_prefix_length
 from duo.sampling import SamplingParams, SparseDist, coupled_race, distribution, sample
 
@@ -66,7 +66,7 @@ class DraftSession:
                 and len(self.chain) < self.n_ctx)
 
     def offered_rounds(self) -> list[Round]:
-        """What this session offers the next decode, worth most first (duo.draft_value.ranked_rounds): its
+        """What this session offers the next decode, worth most first (duo.draft.value.ranked_rounds): its
         chain's lead, its best branch round, or both; [] when nothing is worth drafting."""
         if self.closed or not self.max_ahead:
             return []

@@ -2,11 +2,11 @@
 commit the most tokens.
 
 A step of the target that verifies drafts commits E = 1 + S_1 + S_2 + ... tokens, where S_d is the chance
-that the drafts at depths 1..d beyond the committed tokens are all accepted (duo.policy). So one drafted
+that the drafts at depths 1..d beyond the committed tokens are all accepted (duo.target.policy). So one drafted
 token is worth the chance that it ends up committed, and a round (one token) can go to:
 
 - the chain's lead, depth d = L + 1 after L drafts: worth S_L * a, a its own acceptance;
-- a branch forking at depth j, assuming the target commits the alternative token there (duo.branches):
+- a branch forking at depth j, assuming the target commits the alternative token there (duo.draft.branches):
   the branch is used when drafts 1..j-1 are accepted, the one at j is not, and the target's token is the
   alternative; its m-th drafted token is then worth
       S_(j-1) * (1 - a_j) * r * a'_1 ... a'_m,
@@ -41,8 +41,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from duo.branches import Branch, Doubt
-from duo.policy import MovingAverage, StepCosts
+from duo.costs import MovingAverage, StepCosts
+from duo.draft.branches import Branch, Doubt
 
 # The draft's own estimates before any commit judged it: accepted at 0.7, and the alternative the
 # target's token at half of the rejections.
@@ -61,7 +61,7 @@ class Calibration:
     """What commits showed of one session's drafts: acceptance, the confidence of the judged tokens, and
     how often a rejected position's token was the draft's alternative."""
 
-    # Each starts from its prior, weighing as one judgement, and follows the judgements as duo.policy's do.
+    # Each starts from its prior, weighing as one judgement, and follows the judgements as duo.target.policy's do.
     acceptance: MovingAverage = field(default_factory=lambda: MovingAverage(PRIOR_ACCEPTANCE, 1.0))
     confidence: MovingAverage = field(default_factory=lambda: MovingAverage(PRIOR_ACCEPTANCE, 1.0))
     alternative: MovingAverage = field(default_factory=lambda: MovingAverage(PRIOR_ALTERNATIVE, 1.0))
@@ -88,7 +88,7 @@ class RoundCost:
     """The seconds a draft round takes (roll back, decode, draw) by the tokens it decodes: what one more token
     adds to a decode, which decides whether a second round rides along (with_riders).
 
-    Kept as the target keeps its verify costs (duo.policy.StepCosts): measured, interpolated between
+    Kept as the target keeps its verify costs (duo.costs.StepCosts): measured, interpolated between
     measured sizes, and optimistic beyond them, so a size never timed is tried and one slow round does not
     keep riders out for good (catch-up after commits times the sizes again)."""
 

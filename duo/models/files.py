@@ -17,7 +17,7 @@ import zlib
 from pathlib import Path
 from typing import IO, BinaryIO, Callable, Iterator, Sequence
 
-from duo.hub_errors import HubError
+from duo.models.errors import HubError
 
 _CHUNK = 1 << 20
 

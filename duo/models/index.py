@@ -13,8 +13,8 @@ from html.parser import HTMLParser
 from pathlib import Path
 from typing import Mapping, Protocol, Sequence
 
-from duo.hub_errors import ArchiveChecksumError, HubError, IndexUnreachableError, PackageNotFoundError
-from duo.model_files import partial_path, sha256_file
+from duo.models.errors import ArchiveChecksumError, HubError, IndexUnreachableError, PackageNotFoundError
+from duo.models.files import partial_path, sha256_file
 
 DEFAULT_INDEX_URL = "https://pypi.org/simple"
 #: seconds to wait on any single network operation (connect or read)

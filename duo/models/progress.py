@@ -84,7 +84,7 @@ class DownloadBar:
 
 @dataclass
 class ArchiveProgress:
-    """One archive's view of its model's ``DownloadBar`` (see ``pypi_index.Progress``)."""
+    """One archive's view of its model's ``DownloadBar`` (see ``index.Progress``)."""
 
     whole: DownloadBar
     index: int

@@ -17,10 +17,11 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
+from duo.costs import StepCosts
 from duo.model import Context, ModelError, Part, common_prefix_length
-from duo.policy import AdaptivePolicy, StepCosts, choose_together
 from duo.runtime import ModelWorker
 from duo.sampling import SamplingParams, SparseDist, Verdict, verify
+from duo.target.policy import AdaptivePolicy, choose_together
 
 log = logging.getLogger("duo.target")
 
@@ -102,7 +103,7 @@ class StepBatcher:
         self.worker = worker
         self.context = context
         # T(n) of verify calls while the draft works: the policy's table, which it reads only then. Calls
-        # while the draft rests cost a little less (duo.switch measures that regime by its own rate).
+        # while the draft rests cost a little less (duo.target.switch measures that regime by its own rate).
         self.costs = costs
         self.drafting = drafting
         # Every call's cost, prompt chunks included, for sizing the chunks: a prefill skips the output
@@ -260,7 +261,7 @@ class StepBatcher:
 
     def _draft_lengths(self, works: list[VerifyWork]) -> list[int]:
         """Adaptive requests: the lengths that make the call commit the most tokens per second
-        (duo.policy.allocate); the others verify all they may."""
+        (duo.target.policy.allocate); the others verify all they may."""
         adaptive = [work for work in works if work.policy is not None]
         chosen = dict(zip((id(work) for work in adaptive),
                           choose_together([work.policy for work in adaptive], [work.limit for work in adaptive],

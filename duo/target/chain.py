@@ -5,20 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from duo.branches import MAX_BRANCHES
 from duo.sampling import SparseDist
-
-
-@dataclass(frozen=True)
-class ChainChunk:
-    """Chain tokens at positions start, start + 1, ... of chain `epoch`, as the link let them through."""
-
-    epoch: int
-    start: int
-    tokens: list[int]
-    dists: list[SparseDist]  # the distribution each token was drawn from; empty for greedy sessions
-    branch_of: int | None = None  # set on a branch's first chunk: the epoch of the chain it forks from
-    paused: bool = False  # the draft stopped this chain after these tokens, until the next commit
+from duo.wire import MAX_BRANCHES
 
 
 @dataclass

@@ -15,14 +15,16 @@ import numpy as np
 
 from duo import wire
 from duo._proto import duo_pb2 as pb
-from duo.chain import ChainChunk, DraftChain
-from duo.batching import CallObserver, PrefillWork, StepBatcher, VerifyWork
-from duo.link import DraftLink
+from duo.costs import StepCosts
 from duo.model import Model, ModelError
-from duo.policy import Acceptance, AdaptivePolicy, DraftTiming, StepCosts
 from duo.runtime import ModelWorker
-from duo.switch import Switch
 from duo.sampling import COUPLED, GREEDY, RESIDUAL, SamplingParams, Verdict
+from duo.target.batching import CallObserver, PrefillWork, StepBatcher, VerifyWork
+from duo.target.chain import DraftChain
+from duo.target.link import DraftLink
+from duo.target.policy import Acceptance, AdaptivePolicy, DraftTiming
+from duo.target.switch import Switch
+from duo.wire import ChainChunk
 
 log = logging.getLogger("duo.target")
 
@@ -78,7 +80,7 @@ class GenerationStats:
     waits: int = 0             # steps that waited for drafts known to be coming
     wait_seconds: float = 0.0
     verification: str = GREEDY  # GREEDY, COUPLED or RESIDUAL (duo.sampling)
-    speculation: str = ""       # whether the adaptive policy speculates, and why (duo.switch.Switch.reason)
+    speculation: str = ""       # whether the adaptive policy speculates, and why (duo.target.switch.Switch.reason)
     seed: int = 0               # a sampled request's seed, drawn by the target when the client gave none
     verify_steps: int = 0
     batch_sizes: list[int] = field(default_factory=list)  # [n]: steps that decoded n tokens at once
@@ -263,7 +265,7 @@ class Generation:
 
 class Target:
     """The target model and its draft link: runs every generation's steps, each step of all of them
-    in one batched model call (duo.batching)."""
+    in one batched model call (duo.target.batching)."""
 
     def __init__(self, model: Model, worker: ModelWorker, link: DraftLink | None, *, n_ctx: int,
                  settings: SpecSettings, parallel: int = 1, prompt_cache: bool = True) -> None:
@@ -279,7 +281,7 @@ class Target:
         # verification mode (they accept differently: greedy, coupled, residual).
         self.costs = StepCosts()
         self.acceptance_by_mode = {mode: Acceptance.prior(settings.draft_max) for mode in (GREEDY, COUPLED, RESIDUAL)}
-        # Whether speculation pays here, by what it delivers (duo.switch).
+        # Whether speculation pays here, by what it delivers (duo.target.switch).
         self.switch = Switch(alone_model_seconds=lambda: self.costs.measured_seconds(1))
         self.draft_len = settings.draft_max  # the latest request's preferred draft length (metrics)
         self.draft_timing = DraftTiming()  # one draft serves every request

@@ -12,9 +12,10 @@ import grpc
 from duo import wire
 from duo._proto import duo_pb2 as pb
 from duo._proto import duo_pb2_grpc as pb_grpc
-from duo.chain import ChainChunk, DraftChain
 from duo.model import IncompatibleVocab, Vocab, check_compatible
 from duo.runtime import grpc_channel_options
+from duo.target.chain import DraftChain
+from duo.wire import ChainChunk
 
 log = logging.getLogger("duo.link")
 

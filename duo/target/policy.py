@@ -4,16 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from duo.switch import Switch
+from duo.costs import MovingAverage, StepCosts
+from duo.target.switch import Switch
 
-# Exponential moving averages forget old measurements at this rate per observation, so the policy
-# follows a change of content (code vs prose) or of load within a few dozen steps.
-DECAY = 0.95
-# Before anything is measured, assume a verify batch of n costs 1 + 0.1 (n - 1) single steps and
-# drafts are accepted at 0.7: optimistic enough that speculation is tried, so that it is measured.
+# Before anything is measured, assume drafts are accepted at 0.7 (and a verify batch costs what
+# duo.costs.StepCosts assumes): optimistic enough that speculation is tried, so that it is measured.
 # The acceptance prior weighs as much as PRIOR_WEIGHT observations, so one early rejection does
 # not switch speculation off.
-PRIOR_BATCH_SLOPE = 0.1
 PRIOR_ACCEPTANCE = 0.7
 PRIOR_WEIGHT = 2.0
 # Now and then verify one more draft token than the best choice, so estimates for longer drafts
@@ -22,7 +19,7 @@ EXPLORE_EVERY = 16
 # When no draft length pays by the cost model, the draft rests (on a shared memory bus its work slows
 # the target) except from this many steps before each exploration until the exploration has happened:
 # a rested draft first catches up on the committed tokens, then drafts. Whether speculation pays at
-# all, by what it delivers, is duo.switch's to say: while it is off the draft rests entirely.
+# all, by what it delivers, is duo.target.switch's to say: while it is off the draft rests entirely.
 PROBE_LEAD = 5
 # A step with drafts must beat decoding alone by this share in the cost model: where T(2)/T(1) sits
 # next to E(1) (a compute-bound target), noise in either would otherwise turn drafting on and off.
@@ -32,63 +29,6 @@ DRAFT_MARGIN = 0.03
 # A step never waits longer than this share of a step alone: where waiting pays (a draft many times
 # faster than the target), the wait is a small fraction of it anyway.
 MAX_WAIT_OF_A_STEP = 0.5
-
-
-@dataclass
-class MovingAverage:
-    """An exponential moving average that forgets at DECAY per observation; `weight` is how many
-    observations it holds (a prior given as a starting weight counts as that many)."""
-
-    value: float
-    weight: float = 0.0  # 0 until the first observation
-
-    def add(self, x: float) -> None:
-        self.weight = self.weight * DECAY + 1.0
-        self.value += (x - self.value) / self.weight
-
-
-@dataclass
-class StepCosts:
-    """T(n): the seconds of model work a verify batch of n tokens takes.
-
-    One model on one machine: every request measures the same costs, so all share one StepCosts.
-    Only the model call is timed, never the wait behind other requests' steps or prefills.
-    """
-
-    step_seconds: dict[int, MovingAverage] = field(default_factory=dict)  # batch size -> T
-
-    def observe(self, batch_size: int, seconds: float) -> None:
-        self.step_seconds.setdefault(batch_size, MovingAverage(seconds)).add(seconds)
-
-    def measured_seconds(self, n: int) -> float | None:
-        """T(n) where batches of n were measured, else None."""
-        average = self.step_seconds.get(n)
-        return average.value if average is not None and average.weight else None
-
-    def batch_seconds(self, n: int) -> float:
-        """T(n): measured; else interpolated between measured sizes; else, beyond them, optimistic.
-
-        A larger batch than any measured is assumed to cost only PRIOR_BATCH_SLOPE more per token, so
-        the policy tries it once and learns its real cost. Extrapolating the measured slope instead
-        would trap it: on a CPU, going from 1 to 2 tokens switches matrix kernels and costs far more
-        than each token after that (F16 1.5B on one core: T(2) = 1.75 T(1) but T(5) = 2.2 T(1)).
-        """
-        measured = sorted((size, avg.value) for size, avg in self.step_seconds.items() if avg.weight)
-        if not measured:
-            return 1.0 + PRIOR_BATCH_SLOPE * (n - 1)
-        for size, seconds in measured:
-            if size == n:
-                return seconds
-        below = [(s, t) for s, t in measured if s < n]
-        above = [(s, t) for s, t in measured if s > n]
-        if below and above:
-            (s0, t0), (s1, t1) = below[-1], above[0]
-            return t0 + (t1 - t0) * (n - s0) / (s1 - s0)
-        if below:
-            size, seconds = below[-1]
-            return seconds * (1 + PRIOR_BATCH_SLOPE * (n - size))
-        size, seconds = above[0]
-        return seconds / (1 + PRIOR_BATCH_SLOPE * (size - n))
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Whether speculation pays on this target, judged by what it delivers: committed tokens per wall-clock
 second while the draft works, against the same while it rests.
 
-The policy's cost model (duo.policy) picks each step's draft length from model-only costs T(n) and the
+The policy's cost model (duo.target.policy) picks each step's draft length from model-only costs T(n) and the
 acceptance. It cannot see what else speculation costs: steps decoded alone while the draft catches up
 after a rejection (a draft only a few times faster than the target), the draft stream's messages handled
 between decodes, a co-running draft slowing the target. On a compute-bound target these eat the whole
@@ -53,7 +53,7 @@ class Switch:
     the regime the last one left, and every request's steps count towards the periods."""
 
     clock: Callable[[], float] = time.monotonic
-    # The model time of a one-token call, where measured (duo.policy.StepCosts): decoding alone's rate
+    # The model time of a one-token call, where measured (duo.costs.StepCosts): decoding alone's rate
     # when no step alone was timed whole. Model time only, so it overrates decoding alone a little: the
     # safe side for a judgement of speculation.
     alone_model_seconds: Callable[[], float | None] = lambda: None

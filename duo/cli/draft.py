@@ -1,0 +1,128 @@
+"""duo-draft: its command line and start-up: load the draft model, serve targets over gRPC (duo.draft.service)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import socket
+import sys
+
+import grpc
+
+from duo import wire
+from duo._proto import duo_pb2_grpc as pb_grpc
+from duo.draft.drafter import KV_CELLS_PER_CONTEXT, Drafter
+from duo.draft.metrics import DraftMetrics
+from duo.draft.service import DraftServicer, SessionLimits
+from duo.model import MAX_SEQUENCES, Model, ModelError
+from duo.models.hub import DEFAULT_DRAFT, HubError, resolve_model
+from duo.runtime import (HttpServer, ModelWorker, add_process_arguments, check_can_listen, grpc_server_options, host_port,
+                         is_loopback, metrics_server, model_options, run_async, run_server, setup_logging)
+from duo.tls import check_pair, server_credentials
+from duo.wire import MAX_BRANCHES
+
+log = logging.getLogger("duo.draft")
+
+def describe_placement(model: Model, args: argparse.Namespace) -> str:
+    """The model, where it runs, and what it holds, for the start-up line."""
+    cells = args.kv_cells or KV_CELLS_PER_CONTEXT * args.ctx_size
+    return (f"{model.path.name} ({model.placement()}; context {args.ctx_size} per session, up to "
+            f"{args.max_sessions} sessions in {cells} KV cells)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="duo-draft", description=__doc__)
+    add_process_arguments(parser, model=DEFAULT_DRAFT, listen="127.0.0.1:7070", serves="targets", per="session")
+    parser.add_argument("--top-k-cap", type=int, default=10,
+                        help="when sampling with residual verification, draft among at most this many tokens, whose "
+                             "probabilities travel to the target (output stays exact; coupled sessions send none "
+                             "and draft from the whole distribution)")
+    parser.add_argument("--tls-ca", default=None, metavar="PEM",
+                        help="mutual TLS: accept only targets presenting a certificate signed by this PEM CA")
+    limits = SessionLimits()
+    parser.add_argument("--max-sessions", type=int, default=limits.total, metavar="N",
+                        help="sessions drafted at once over all targets, each up to --ctx-size positions in the "
+                             "shared KV cache (--kv-cells); beyond, a target decodes alone for the new one")
+    parser.add_argument("--kv-cells", type=int, default=None, metavar="N",
+                        help="KV cache cells shared by all sessions, allocated at start (default: "
+                             f"{KV_CELLS_PER_CONTEXT} x --ctx-size); a session that finds no room decodes alone")
+    parser.add_argument("--max-sessions-per-target", type=int, default=limits.per_target, metavar="N",
+                        help="sessions drafted at once for one target connection")
+    parser.add_argument("--max-branches", type=int, default=MAX_BRANCHES, metavar="N",
+                        help="in spare time, draft up to N branches per chain: continuations for the target "
+                             "committing the draft's next-best token where it was least sure (0: none)")
+    parser.add_argument("--branch-len", type=int, default=0, metavar="N",
+                        help="tokens drafted after a branch's assumed token (default: half the draft length "
+                             "the target's policy prefers, at least 2)")
+    parser.add_argument("--metrics", default=None, metavar="[HOST:]PORT",
+                        help="serve Prometheus metrics at http://HOST:PORT/metrics (HOST: 127.0.0.1 unless given)")
+    return parser
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    check_can_listen(args.listen)
+    host, port = host_port(args.listen, "--listen", listening=True)
+    if is_loopback(host):
+        log.warning("listening on %s: only a target on this machine can reach it; for a target on another "
+                    "machine, start duo-draft with --listen 0.0.0.0:%d (or this machine's LAN address)", args.listen, port)
+    if not check_pair(args.tls_cert, args.tls_key, "--tls-cert/--tls-key") and args.tls_ca:
+        raise ValueError("--tls-ca needs --tls-cert and --tls-key (mutual TLS is TLS first)")
+    if not 1 <= args.top_k_cap <= wire.MAX_DIST_IDS:
+        raise ValueError(f"--top-k-cap must be between 1 and {wire.MAX_DIST_IDS} (the ids a target accepts per "
+                         "distribution)")
+    if args.max_sessions < 1 or args.max_sessions_per_target < 1:
+        raise ValueError("--max-sessions and --max-sessions-per-target must be at least 1")
+    if not 0 <= args.max_branches <= MAX_BRANCHES or args.branch_len < 0:
+        raise ValueError(f"--max-branches must be between 0 and {MAX_BRANCHES} and --branch-len >= 0")
+    per_session = 2 if args.max_branches else 1  # a session's chain sequence, and its branches'
+    if args.max_sessions * per_session > MAX_SEQUENCES:
+        raise ValueError(f"--max-sessions {args.max_sessions} needs {args.max_sessions * per_session} sequences "
+                         f"({per_session} per session), beyond llama.cpp's {MAX_SEQUENCES} per context")
+    if args.kv_cells is not None and args.kv_cells < args.ctx_size:
+        raise ValueError(f"--kv-cells {args.kv_cells} is less than --ctx-size {args.ctx_size}: no session could "
+                         "reach its context")
+
+
+async def serve(args: argparse.Namespace, model: Model, metrics: DraftMetrics,
+                http: tuple[HttpServer, socket.socket] | None) -> None:
+    drafter = Drafter(model, ModelWorker(), args.ctx_size, args.top_k_cap, observer=metrics,
+                      max_branches=args.max_branches, branch_len=args.branch_len, max_sessions=args.max_sessions,
+                      cells=args.kv_cells)
+    try:
+        await drafter.start()  # the shared KV cache, allocated once for all sessions
+    except ModelError as error:
+        raise SystemExit(f"duo-draft: {error}; try a smaller --kv-cells") from error
+    limits = SessionLimits(total=args.max_sessions, per_target=args.max_sessions_per_target)
+    server = grpc.aio.server(options=grpc_server_options())
+    servicer = DraftServicer(drafter, limits, metrics)
+    pb_grpc.add_DraftServicer_to_server(servicer, server)
+    credentials = server_credentials(args.tls_cert, args.tls_key, args.tls_ca) if args.tls_cert else None
+    security = " over mutual TLS" if args.tls_ca else " over TLS" if args.tls_cert else ""
+    endpoints = args.listen + (f", metrics on {args.metrics}" if args.metrics else "")
+    try:
+        await run_server(server, args.listen, f"duo-draft serving {describe_placement(model, args)} on {endpoints}{security}",
+                         credentials=credentials, http=[http] if http else [], stopping=servicer.stop)
+    finally:
+        await drafter.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(args.log_level)
+    metrics = DraftMetrics()
+    try:
+        check_flags(args)
+        http = metrics_server(metrics.registry, args.metrics) if args.metrics else None
+        model = Model(resolve_model(args.model), **model_options(args))
+    except (HubError, ModelError, ValueError) as error:
+        print(f"duo-draft: {error}", file=sys.stderr)
+        return 1
+    if not model.can_rollback:
+        print(f"duo-draft: {args.model} is a recurrent/hybrid model; drafting needs rollback", file=sys.stderr)
+        return 1
+    model.warm_up()
+    return run_async(serve(args, model, metrics, http))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
