@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import ast
+import importlib
+import re
 from pathlib import Path
 
-DUO = Path(__file__).resolve().parent.parent / "duo"
+ROOT = Path(__file__).resolve().parent.parent
+DUO = ROOT / "duo"
 MAX_LINES = 450
 GENERATED = "duo._proto"  # protoc's stubs (scripts/gen_proto.py): shared, but not held to MAX_LINES
 # The floors of the house, top first. A module imports its own package and the floors below its own,
@@ -142,3 +145,13 @@ def test_every_module_stays_short_enough_to_read():
     long = {name: n for name, path in duo_modules().items()
             if not name.startswith(GENERATED) and (n := len(path.read_text().splitlines())) > MAX_LINES}
     assert not long, f"split these modules (over {MAX_LINES} lines): {long}"
+
+
+def test_every_console_script_runs_a_main_of_the_programs_floor():
+    section = ROOT.joinpath("pyproject.toml").read_text().split("[project.scripts]")[1].split("\n[")[0]
+    scripts = dict(re.findall(r'^([\w-]+) = "([\w.]+:\w+)"', section, re.MULTILINE))
+    assert set(scripts) == {"duo", "duo-draft", "duo-target"}
+    for name, target in scripts.items():
+        module, function = target.split(":")
+        assert owner(module) == "duo.cli", f"{name}: a program's entry lives in duo/cli"
+        assert callable(getattr(importlib.import_module(module), function)), name
