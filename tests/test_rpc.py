@@ -78,7 +78,7 @@ def test_a_target_split_over_two_rpc_servers_gives_the_greedy_output_of_the_targ
             accepted += last.stats.draft_tokens_accepted
         assert accepted > 0
     finally:
-        duo.api.stop()
+        duo.stop()
 
 
 @pytest.mark.parametrize("address", [f"127.0.0.1:{free_port()}", "10.255.255.1:50052"])
@@ -142,7 +142,7 @@ def test_a_draft_on_an_rpc_device_drafts_for_a_cpu_target_as_one_on_the_cpu_does
                 if name == "rpc":
                     assert "CPU: 0/2 layers offloaded" in duo.log()
             finally:
-                duo.api.stop()
+                duo.stop()
     finally:
         offloaded.stop()
         server.stop()
