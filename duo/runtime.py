@@ -210,8 +210,11 @@ def grpc_server_options() -> list[tuple[str, int]]:
         ("grpc.http2.max_pings_without_data", 0),
         # Ping, and accept the client's pings, also between calls instead of answering GOAWAY.
         ("grpc.keepalive_permit_without_calls", 1),
-        # Clients ping every KEEPALIVE_TIME_MS (duo.target.link does): allow that, with room for jitter.
-        ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_TIME_MS // 2),
+        # Clients ping every KEEPALIVE_TIME_MS (duo.target.link and duo generate do), through calls that send
+        # nothing for minutes (a long prefill, a wait in the queue): allow pings half as far apart, and count
+        # only faster ones as strikes. (grpc's name for GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS:
+        # an unknown name is ignored silently, and grpc's default, one ping in 5 minutes, cut every client.)
+        ("grpc.http2.min_ping_interval_without_data_ms", KEEPALIVE_TIME_MS // 2),
         ("grpc.http2.max_ping_strikes", 0),
         # grpc sets SO_REUSEPORT by default: a second process on the same port would then share it
         # silently (and take half the connections) instead of failing to start.
