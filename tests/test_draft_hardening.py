@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from duo._proto import duo_pb2 as pb
 from duo.cli.draft import main
-from duo.draft.drafter import Drafter
+from duo.draft.drafter import Drafted, Drafter
 from duo.draft.metrics import DraftMetrics
 from duo.draft.service import DraftServicer, SessionLimits
 from duo.draft.session import DraftSession, proposes
@@ -632,6 +632,70 @@ def test_a_target_that_sends_commits_but_never_reads_is_dropped_and_the_drafts_q
         await servicer.drafter.stop()
 
     asyncio.run(run())
+
+
+class SlowRelease(Drafter):
+    """Frees a session's sequences a while after being asked to; records which it has freed."""
+
+    released: list[int]
+
+    async def close(self, *sessions: DraftSession) -> None:
+        await asyncio.sleep(0.2)
+        await super().close(*sessions)
+        self.released = getattr(self, "released", []) + [session.session_id for session in sessions]
+
+
+def test_the_sessions_of_a_target_that_stopped_reading_are_freed_before_its_stream_ends(draft_model, monkeypatch):
+    from duo.draft import service
+
+    monkeypatch.setattr(service, "MAX_OUTBOX", 8)
+
+    async def run() -> None:
+        servicer, _ = servicer_for(draft_model, drafter_class=SlowRelease, n_ctx=512)
+        requests: asyncio.Queue[pb.TargetEvent | None] = asyncio.Queue()
+
+        async def events():
+            while (event := await requests.get()) is not None:
+                yield event
+
+        stream = servicer.Speculate(events(), Peer())
+        requests.put_nowait(pb.TargetEvent(open=pb.OpenSession(session_id=1, committed=PROMPT, max_ahead=4)))
+        await stream.__anext__()
+        connection = next(iter(servicer.connections))
+        for committed in range(len(PROMPT), len(PROMPT) + 400):  # contradicting commits: the outbox grows
+            if connection.overflowed:
+                break
+            requests.put_nowait(pb.TargetEvent(commit=pb.Commit(session_id=1, start=committed, tokens=[5])))
+            await asyncio.sleep(0.005)
+        assert connection.overflowed
+        with pytest.raises(StopAsyncIteration):
+            await stream.__anext__()
+        assert servicer.drafter.released == [1]  # released by the time the stream is gone, not some time later
+        await servicer.drafter.stop()
+
+    asyncio.run(run())
+
+
+def test_a_link_idle_for_longer_than_the_stall_limit_is_not_taken_for_a_reader_that_stopped(monkeypatch):
+    """An idle server (or a resting draft) sends nothing for a while; the next round's chunks, queued back to
+    back, must not end the stream: a stall is an event left waiting, not a quiet link."""
+    from duo.draft import service
+
+    monkeypatch.setattr(service, "OUTBOX_STALL_S", 0.2)
+
+    async def run() -> list[pb.DraftEvent]:
+        connection = service.Connection(None, SessionLimits(), DraftMetrics(), lambda: 0, lambda: None,  # type: ignore[arg-type]
+                                        "target")
+        taking = asyncio.create_task(connection.next_event())  # grpc waits for the next event, as it does
+        await asyncio.sleep(0.3)  # idle for longer than the stall limit
+        for session_id in (1, 2):  # one round's chunks for two sessions of this target
+            chunk = pb.DraftChunk(session_id=session_id, tokens=[7])
+            await connection.deliver(Drafted(None, chunk))  # type: ignore[arg-type]
+        assert not connection.overflowed
+        return [await taking, await connection.next_event()]
+
+    events = asyncio.run(run())
+    assert [event.chunk.session_id for event in events] == [1, 2]
 
 
 def test_while_drafting_the_draft_logs_its_sessions_and_tokens_now_and_then(draft_model, monkeypatch, caplog):

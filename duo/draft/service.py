@@ -143,8 +143,9 @@ ACTIVITY_LOG_S = 60.0
 # few per session); one that sends commits but never reads would grow the draft's memory without end:
 # past this many, its sessions end and its stream with them.
 MAX_OUTBOX = 4096
-# ... or that has taken nothing for this long while events wait (the target's own link gives up on a
-# draft that reads nothing after as long).
+# ... or that has left an event waiting this long (the target's own link gives up on a draft that
+# sends nothing for as long). Timed from the oldest waiting event, not from the last event taken: a
+# link idle for minutes (no requests, or a resting draft) has nothing waiting, and no stalled reader.
 OUTBOX_STALL_S = 30.0
 
 
@@ -171,7 +172,7 @@ class Connection:
         self.wake = wake
         self.reader: asyncio.Task[None] | None = None
         self.overflowed = False  # the target stopped reading (MAX_OUTBOX, OUTBOX_STALL_S): the stream ends
-        self.taken_at = time.monotonic()  # when the stream last took an event
+        self.waiting_since = 0.0  # when the oldest event in the outbox was queued (meaningless while it is empty)
         self._closing: asyncio.Future[None] | None = None  # its sessions' release, once it overflowed
 
     @property
@@ -185,7 +186,6 @@ class Connection:
     async def next_event(self) -> pb.DraftEvent | None:
         """The next event to write: what queued up while the stream wrote the last one goes out with the
         chunks of each line merged (wire.coalesce), so a stream that falls behind catches up."""
-        self.taken_at = time.monotonic()
         if self.overflowed:
             return None
         if not self._ready:
@@ -201,6 +201,8 @@ class Connection:
         sessions = list(self.sessions.values())
         self.sessions.clear()
         await self.drafter.close(*sessions)
+        if self._closing is not None:
+            await self._closing  # the sessions it lost when it stopped reading: freed before the stream is gone
         await asyncio.wait([self.reader])
         log.info("target %s left; closed %d session(s)", self.peer, len(sessions))
 
@@ -262,19 +264,21 @@ class Connection:
             self.metrics.chunks_sent.inc()
 
     def _put(self, event: pb.DraftEvent) -> None:
-        """Queue an event for the target, unless it has stopped reading (MAX_OUTBOX events waiting, or
-        none taken for OUTBOX_STALL_S while some wait): then its sessions end, nothing more is queued,
-        and the stream ends when grpc next asks for an event."""
+        """Queue an event for the target, unless it has stopped reading (MAX_OUTBOX events waiting, or one
+        waiting for OUTBOX_STALL_S): then its sessions end, nothing more is queued, and the stream ends
+        when grpc next asks for an event."""
         if self.overflowed:
             return
-        waiting = self.outbox.qsize()
-        stalled = waiting and time.monotonic() - self.taken_at > OUTBOX_STALL_S
+        now, waiting = time.monotonic(), self.outbox.qsize()
+        if not waiting:
+            self.waiting_since = now  # next_event takes the whole outbox at once: this event is its oldest
+        stalled = waiting and now - self.waiting_since > OUTBOX_STALL_S
         if waiting < MAX_OUTBOX and not stalled:
             self.outbox.put_nowait(event)
             return
         self.overflowed = True
-        log.warning("target %s stopped reading (%d events waiting, none taken for %.0f s); ending its stream and "
-                    "its %d session(s)", self.peer, waiting, time.monotonic() - self.taken_at, len(self.sessions))
+        log.warning("target %s stopped reading (%d events waiting, the oldest for %.0f s); ending its stream and "
+                    "its %d session(s)", self.peer, waiting, now - self.waiting_since, len(self.sessions))
         while not self.outbox.empty():
             self.outbox.get_nowait()
         self.outbox.put_nowait(None)
