@@ -251,6 +251,16 @@ class Completions:
                           param="prompt", code="context_length_exceeded")
 
 
+def failure_message(error: Exception) -> str:
+    """What a client is told when its own request failed while generating, logged here: a ModelError says
+    what failed; anything else is a bug, logged with the traceback that will fix it. Only that request ends."""
+    if isinstance(error, ModelError):
+        log.error("generation failed: %s", error)
+    else:
+        log.error("generation failed on an unexpected error", exc_info=error)
+    return f"generation failed: {error}"
+
+
 def check_stops(stops: Sequence[str]) -> None:
     if len(stops) > MAX_STOP_STRINGS:
         raise BadRequest(f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(stops)}", param="stop")

@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from duo.api.admission import QueueFull
 from duo.api.bodies import ChatBody, CompletionBody, GenerationBody
 from duo.api.completion import (BadRequest, ClientError, Completion, CompletionRequest, Completions, NotReady, Piece,
-                            UnknownModel, stats_fields)
+                            UnknownModel, failure_message, stats_fields)
 from duo.api.metrics import CONTENT_TYPE, Metrics
 from duo.model import ModelError
 from duo.runtime import WRITE_TIMEOUT_S, HttpServer, WriteTimeout, write_within
@@ -56,6 +56,10 @@ class ApiError(Exception):
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def server_error(message: str) -> ApiError:
+    return ApiError(500, message, type="server_error")
 
 
 def api_error(error: ClientError | QueueFull) -> ApiError:
@@ -242,6 +246,8 @@ class OpenAIApi:
                 pieces = await unless_disconnected(request, collect(completion))
             except ClientGone:
                 return Response(status_code=CLIENT_CLOSED)
+            except Exception as error:  # this request's own failure: it alone ends, in OpenAI's shape
+                return server_error(failure_message(error)).response()
         return JSONResponse(output.whole(pieces))
 
 
@@ -279,9 +285,8 @@ class ResponseFormat(ABC):
                     yield sse(chunk)
                 if piece.finish_reason and include_usage:
                     yield sse({**self._envelope(self.chunk_object_name), "choices": [], "usage": usage(piece)})
-        except ModelError as error:
-            log.error("generation failed: %s", error)
-            yield sse(ApiError(500, f"generation failed: {error}", type="server_error").body())
+        except Exception as error:  # this request's own failure: an error event, then [DONE] as always
+            yield sse(server_error(failure_message(error)).body())
         yield "data: [DONE]\n\n"
 
     def _chunk(self, choice: dict[str, Any], include_usage: bool) -> dict[str, Any]:
@@ -365,9 +370,8 @@ def add_error_handlers(app: FastAPI) -> None:
     async def on_client_error(request: Request, error: Exception) -> JSONResponse:
         return api_error(error).response()  # type: ignore[arg-type]
 
-    async def on_model_error(request: Request, error: ModelError) -> JSONResponse:
-        log.error("generation failed: %s", error)
-        return ApiError(500, f"generation failed: {error}", type="server_error").response()
+    async def on_failure(request: Request, error: Exception) -> JSONResponse:
+        return server_error(failure_message(error)).response()
 
     async def on_validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
         return validation_message(error).response()
@@ -381,7 +385,8 @@ def add_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ApiError, on_api_error)
     app.add_exception_handler(ClientError, on_client_error)
     app.add_exception_handler(QueueFull, on_client_error)
-    app.add_exception_handler(ModelError, on_model_error)
+    app.add_exception_handler(ModelError, on_failure)
+    app.add_exception_handler(Exception, on_failure)  # the last resort: a 500 in OpenAI's shape, never plain text
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(HTTPException, on_http_error)
 
