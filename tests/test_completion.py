@@ -179,8 +179,9 @@ def test_a_chat_templates_own_refusal_is_a_400_with_its_message(target_model, mo
     assert http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}).status_code == 200
 
 
-def test_admission_comes_before_tokenizing_for_generations_and_for_tokenize(monkeypatch):
+def test_admission_comes_before_tokenizing_for_generations_and_for_tokenize_each_in_its_own_line(monkeypatch):
     service, _ = completions([[3]], parallel=1, queue_size=0)
+    service.tokenizing = Admission(1, 0)
     prepared = []
     monkeypatch.setattr(service, "prepare", lambda request: prepared.append(request) or None)
     tokenized = []
@@ -190,12 +191,15 @@ def test_admission_comes_before_tokenizing_for_generations_and_for_tokenize(monk
         slot = await service.admission.acquire()  # the one running place is taken
         with pytest.raises(QueueFull):
             await service.start(CompletionRequest(prompt="a long prompt " * 1000))
+        assert await service.tokenize_admitted("hi", ()) == [3]  # not behind the generation
+        tokenizing = await service.tokenizing.acquire()  # the one tokenize place is taken
         with pytest.raises(QueueFull):
             await service.tokenize_admitted("a long prompt", ())
-        assert prepared == [] and tokenized == []  # no work was done for what was not admitted
+        assert prepared == [] and tokenized == ["hi"]  # no work was done for what was not admitted
         slot.release()
+        tokenizing.release()
         assert await service.tokenize_admitted("hi", ()) == [3]
-        assert service.admission.running == 0  # the tokenize gave its place back
+        assert service.tokenizing.running == 0 and service.admission.running == 0  # places given back
 
     asyncio.run(run())
 
@@ -227,3 +231,31 @@ def test_the_api_key_is_checked_before_any_body_is_read_and_a_trickling_body_tim
     assert call([huge, (b"authorization", b"Bearer k")]) == 413
     ok = [(b"content-length", b"20"), (b"authorization", b"Bearer k"), (b"content-type", b"application/json")]
     assert call(ok) == 408
+
+
+class BosModel(ScriptedModel):
+    """Tokenizes as llama.cpp does for a model that adds BOS: even no text is one token."""
+
+    def tokenize(self, text: str) -> list[int]:
+        return [6] + super().tokenize(text)
+
+
+def test_a_prompt_of_no_token_ids_is_refused_not_generated_from_bos():
+    service = Completions(Admission(1, 0), Metrics(), ["scripted"])
+    target = ScriptedTarget([[3]], model=BosModel())
+    service.ready(target, context_size=100)  # type: ignore[arg-type]
+    with TestClient(create_app(service, Metrics(), None)) as client:
+        response = client.post("/v1/completions", json={"prompt": []})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "prompt", response.text
+    assert target.generated == 0
+
+
+def test_a_tokenize_call_does_not_wait_behind_running_generations():
+    service, _ = completions([[3]] * 3, parallel=1, queue_size=0)
+
+    async def run() -> list[int]:
+        completion = await service.start(CompletionRequest(prompt="hi"))  # the one generation place, held
+        async with aclosing(completion):
+            return await asyncio.wait_for(service.tokenize_admitted("one two three", ()), timeout=5)
+
+    assert asyncio.run(run()) == [3, 3, 3]

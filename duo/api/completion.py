@@ -52,7 +52,7 @@ class CompletionRequest:
 
     prompt: str = ""
     messages: Sequence[Mapping[str, str]] = ()  # rendered with the model's chat template
-    prompt_tokens: Sequence[int] = ()          # a prompt already tokenized
+    prompt_tokens: Sequence[int] | None = None  # a prompt already tokenized (an empty one is refused)
     max_tokens: int = 0                        # 0: until end of generation or a full context
     params: SamplingParams = SamplingParams()
     seed: int | None = None
@@ -116,11 +116,19 @@ class Completion:
             self._slot.release()
 
 
+# Tokenize calls at once, and waiting, beside the generations' own --parallel and --queue-size.
+TOKENIZE_PARALLEL = 2
+TOKENIZE_QUEUE = 64
+
+
 class Completions:
     """The target as clients see it, shared by the gRPC and HTTP endpoints."""
 
     def __init__(self, admission: Admission, metrics: Metrics, names: Sequence[str]) -> None:
         self.admission = admission
+        # Tokenize calls wait for a place of their own: beside generations, not behind them (they are
+        # quick, and bounded like a prompt), but bounded too, so that they cannot flood the threads.
+        self.tokenizing = Admission(TOKENIZE_PARALLEL, TOKENIZE_QUEUE)
         self.metrics = metrics
         self.names = list(names)  # the first is the model's name; the others are accepted as aliases
         self.target: Target | None = None  # set once the model is loaded
@@ -182,8 +190,8 @@ class Completions:
         if request.seed is not None and not 0 <= request.seed < 2 ** 64:
             raise BadRequest(f"seed must be between 0 and 2^64 - 1, got {request.seed}", param="seed")
         check_stops(request.stop)
-        tokens = list(request.prompt_tokens) if request.prompt_tokens else self.tokenize(request.prompt,
-                                                                                         request.messages)
+        tokens = (list(request.prompt_tokens) if request.prompt_tokens is not None
+                  else self.tokenize(request.prompt, request.messages))
         self._check_prompt(tokens)
         return Request(prompt_tokens=tokens, params=request.params, seed=request.seed, max_tokens=request.max_tokens,
                        cache_prompt=request.cache_prompt,
@@ -203,8 +211,8 @@ class Completions:
         return Completion(self._pieces(target, prepared, StopMatcher(request.stop)), slot)
 
     async def tokenize_admitted(self, prompt: str, messages: Sequence[Mapping[str, str]]) -> list[int]:
-        """tokenize() for the Tokenize RPC, admitted like a generation: its work is bounded alike."""
-        slot = await self.admission.acquire()
+        """tokenize() for the Tokenize RPC, admitted among tokenize calls (QueueFull when their line is full)."""
+        slot = await self.tokenizing.acquire()
         try:
             return await asyncio.to_thread(self.tokenize, prompt, messages)
         finally:
