@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -190,7 +191,7 @@ def test_admission_comes_before_tokenizing_for_generations_and_for_tokenize_each
     async def run() -> None:
         slot = await service.admission.acquire()  # the one running place is taken
         with pytest.raises(QueueFull):
-            await service.start(CompletionRequest(prompt="a long prompt " * 1000))
+            await service.start(CompletionRequest(prompt="a prompt " * 10))
         assert await service.tokenize_admitted("hi", ()) == [3]  # not behind the generation
         tokenizing = await service.tokenizing.acquire()  # the one tokenize place is taken
         with pytest.raises(QueueFull):
@@ -259,3 +260,37 @@ def test_a_tokenize_call_does_not_wait_behind_running_generations():
             return await asyncio.wait_for(service.tokenize_admitted("one two three", ()), timeout=5)
 
     assert asyncio.run(run()) == [3, 3, 3]
+
+
+@pytest.mark.parametrize("request_", [CompletionRequest(prompt_tokens=[3] * 100), CompletionRequest(prompt="word " * 5000),
+                                      CompletionRequest(messages=[{"role": "user", "content": ""}] * 100)],
+                         ids=["token ids", "text", "messages"])
+def test_a_prompt_that_cannot_fit_the_context_is_refused_before_it_waits_for_a_place(request_):
+    service, _ = completions([[3]], parallel=1, queue_size=4)
+
+    async def run() -> None:
+        slot = await service.admission.acquire()  # every place taken: a request would wait in line
+        with pytest.raises(BadRequest, match="context"):
+            await asyncio.wait_for(service.start(request_), timeout=2)
+        assert service.admission.waiting == 0
+        slot.release()
+
+    asyncio.run(run())
+
+
+def test_a_client_that_leaves_while_its_prompt_is_tokenized_keeps_its_place_until_the_tokenizing_stops(monkeypatch):
+    service, _ = completions([[3]], parallel=1, queue_size=0)
+    prepare = service.prepare
+    monkeypatch.setattr(service, "prepare", lambda request: time.sleep(0.5) or prepare(request))
+
+    async def run() -> None:
+        starting = asyncio.ensure_future(service.start(CompletionRequest(prompt="hi")))
+        await asyncio.sleep(0.1)
+        starting.cancel()  # the client left (unless_disconnected cancels the start)
+        with pytest.raises(asyncio.CancelledError):
+            await starting
+        assert service.admission.running == 1  # the thread still works for it: its place is not free
+        await asyncio.sleep(0.6)
+        assert service.admission.running == 0
+
+    asyncio.run(run())

@@ -8,7 +8,15 @@ lies in it: the template's parts are tokenized with special tokens parsed, the c
 
 from __future__ import annotations
 
+import re
 from typing import Mapping, Protocol, Sequence
+
+# What stands for message i's content in the second rendering: private-use characters no text holds.
+MARK = re.compile("\ue000duo[0-9]+\ue001")
+
+
+def mark(i: int) -> str:
+    return f"\ue000duo{i}\ue001"
 
 
 class Tokenizer(Protocol):
@@ -40,7 +48,7 @@ def rendered_pieces(model: Tokenizer, messages: Sequence[Mapping[str, str]], ren
     to finding each content in the rendering after the previous one.
     """
     contents = [str(message.get("content", "")) for message in messages]
-    marks = [f"\ue000duo{i}\ue001" for i in range(len(messages))]
+    marks = [mark(i) for i in range(len(messages))]
     markup = _cut_at(model.chat_prompt([{**message, "content": mark} for message, mark in zip(messages, marks)]),
                      marks)
     if markup is not None:
@@ -54,15 +62,14 @@ def rendered_pieces(model: Tokenizer, messages: Sequence[Mapping[str, str]], ren
 
 
 def _cut_at(skeleton: str, marks: Sequence[str]) -> list[str] | None:
-    """`skeleton` split at each of `marks` in order: len(marks) + 1 pieces, or None where a mark is not
-    there once (the template dropped or repeated a message)."""
-    pieces, at = [], 0
-    for mark in marks:
-        if skeleton.count(mark) != 1 or (found := skeleton.find(mark, at)) < 0:
-            return None
-        pieces.append(skeleton[at:found])
-        at = found + len(mark)
-    return pieces + [skeleton[at:]]
+    """`skeleton` split at each of `marks` in order: len(marks) + 1 pieces, or None where the marks are not
+    there once each and in order (the template dropped, repeated or reordered a message). One pass over
+    `skeleton` whatever the number of messages: tens of thousands of them must not block the event loop."""
+    found = list(MARK.finditer(skeleton))
+    if [match.group() for match in found] != list(marks):
+        return None
+    cuts = [0] + [i for match in found for i in match.span()] + [len(skeleton)]
+    return [skeleton[start:end] for start, end in zip(cuts[::2], cuts[1::2])]
 
 
 def _found_in_order(rendered: str, contents: Sequence[str]) -> list[tuple[str, bool]]:

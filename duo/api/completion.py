@@ -9,7 +9,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
-
+from functools import partial
 
 from duo.api.admission import Admission, Slot
 from duo.api.chat import chat_tokens
@@ -201,14 +201,35 @@ class Completions:
         """Wait for the request's turn (QueueFull when the waiting line is full), then check it. Admission
         comes first: tokenizing and rendering a template cost work that --parallel and --queue-size
         bound like the generation itself."""
+        self.check_size(request)  # what cannot fit the context waits for no place
         slot = await self.admission.acquire()
+        preparing = asyncio.ensure_future(asyncio.to_thread(self.prepare, request))  # tokenizing takes a while
         try:
-            prepared = await asyncio.to_thread(self.prepare, request)  # tokenizing a long prompt takes a while
+            prepared = await asyncio.shield(preparing)
             target = self._loaded()
+        except asyncio.CancelledError:
+            # The client left: the thread tokenizes on, and its place stays taken until it stops.
+            preparing.add_done_callback(partial(_release_after, slot))
+            raise
         except BaseException:
             slot.release()
             raise
         return Completion(self._pieces(target, prepared, StopMatcher(request.stop)), slot)
+
+    def check_size(self, request: CompletionRequest) -> None:
+        """BadRequest for a prompt that cannot fit the context, found in one pass over what the client sent:
+        more token ids than the context holds, more text than its tokens could spell, more messages than
+        tokens (each message renders to one token at least)."""
+        if self.target is None:
+            return  # prepare says NotReady
+        if request.prompt_tokens is not None and len(request.prompt_tokens) >= self.context_size:
+            raise self._too_long(f"the prompt has {len(request.prompt_tokens)} tokens; the context holds "
+                                 f"{self.context_size}")
+        if len(request.messages) >= self.context_size:
+            raise self._too_long(f"{len(request.messages)} messages cannot fit a context of {self.context_size} tokens")
+        texts = [request.prompt] + [str(message.get("content", "")) for message in request.messages]
+        if sum(len(text) for text in texts) > self._max_prompt_bytes:  # characters: at least one byte each
+            raise self._too_long(f"the prompt is far longer than the context of {self.context_size} tokens")
 
     async def tokenize_admitted(self, prompt: str, messages: Sequence[Mapping[str, str]]) -> list[int]:
         """tokenize() for the Tokenize RPC, admitted among tokenize calls (QueueFull when their line is full)."""
@@ -257,6 +278,13 @@ class Completions:
     def _too_long(self, message: str) -> BadRequest:
         return BadRequest(f"{message}: shorten the prompt or start duo-target with a larger --ctx-size",
                           param="prompt", code="context_length_exceeded")
+
+
+def _release_after(slot: Slot, work: asyncio.Future) -> None:
+    """Free `slot` once the work of a request whose client left has stopped."""
+    slot.release()
+    if not work.cancelled():
+        work.exception()  # retrieved: the error of a request nobody waits for is nobody's to report
 
 
 def failure_message(error: Exception) -> str:
