@@ -280,11 +280,13 @@ async def run_server(server: grpc.aio.Server, address: str, banner: str, *,
                      credentials: grpc.ServerCredentials | None = None,
                      http: Sequence[tuple[HttpServer, socket.socket]] = (),
                      background: Callable[[], Awaitable[None]] | None = None,
-                     stopping: Callable[[], None] | None = None) -> None:
+                     stopping: Callable[[], None] | None = None,
+                     draining: Callable[[], Awaitable[None]] | None = None) -> None:
     """Start `server` on `address` (TLS with `credentials`) and each (server, listening socket) pair of
     `http` on this same event loop, run `background` beside them, and stop them all cleanly on
-    SIGINT/SIGTERM (calling `stopping` first, so that streams cut by the stop are not taken for
-    failures); if `background` fails, stop and raise its error."""
+    SIGINT/SIGTERM: call `stopping` (so that streams cut by the stop are not taken for failures), await
+    `draining` (the requests in flight finish or end with an error), then stop every server together;
+    if `background` fails, stop and raise its error."""
     try:
         port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
     except RuntimeError:  # grpc >= 1.60 raises where older versions returned 0
@@ -305,14 +307,15 @@ async def run_server(server: grpc.aio.Server, address: str, banner: str, *,
     finally:
         if stopping:
             stopping()
+        if draining:
+            await draining()
         waiter.cancel()
         if background_task:
             background_task.cancel()
             await asyncio.gather(background_task, return_exceptions=True)
         for http_server, _ in http:
             http_server.should_exit = True
-        await asyncio.gather(*http_tasks, return_exceptions=True)
-        await server.stop(grace=2)
+        await asyncio.gather(*http_tasks, server.stop(grace=2), return_exceptions=True)
 
 
 async def _until_stopped(stop: asyncio.Event, tasks: list[asyncio.Task]) -> None:

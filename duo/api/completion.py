@@ -10,6 +10,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from functools import partial
+from typing import TypeVar
 
 from duo.api.admission import Admission, Slot
 from duo.api.chat import chat_tokens
@@ -44,6 +45,10 @@ class UnknownModel(BadRequest):
 
 class NotReady(ClientError):
     """The model is still loading."""
+
+
+class ShuttingDown(NotReady):
+    """duo-target is stopping: no new request, and a running one that outlives the grace period ends."""
 
 
 @dataclass(frozen=True)
@@ -86,13 +91,14 @@ def stats_fields(stats: GenerationStats, draft_connected: bool) -> dict[str, flo
             "speculation": stats.speculation}
 
 
-def request_line(stats: GenerationStats, finish: str | None) -> str:
-    """One finished request's line for the target's log, as llama-server prints its timings."""
+def request_line(stats: GenerationStats, finish: str) -> str:
+    """One finished request's line for the target's log, as llama-server prints its timings; `finish`: its
+    finish reason, or why it has none."""
     ttft = stats.time_to_first_token
     drafts = (f"accepted {stats.draft_tokens_accepted}/{stats.draft_tokens_verified} drafts"
               if stats.draft_tokens_verified else "no drafts verified")
     speculation = f", speculation {stats.speculation}" if stats.speculation else ""
-    return (f"request done ({finish or 'client left'}): {stats.generated_tokens} tokens at "
+    return (f"request done ({finish}): {stats.generated_tokens} tokens at "
             f"{stats.tokens_per_second:.2f} tok/s, first token after "
             f"{'-' if ttft is None else f'{ttft:.2f} s'}, {drafts} in {stats.verify_steps} steps, "
             f"prompt {stats.prompt_tokens} tokens ({stats.cached_prompt_tokens} cached){speculation}")
@@ -116,6 +122,10 @@ class Completion:
             self._slot.release()
 
 
+SHUTTING_DOWN = "duo-target is shutting down; retry on another server, or once it is back"
+DRAIN_POLL_S = 0.05
+CUT_WAIT_S = 2.0  # after the grace period, what the ended requests get to send their errors
+T = TypeVar("T")
 # Tokenize calls at once, and waiting, beside the generations' own --parallel and --queue-size.
 TOKENIZE_PARALLEL = 2
 TOKENIZE_QUEUE = 64
@@ -134,6 +144,8 @@ class Completions:
         self.target: Target | None = None  # set once the model is loaded
         self.context_size = 0
         self._max_prompt_bytes = 0
+        self.closing = False  # shutting down: new requests are refused
+        self._cut = asyncio.Event()  # the grace period is over: running requests end
 
     def ready(self, target: Target, context_size: int) -> None:
         self.target = target
@@ -201,8 +213,12 @@ class Completions:
         """Wait for the request's turn (QueueFull when the waiting line is full), then check it. Admission
         comes first: tokenizing and rendering a template cost work that --parallel and --queue-size
         bound like the generation itself."""
+        self._open_for_requests()
         self.check_size(request)  # what cannot fit the context waits for no place
         slot = await self.admission.acquire()
+        if self._cut.is_set():
+            slot.release()
+            raise ShuttingDown(SHUTTING_DOWN)
         preparing = asyncio.ensure_future(asyncio.to_thread(self.prepare, request))  # tokenizing takes a while
         try:
             prepared = await asyncio.shield(preparing)
@@ -233,6 +249,7 @@ class Completions:
 
     async def tokenize_admitted(self, prompt: str, messages: Sequence[Mapping[str, str]]) -> list[int]:
         """tokenize() for the Tokenize RPC, admitted among tokenize calls (QueueFull when their line is full)."""
+        self._open_for_requests()
         slot = await self.tokenizing.acquire()
         try:
             return await asyncio.to_thread(self.tokenize, prompt, messages)
@@ -244,9 +261,10 @@ class Completions:
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         stats = GenerationStats(prompt_tokens=len(request.prompt_tokens), arrived=request.arrived)
         finish: str | None = None
+        why_not = "client left"  # why a request ended without a finish reason
         try:
             async with aclosing(target.generate(request)) as steps:
-                async for step, stats in steps:
+                async for step, stats in self._until_cut(steps):
                     ended = step.finish_reason is not None
                     text, stopped = stops.feed(decoder.decode(target.model.detokenize(step.tokens), final=ended))
                     finish = "stop" if stopped else step.finish_reason
@@ -256,9 +274,47 @@ class Completions:
                     if finish:
                         # Leaving `aclosing` closes target.generate now, which frees the sessions at once.
                         return
+        except ShuttingDown:
+            why_not = "ended by the shutdown"
+            raise
         finally:
             self.metrics.request_finished(stats, finish)
-            log.info("%s", request_line(stats, finish))
+            log.info("%s", request_line(stats, finish or why_not))
+
+    async def drain(self, grace: float) -> None:
+        """Stop taking requests; let the running and waiting ones finish within `grace` seconds, then end
+        the rest with ShuttingDown (their clients get an error of their API's shape, not a cut connection)."""
+        self.closing = True
+        deadline = time.monotonic() + grace
+        while (self.admission.running or self.admission.waiting) and time.monotonic() < deadline:
+            await asyncio.sleep(DRAIN_POLL_S)
+        self._cut.set()
+        deadline = time.monotonic() + CUT_WAIT_S
+        while self.admission.running and time.monotonic() < deadline:  # their error responses go out
+            await asyncio.sleep(DRAIN_POLL_S)
+
+    async def _until_cut(self, steps: AsyncIterator[T]) -> AsyncIterator[T]:
+        """`steps`, ended by ShuttingDown where the grace period runs out first (even within a long step)."""
+        cut = asyncio.ensure_future(self._cut.wait())
+        step: asyncio.Future[T] | None = None
+        try:
+            while True:
+                step = asyncio.ensure_future(anext(steps))
+                await asyncio.wait({step, cut}, return_when=asyncio.FIRST_COMPLETED)
+                if not step.done():
+                    raise ShuttingDown(SHUTTING_DOWN)
+                if isinstance(step.exception(), StopAsyncIteration):
+                    return
+                yield step.result()
+        finally:
+            cut.cancel()
+            if step is not None and not step.done():  # cut, or the client left: the step ends now
+                step.cancel()
+                await asyncio.wait({step})
+
+    def _open_for_requests(self) -> None:
+        if self.closing:
+            raise ShuttingDown(SHUTTING_DOWN)
 
     def _loaded(self) -> Target:
         if self.target is None:

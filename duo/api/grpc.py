@@ -15,8 +15,8 @@ from duo import wire
 from duo._proto import duo_pb2 as pb
 from duo._proto import duo_pb2_grpc as pb_grpc
 from duo.api.admission import QueueFull
-from duo.api.completion import (BadRequest, ClientError, CompletionRequest, Completions, NotReady, Piece, failure_message,
-                                stats_fields)
+from duo.api.completion import (BadRequest, ClientError, CompletionRequest, Completions, NotReady, Piece, ShuttingDown,
+                                failure_message, stats_fields)
 from duo.runtime import MAX_CLIENT_RPCS, WRITE_TIMEOUT_S, WriteTimeout, client_server_options, write_within
 
 log = logging.getLogger("duo.grpc_api")
@@ -54,6 +54,8 @@ class TargetServicer(pb_grpc.TargetServicer):
             async with aclosing(completion):
                 async for piece in completion:
                     await write_within(context.write(response_of(piece)), self.write_timeout)
+        except ShuttingDown as error:
+            await abort_for(context, error)
         except WriteTimeout as error:
             log.warning("dropped client %s: %s", context.peer(), error)
             self.completions.metrics.client_write_timeouts.inc()

@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from duo.api.admission import QueueFull
 from duo.api.bodies import ChatBody, CompletionBody, GenerationBody
 from duo.api.completion import (BadRequest, ClientError, Completion, CompletionRequest, Completions, NotReady, Piece,
-                            UnknownModel, failure_message, stats_fields)
+                            ShuttingDown, UnknownModel, failure_message, stats_fields)
 from duo.api.metrics import CONTENT_TYPE, Metrics
 from duo.model import ModelError
 from duo.runtime import WRITE_TIMEOUT_S, HttpServer, WriteTimeout, write_within
@@ -69,6 +69,8 @@ def api_error(error: ClientError | QueueFull) -> ApiError:
         return ApiError(400, str(error), param=error.param, code=error.code)
     if isinstance(error, QueueFull):
         return ApiError(503, str(error), type="server_error", code="queue_full", headers={"Retry-After": "1"})
+    if isinstance(error, ShuttingDown):
+        return ApiError(503, str(error), type="server_error", code="shutting_down")
     assert isinstance(error, NotReady), error  # the last kind of ClientError
     return ApiError(503, str(error), type="server_error", code="model_loading", headers={"Retry-After": "1"})
 
@@ -177,10 +179,10 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         watcher.cancel()
-    if not task.done():
-        task.cancel()
-        with suppress(asyncio.CancelledError):
-            await task
+        if not task.done():  # the client left, or this handler was cancelled (the server stops): so does the work
+            task.cancel()
+            await asyncio.wait({task})
+    if task.cancelled():
         raise ClientGone()
     return task.result()
 
@@ -202,12 +204,13 @@ class OpenAIApi:
     def health(self) -> JSONResponse:
         completions = self.completions
         link = completions.target.link if completions.target else None
-        body = {"status": "ok" if completions.target else "loading", "model": completions.names[0],
+        status = "shutting down" if completions.closing else "ok" if completions.target else "loading"
+        body = {"status": status, "model": completions.names[0],
                 "draft": completions.draft_state, "draft_error": link.last_error if link else "",
                 "draft_sessions": len(link.sessions) if link else 0,
                 "requests_running": completions.admission.running,
                 "requests_waiting": completions.admission.waiting}
-        return JSONResponse(body, status_code=200 if completions.target else 503)
+        return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
     def metrics_text(self) -> Response:
         return Response(self.metrics.render(), media_type=CONTENT_TYPE)
@@ -246,6 +249,8 @@ class OpenAIApi:
                 pieces = await unless_disconnected(request, collect(completion))
             except ClientGone:
                 return Response(status_code=CLIENT_CLOSED)
+            except ShuttingDown as error:
+                return api_error(error).response()
             except Exception as error:  # this request's own failure: it alone ends, in OpenAI's shape
                 return server_error(failure_message(error)).response()
         return JSONResponse(output.whole(pieces))
@@ -285,6 +290,8 @@ class ResponseFormat(ABC):
                     yield sse(chunk)
                 if piece.finish_reason and include_usage:
                     yield sse({**self._envelope(self.chunk_object_name), "choices": [], "usage": usage(piece)})
+        except ShuttingDown as error:
+            yield sse(api_error(error).body())
         except Exception as error:  # this request's own failure: an error event, then [DONE] as always
             yield sse(server_error(failure_message(error)).body())
         yield "data: [DONE]\n\n"

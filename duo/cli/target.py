@@ -33,6 +33,8 @@ log = logging.getLogger("duo.target")
 
 # How long the process lives on after losing an RPC server, for its clients to hear why.
 LOST_RPC_GRACE_S = 1.0
+# On SIGTERM, what the requests in flight get to finish (below the 30 s a container manager waits).
+SHUTDOWN_GRACE_S = 10.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
     clients.add_argument("--queue-size", type=int, default=64, metavar="M",
                          help="requests waiting for a turn (first come, first served); more are refused with "
                               "HTTP 503 / RESOURCE_EXHAUSTED")
+    clients.add_argument("--shutdown-grace", type=float, default=SHUTDOWN_GRACE_S, metavar="SECONDS",
+                         help="on SIGTERM or SIGINT, refuse new requests (503 / UNAVAILABLE, health NOT_SERVING) and "
+                              "let running ones finish for this long; the rest then end with an error of their "
+                              "API's shape (default: %(default)g)")
     clients.add_argument("--write-timeout", type=float, default=WRITE_TIMEOUT_S, metavar="SECONDS",
                          help="drop a streaming client that takes no data for this long (it stopped reading), "
                               "freeing its place (default: %(default)g)")
@@ -149,6 +155,8 @@ def check_client_flags(args: argparse.Namespace) -> None:
                          "and --queue-size >= 0")
     if not args.write_timeout > 0:
         raise ValueError("--write-timeout must be > 0")
+    if not args.shutdown_grace >= 0:
+        raise ValueError("--shutdown-grace must be >= 0")
     check_pair(args.tls_cert, args.tls_key, "--tls-cert/--tls-key")
     check_pair(args.peer_tls_cert, args.peer_tls_key, "--peer-tls-cert/--peer-tls-key")
     if args.peer_tls_cert and not args.peer_tls_ca:
@@ -222,10 +230,16 @@ async def serve(args: argparse.Namespace, path: Path, settings: SpecSettings, op
     endpoints = ([f"gRPC on {args.listen}"] + ([f"HTTP on {args.http}"] if args.http else [])
                  + ([f"metrics on {args.metrics}"] if args.metrics else []))
     security = " over TLS" if args.tls_cert else ""
+    async def drain() -> None:
+        log.info("stopping: no new requests; %d running and %d waiting get up to %g s to finish",
+                 completions.admission.running, completions.admission.waiting, args.shutdown_grace)
+        await set_serving(health_servicer, False)
+        await completions.drain(args.shutdown_grace)
+
     await run_server(server, args.listen,
                      f"duo-target listening for clients{security} ({', '.join(endpoints)}); loading {path.name}",
                      credentials=server_credentials(args.tls_cert, args.tls_key) if args.tls_cert else None,
-                     http=http, background=load_then_link)
+                     http=http, background=load_then_link, draining=drain)
 
 
 class LostRpcServer:
