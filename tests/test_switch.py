@@ -96,7 +96,7 @@ def test_speculation_comes_back_on_when_a_trial_finds_that_it_pays_again():
 
 def test_a_trials_catch_up_steps_are_left_out_of_its_rate():
     clock = Clock()
-    switch = Switch(clock=clock, rest_rate=10.0)  # decoding alone measured at 10 tok/s
+    switch = Switch(clock=clock, rest_rates={1: 10.0})  # decoding alone measured at 10 tok/s
     switch.step_done(1, 1, 0, alone_call=True)  # the first step: holds the prompt, not timed
     for _ in range(sw.JUDGE_STEPS - 1):  # the draft catches up: these steps decode alone, slowly
         clock.now += 0.5
@@ -180,7 +180,7 @@ def test_the_reason_shows_in_a_requests_stats_line_and_in_the_targets_log_line()
 
 def test_a_trial_that_clearly_loses_is_cut_short_but_an_established_regime_is_judged_on_whole_periods():
     clock = Clock()
-    switch = Switch(clock=clock, rest_rate=10.0)
+    switch = Switch(clock=clock, rest_rates={1: 10.0})
     switch.step_done(1, 1, 0, alone_call=False)
     for _ in range(sw.EARLY_STEPS):
         clock.now += 0.2
@@ -188,7 +188,7 @@ def test_a_trial_that_clearly_loses_is_cut_short_but_an_established_regime_is_ju
     assert not switch.speculating and switch.gain == pytest.approx(0.5)
 
     clock = Clock()
-    established = Switch(clock=clock, rest_rate=10.0, established=True, steps_left=sw.JUDGE_STEPS)
+    established = Switch(clock=clock, rest_rates={1: 10.0}, established=True, steps_left=sw.JUDGE_STEPS)
     established.step_done(1, 1, 0, alone_call=False)
     for _ in range(sw.JUDGE_STEPS - 1):
         clock.now += 0.2
@@ -211,3 +211,67 @@ def test_the_first_trial_is_never_cut_short_while_the_target_still_learns():
         clock.now += 0.2
         switch.step_done(1, 1, 1, alone_call=False)  # a slow start: 5 tok/s against 10 alone
     assert switch.speculating
+
+
+def run_clients(switch: Switch, clock: Clock, rounds: int, clients: range, *, on_tokens: float,
+                alone_s: float) -> list[bool]:
+    """`rounds` batched calls of `clients` at once. Decoding alone, each request commits one token per call
+    of `alone_s`; speculating, three per call, at `on_tokens` per request and wall second."""
+    regimes = []
+    for _ in range(rounds):
+        speculating = switch.speculating
+        regimes.append(speculating)
+        clock.now += 3 / on_tokens if speculating else alone_s
+        for request in clients:
+            switch.step_done(request, 3 if speculating else 1, 3 if speculating else 0, alone_call=False)
+    return regimes
+
+
+def test_a_reference_measured_under_heavy_load_does_not_make_a_light_load_win():
+    """4 clients at 0.25 s a call, speculation at 0.9x: off, decoding alone measured at that load. Then one
+    client at 0.1 s a token, speculation still 0.9x: it must not turn on for good against the old reference
+    (before: on for 2000 of 2000 steps, "gain" 2.25x)."""
+    clock = Clock()
+    switch = Switch(clock=clock)
+    run_clients(switch, clock, 400, range(1, 5), on_tokens=0.9 * 4, alone_s=0.25)
+    assert not switch.speculating and switch.gain == pytest.approx(0.9, rel=0.02)
+    for request in range(1, 5):
+        switch.request_done(request)
+    regimes = run(switch, clock, 2000, on_tokens=0.9 * 10, alone_s=0.1)
+    assert sum(regimes) / len(regimes) < 0.15 and switch.gain < 1.0, (sum(regimes), switch.gain)
+
+
+def test_steps_that_carry_a_prompt_chunk_count_in_neither_rate():
+    """Decoding alone measured while other requests' prompts are decoded in the same calls would look slow,
+    and speculation at 0.9x would look like a gain."""
+    clock = Clock()
+    switch = Switch(clock=clock)
+    regimes = []
+    for i in range(3000):
+        speculating = switch.speculating
+        regimes.append(speculating)
+        if speculating:
+            clock.now += 3 / 9.0  # 0.9x decoding alone
+            switch.step_done(1, 3, 3, alone_call=False)
+        elif i % 2:
+            clock.now += 1.0  # this call also decoded another request's prompt chunk
+            switch.step_done(1, 1, 0, alone_call=False, prefill=True)
+        else:
+            clock.now += 0.1
+            switch.step_done(1, 1, 0, alone_call=True)
+    assert sum(regimes) / len(regimes) < 0.15 and switch.rest_rates[1] == pytest.approx(10.0)
+
+
+def test_a_trial_with_several_clients_counts_each_from_its_own_first_drafts():
+    """After a rest, each client's draft catches up before it delivers, the shortest first: steps of a client
+    still catching up are not speculation's rate, even once another client delivers."""
+    clock = Clock()
+    switch = Switch(clock=clock, rest_rates={4: 4.0})  # decoding alone: 4 tok/s per request with 4 clients
+    catch_up = {1: 5, 2: 10, 3: 20, 4: 40}  # rounds before each client's first verified drafts
+    for round_ in range(300):
+        clock.now += 0.5
+        for request, rounds in catch_up.items():
+            delivering = round_ >= rounds
+            switch.step_done(request, 3 if delivering else 1, 3 if delivering else 0, alone_call=False)
+        assert switch.speculating, f"judged off in round {round_}: gain {switch.gain}"
+    assert switch.established and switch.gain == pytest.approx(1.5, rel=0.02)

@@ -66,6 +66,7 @@ class VerifyResult:
     batch_size: int   # this request's tokens in the call
     seconds: float    # the whole call's model time: decode and every request's verification
     call_tokens: int  # tokens in the whole call
+    with_prefill: bool = False  # the call also decoded a prompt chunk (of this request or another)
 
 
 @dataclass
@@ -198,8 +199,9 @@ class StepBatcher:
 
     def _deliver(self, planned: list[_Planned], results: list[Verdict | int | Exception], seconds: float) -> None:
         tokens = sum(len(item.part.tokens) for item in planned)
+        with_prefill = any(isinstance(item.work, PrefillWork) for item in planned)
         self.call_costs.observe(tokens, seconds)
-        if self.drafting() and not any(isinstance(item.work, PrefillWork) for item in planned):
+        if self.drafting() and not with_prefill:
             self.costs.observe(tokens, seconds)
         for observer in self.observers:
             observer.on_call(len(planned), tokens)
@@ -210,7 +212,7 @@ class StepBatcher:
                 item.future.set_exception(result)
                 continue
             if isinstance(result, Verdict):
-                result = VerifyResult(result, len(item.drafts), len(item.part.tokens), seconds, tokens)
+                result = VerifyResult(result, len(item.drafts), len(item.part.tokens), seconds, tokens, with_prefill)
             self._thinking.add(item.work.seq)
             item.future.set_result(result)
 

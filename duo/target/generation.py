@@ -412,7 +412,7 @@ class Target:
             policy.observe_acceptance(record.n_verified, record.n_accepted)
             if self.link and self.link.connected:
                 self.switch.step_done(generation.session_id, len(step.tokens), record.n_verified,
-                                      alone_call=result.call_tokens == 1 and not waited)
+                                      alone_call=result.call_tokens == 1 and not waited, prefill=result.with_prefill)
             else:  # without a draft there is nothing to switch; the next step starts timing afresh
                 self.switch.request_done(generation.session_id)
             generation.stats.speculation = self.switch.reason()

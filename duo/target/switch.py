@@ -17,19 +17,28 @@ rate_alone is known without turning speculation off to measure it: while on, ste
 (no drafts pending, no wait, nobody else in the call) are timed, and their wall time per token is what
 decoding alone costs. That slightly undervalues decoding alone (the draft busy on the machine slows the
 target by 2-3%): ENTER's margin covers it, and once a rest has measured the real rate (the draft idle),
-that measurement is the reference. Hysteresis (ENTER > STAY): a regime near break-even does not flap.
+that measurement is the reference (at its load). Hysteresis (ENTER > STAY): a regime near break-even
+does not flap.
 Where no alone step was timed whole (every one waited for drafts first), the model time of one-token
 calls stands in; only where there is none either (many clients, every call carrying drafts) does the
 switch rest for a judging period to measure it.
 
-A trial's first steps are left out of its rate: a rested draft first catches up on what was committed
-while it rested (seconds of draft work on a long answer), a cost of the trial, not of speculating.
+Each request's first steps of a trial are left out of its rate: a rested draft first catches up on what
+was committed while it rested (seconds of draft work on a long answer, more with several clients, the
+shortest first), a cost of the trial, not of speculating; a request counts from its first verified drafts.
+
+Both rates are per request and depend on the load: with four clients a step of each takes far longer than
+with one. So decoding alone is known per load (the requests stepping), and a period is judged against the
+reference of its own load, never one measured under another (a rest measured with four clients would make
+any period with one "win" forever); where its load has none yet, a judging rest measures it. Steps whose
+call also decoded another request's prompt chunk count in neither rate: their time is that prompt's.
 Where speculation pays, nothing is spent on checks; where it does not, trials come exponentially rarer.
 """
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -62,26 +71,36 @@ class Switch:
     steps_left: int = TRIAL_STEPS  # in the current period (on: warm steps until the next judgement)
     lost: int = 0                # judgements lost in a row
     gain: float | None = None    # the latest judgement's rate_on / rate_alone
-    rest_rate: float | None = None  # tokens per wall second measured over the latest rest
-    _alone_seconds: float | None = None  # average wall seconds of a step decoded alone while on
+    # load (requests stepping) -> tokens per wall second per request, measured over the latest rest at it
+    rest_rates: dict[int, float] = field(default_factory=dict)
+    _alone_seconds: float | None = None  # average wall seconds of a step decoded alone while on (one request)
     _alone_weight: float = 0.0
     _judging_rest: bool = False  # the current rest measures rate_alone for a judgement
     _on_rate_pending: float | None = None  # the on period's rate that a judging rest is measured against
     _tokens: int = 0             # committed in the current period's counted steps
     _seconds: float = 0.0        # their wall time
+    _loads: Counter[int] = field(default_factory=Counter)  # the load of each counted step
     _last: dict[int, float] = field(default_factory=dict)  # request -> when its previous step ended
-    _warm: bool = False          # the current on period's draft has delivered
-    _cold_steps: int = 0
+    _warm: set[int] = field(default_factory=set)  # requests whose draft delivered in this on period
+    _cold_steps: dict[int, int] = field(default_factory=dict)  # request -> its steps before that
 
     @property
     def rate_alone(self) -> float | None:
-        """Tokens per wall second decoding alone: measured over the latest rest, else from alone steps."""
-        if self.rest_rate is not None:
-            return self.rest_rate
+        """Tokens per wall second decoding alone at the current period's load: measured over a rest at that
+        load; else, for one request, from its steps alone (or one-token calls' model time); else unknown."""
+        load = self._period_load()
+        if load in self.rest_rates:
+            return self.rest_rates[load]
+        if load != 1:
+            return None
         if self._alone_seconds:
             return 1.0 / self._alone_seconds
         model_seconds = self.alone_model_seconds()
         return 1.0 / model_seconds if model_seconds else None
+
+    def _period_load(self) -> int:
+        """The load most of the current period's counted steps ran at (the load now, before any)."""
+        return self._loads.most_common(1)[0][0] if self._loads else max(1, len(self._last))
 
     def draft_wanted(self) -> bool:
         """Whether the draft should work: speculating, or leading into an on trial."""
@@ -95,36 +114,44 @@ class Switch:
         why = "measuring decoding alone" if self._judging_rest else f"{gain}; next trial in {self.steps_left} steps"
         return f"off ({why})"
 
-    def step_done(self, request: int, tokens: int, verified: int, alone_call: bool) -> None:
+    def step_done(self, request: int, tokens: int, verified: int, alone_call: bool, prefill: bool = False) -> None:
         """A step of `request` committed `tokens`, verifying `verified` drafts; `alone_call`: the step's call
-        decoded one token per request and nothing else, without waiting for drafts. Its wall time runs
-        since that request's previous step (a request's first step, which holds its prompt, is not counted)."""
+        decoded one token per request and nothing else, without waiting for drafts; `prefill`: the call also
+        decoded a prompt chunk (its time is not the step's: counted in no rate). Its wall time runs since that
+        request's previous step (a request's first step, which holds its prompt, is not counted)."""
         now = self.clock()
         previous, self._last[request] = self._last.get(request), now
-        if previous is None:
+        if previous is None or prefill:
             return
         seconds = now - previous
         if self.speculating:
-            self._on_step(tokens, seconds, verified, alone_call)
+            self._on_step(request, tokens, seconds, verified, alone_call)
         else:
             self._rest_step(tokens, seconds)
 
     def request_done(self, request: int) -> None:
         self._last.pop(request, None)
+        self._warm.discard(request)
+        self._cold_steps.pop(request, None)
 
-    def _on_step(self, tokens: int, seconds: float, verified: int, alone_call: bool) -> None:
+    def _on_step(self, request: int, tokens: int, seconds: float, verified: int, alone_call: bool) -> None:
         if alone_call and tokens == 1:
             self._time_alone_step(seconds)
-        if not self._warm:
-            self._warm = verified > 0 or self._cold_steps >= JUDGE_STEPS
-            self._cold_steps += 1
-            if not self._warm:
+        if request not in self._warm:
+            cold = self._cold_steps.get(request, 0)
+            if not (verified > 0 or cold >= JUDGE_STEPS):
+                self._cold_steps[request] = cold + 1
                 return
-        self._tokens += tokens
-        self._seconds += seconds
+            self._warm.add(request)
+        self._count(tokens, seconds)
         self.steps_left -= 1
         if self.steps_left <= 0 or self._losing_trial():
             self._judge(self._take_rate())
+
+    def _count(self, tokens: int, seconds: float) -> None:
+        self._tokens += tokens
+        self._seconds += seconds
+        self._loads[len(self._last)] += 1
 
     def _losing_trial(self) -> bool:
         """A trial (not an established regime) that after EARLY_STEPS warm steps is clearly below decoding
@@ -132,16 +159,18 @@ class Switch:
         default Q4_K_M pair on a CPU)."""
         # Only against decoding alone measured over a rest: the first trial, while the target still
         # learns its costs and the acceptance, is judged on its whole period.
-        return (not self.established and self.rest_rate is not None and TRIAL_STEPS - self.steps_left >= EARLY_STEPS
-                and self._tokens < (1.0 - EARLY_LOSS) * self.rest_rate * self._seconds)
+        measured = self.rest_rates.get(self._period_load())
+        return (not self.established and measured is not None and TRIAL_STEPS - self.steps_left >= EARLY_STEPS
+                and self._tokens < (1.0 - EARLY_LOSS) * measured * self._seconds)
 
     def _rest_step(self, tokens: int, seconds: float) -> None:
-        self._tokens += tokens
-        self._seconds += seconds
+        self._count(tokens, seconds)
         self.steps_left -= 1
         if self.steps_left > 0:
             return
-        self.rest_rate = self._take_rate()
+        load = self._period_load()
+        if (rate := self._take_rate()) is not None:
+            self.rest_rates[load] = rate
         if self._judging_rest:
             self._judge(self._on_rate_pending)
         else:
@@ -161,7 +190,8 @@ class Switch:
 
     def _judge(self, rate_on: float | None) -> None:
         """Keep speculating if the on period beat decoding alone by the margin, else rest (doubling)."""
-        alone = self.rate_alone
+        alone = self.rate_alone  # at the period's load: its steps' loads are still counted
+        self._loads.clear()
         if rate_on is None:
             self._rest()
             return
@@ -183,7 +213,9 @@ class Switch:
         self._go(False, REST_STEPS * 2 ** min(self.lost - 1, MAX_DOUBLINGS))
 
     def _go(self, speculating: bool, steps: int, judging: bool = False) -> None:
-        if speculating and not self.speculating:
-            self._warm, self._cold_steps = False, 0  # a trial: the rested draft catches up first
+        if speculating and not self.speculating:  # a trial: each request's rested draft catches up first
+            self._warm.clear()
+            self._cold_steps.clear()
         self.speculating, self.steps_left, self._judging_rest = speculating, steps, judging
         self._tokens, self._seconds = 0, 0.0
+        self._loads.clear()
