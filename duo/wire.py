@@ -23,7 +23,9 @@ class ChainChunk:
     epoch: int
     start: int
     tokens: list[int]
-    dists: list[SparseDist]  # the distribution each token was drawn from; empty for greedy sessions
+    # The distribution each token was drawn from; empty for greedy sessions, None at a position committed
+    # when the chunk arrived (never verified: not even parsed).
+    dists: list[SparseDist | None]
     branch_of: int | None = None  # set on a branch's first chunk: the epoch of the chain it forks from
     paused: bool = False  # the draft stopped this chain after these tokens, until the next commit
 
@@ -55,6 +57,12 @@ def vocab_from_pb(message: pb.Vocab) -> Vocab:
 
 def dist_to_pb(dist: SparseDist) -> pb.SparseDist:
     return pb.SparseDist(ids=dist.ids.tolist(), probs=dist.probs.tolist())
+
+
+def max_chunk_bytes(entries: int) -> int:
+    """The largest DraftEvent an honest draft sends with `entries` chain entries: each a token and a
+    distribution of at most MAX_DIST_IDS ids (a varint of up to 5 bytes and a 4-byte float each)."""
+    return entries * (MAX_DIST_IDS * 9 + 64) + 4096
 
 
 # The most ids one distribution may name. An honest draft sends its top-k cap's worth (duo-draft
@@ -91,6 +99,7 @@ class ChunkBounds:
     n_committed: int  # a new chain starts at most here
     epoch: int        # the newest epoch the session knows (chain or branch): a larger one starts a new line
     max_end: int      # no chain token at this position or beyond: the lead the target allowed, plus a margin
+    live: frozenset[int]  # the epochs of the lines it holds: a chunk of an older one outside them is dropped
 
 
 # Why the link drops the end of a draft's chunk (labels of duo:draft_rejected_entries_total).
@@ -111,17 +120,23 @@ def chunk_from_pb(message: pb.DraftChunk, bounds: ChunkBounds) -> tuple[ChainChu
 
     A draft is a peer on another machine: a wrong model, a bug or malice must cost speculation only.
     Example: with n_vocab 100, tokens [5, 7, 300, 8] keep [5, 7]; the rejection says "token" and 2.
+    What is checked costs the least first, so that no message costs more than its use: a chunk of a line
+    the session dropped (a commit contradicted it; an honest draft's chunks of it may still be on the
+    way) is dropped unread, and an entry at a committed position has its token checked but not its
+    distribution: it is never verified.
     """
+    if message.epoch <= bounds.epoch and message.epoch not in bounds.live:
+        return ChainChunk(message.epoch, message.start, [], []), None
     n_entries = max(len(message.tokens), len(message.dists))
     n_paired = min(len(message.tokens), len(message.dists)) if message.dists else len(message.tokens)
     tokens: list[int] = []
-    dists: list[SparseDist] = []
+    dists: list[SparseDist | None] = []
     try:
         _check_header(message, bounds)
         for i in range(n_paired):
             dist = _checked_entry(message, i, bounds)
             tokens.append(message.tokens[i])
-            if dist is not None:
+            if message.dists:
                 dists.append(dist)
         if n_paired < n_entries:
             raise _Refused("length", f"{len(message.tokens)} tokens with {len(message.dists)} distributions")
@@ -131,7 +146,7 @@ def chunk_from_pb(message: pb.DraftChunk, bounds: ChunkBounds) -> tuple[ChainChu
     return _chunk(message, tokens, dists), None
 
 
-def _chunk(message: pb.DraftChunk, tokens: list[int], dists: list[SparseDist]) -> ChainChunk:
+def _chunk(message: pb.DraftChunk, tokens: list[int], dists: list[SparseDist | None]) -> ChainChunk:
     branch_of = message.branch_of if message.HasField("branch_of") else None
     # A pause applies after the chunk's last token: not when the link cut the chunk short.
     paused = message.paused and len(tokens) == len(message.tokens)
@@ -166,7 +181,7 @@ def _checked_entry(message: pb.DraftChunk, i: int, bounds: ChunkBounds) -> Spars
         raise _Refused("lead", f"a token at position {position}, beyond the lead allowed (up to {bounds.max_end})")
     if not 0 <= token < bounds.n_vocab:
         raise _Refused("token", f"token id {token}, outside the vocabulary of {bounds.n_vocab}")
-    if not message.dists:
+    if not message.dists or position < bounds.n_committed:
         return None
     try:
         dist = dist_from_pb(message.dists[i], bounds.n_vocab)

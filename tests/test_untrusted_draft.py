@@ -278,6 +278,26 @@ def test_a_chain_beyond_the_lead_the_target_allowed_is_cut_at_the_lead_plus_the_
     assert rejections.seen == [("lead", 200_000 - 4 - duo_link.LEAD_MARGIN)]
 
 
+def test_a_message_larger_than_an_honest_draft_sends_is_refused_unread_and_a_large_vocabulary_still_passes():
+    """The stream's receive limit is what a chunk of the longest lead can weigh (under 1 MB by default), so a
+    hostile message naming 1024 ids per entry is refused before grpc parses it; the handshake, whose
+    vocabularies weigh megabytes, has a channel of its own."""
+    big = Vocab(vocab_type=2, bos=0, eos=1, add_bos=False, add_eos=False,
+                token_texts=tuple(f"token-{i:08d}".encode() for i in range(200_000)))
+    session = FakeSession(1, [7, 8])
+    every_id = pb.SparseDist(ids=list(range(wire.MAX_DIST_IDS)), probs=[1.0] * wire.MAX_DIST_IDS)
+    heavy = pb.DraftChunk(epoch=0, start=2, tokens=[5] * 400, dists=[every_id] * 400)
+    assert heavy.ByteSize() > 2 * wire.max_chunk_bytes(duo_link.DEFAULT_MAX_LEAD + duo_link.LEAD_MARGIN)
+    assert wire.vocab_to_pb(big).ByteSize() > heavy.ByteSize()
+
+    async def scenario(link: DraftLink) -> None:
+        await until(lambda: "RESOURCE_EXHAUSTED" in link.last_error)
+        assert link.connections >= 1 and session.chunks == []  # shook hands; read no chunk
+
+    with serving(FakeDraft(wire.vocab_to_pb(big), chunks_for_open(heavy))) as address:
+        run_link(address, [session], scenario, vocab=big)
+
+
 def test_an_exception_in_the_link_is_logged_and_the_link_reconnects(caplog):
     session = FakeSession(1, [7, 8], failures=1)
 

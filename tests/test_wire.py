@@ -36,7 +36,7 @@ def test_a_malformed_draft_distribution_is_refused(ids, probs):
 
 # --- chunks from an untrusted draft -------------------------------------------------------------------------
 # A session with 10 committed tokens, chain epoch 2, that allows chain tokens up to position 20.
-BOUNDS = wire.ChunkBounds(n_vocab=N_VOCAB, n_committed=10, epoch=2, max_end=20)
+BOUNDS = wire.ChunkBounds(n_vocab=N_VOCAB, n_committed=10, epoch=2, max_end=20, live=frozenset({2}))
 
 
 def dist(*ids: int) -> pb.SparseDist:
@@ -94,9 +94,28 @@ def test_a_chunk_is_cut_at_its_first_entry_that_breaks_a_bound(message, kept, re
     assert rejection.reason in wire.REJECTION_REASONS
 
 
-def test_a_stale_epoch_is_no_fault_of_the_draft():
-    chunk, rejection = wire.chunk_from_pb(pb.DraftChunk(epoch=1, start=15, tokens=[5]), BOUNDS)
-    assert rejection is None and chunk.tokens == [5]  # the chain discards it
+def test_a_stale_epoch_is_no_fault_of_the_draft_and_is_dropped_unread(monkeypatch):
+    parsed = count_parsed_distributions(monkeypatch)
+    stale = pb.DraftChunk(epoch=1, start=0, tokens=[5] * 20, dists=[dist(*range(5, 100))] * 20)
+    chunk, rejection = wire.chunk_from_pb(stale, BOUNDS)
+    assert rejection is None and chunk.tokens == [] and parsed == []  # the chain would discard it anyway
+
+
+def test_an_entry_at_a_committed_position_has_its_token_checked_but_its_distribution_left_unread(monkeypatch):
+    parsed = count_parsed_distributions(monkeypatch)
+    chunk, rejection = wire.chunk_from_pb(pb.DraftChunk(epoch=2, start=8, tokens=[5, 6, 7], dists=[dist(5), dist(6),
+                                                                                                   dist(7)]), BOUNDS)
+    assert rejection is None and chunk.tokens == [5, 6, 7]
+    assert chunk.dists[:2] == [None, None] and chunk.dists[2].ids.tolist() == [7] and len(parsed) == 1
+    _, rejection = wire.chunk_from_pb(pb.DraftChunk(epoch=2, start=8, tokens=[5, 300]), BOUNDS)
+    assert rejection.reason == "token"  # a committed position's token is still checked
+
+
+def count_parsed_distributions(monkeypatch) -> list[pb.SparseDist]:
+    parsed: list[pb.SparseDist] = []
+    real = wire.dist_from_pb
+    monkeypatch.setattr(wire, "dist_from_pb", lambda message, n_vocab: parsed.append(message) or real(message, n_vocab))
+    return parsed
 
 
 def test_a_branch_may_fork_ahead_of_the_committed_tokens_and_says_where_it_comes_from():
@@ -147,7 +166,7 @@ def test_a_distribution_naming_more_tokens_than_any_honest_draft_sends_is_refuse
     capped = pb.SparseDist(ids=list(range(wire.MAX_DIST_IDS)), probs=[1.0] * wire.MAX_DIST_IDS)
     assert wire.dist_from_pb(capped, n_vocab).ids.size == wire.MAX_DIST_IDS
     # In a chunk, the entry is cut like any bad distribution: the tokens before it stay.
-    bounds = wire.ChunkBounds(n_vocab=n_vocab, n_committed=10, epoch=2, max_end=20)
+    bounds = wire.ChunkBounds(n_vocab=n_vocab, n_committed=10, epoch=2, max_end=20, live=frozenset({2}))
     chunk, rejection = wire.chunk_from_pb(pb.DraftChunk(epoch=2, start=10, tokens=[5, 6], dists=[dist(5), whole]),
                                           bounds)
     assert chunk.tokens == [5] and rejection.reason == "distribution"

@@ -207,7 +207,8 @@ async def serve(args: argparse.Namespace, path: Path, settings: SpecSettings, op
         model = await worker.run(load_model, path, args, options)
         if lost:
             lost.loop, lost.worker = asyncio.get_running_loop(), worker
-        link = DraftLink(args.peer, model.path.name, model.vocab(), peer_credentials) if args.peer else None
+        link = (DraftLink(args.peer, model.path.name, model.vocab(), peer_credentials, max_lead=settings.max_lead)
+                if args.peer else None)
         target = Target(model, worker, link, n_ctx=args.ctx_size, settings=settings, parallel=args.parallel,
                         prompt_cache=not args.no_prompt_cache)
         target.observers.append(metrics)

@@ -70,6 +70,11 @@ class DraftChain:
         """The chain's epoch (-1: none)."""
         return self.main.epoch if self.main else -1
 
+    @property
+    def live_epochs(self) -> frozenset[int]:
+        """The epochs of the lines held: a chunk of an older epoch outside them is stale."""
+        return frozenset(self.branches) | ({self.main.epoch} if self.main else set())
+
     def receive(self, epoch: int, start: int, tokens: Sequence[int], dists: Sequence[SparseDist | None],
                 branch_of: int | None = None, paused: bool = False) -> None:
         """Take a chunk of line `epoch` holding `tokens` at positions start, start+1, ..."""

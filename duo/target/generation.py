@@ -60,6 +60,12 @@ class SpecSettings:
     # seed alone decides the output): COUPLED with a seed the target draws, or RESIDUAL.
     unseeded: str = RESIDUAL
 
+    @property
+    def max_lead(self) -> int:
+        """The furthest ahead of the committed tokens the draft is ever told to run: the fixed lead, or the
+        adaptive policy's 2 draft_max + 2 (duo.target.policy.AdaptivePolicy.max_ahead)."""
+        return max(self.max_ahead, 2 * self.draft_max + 2)
+
 
 @dataclass
 class GenerationStats:

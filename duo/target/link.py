@@ -13,7 +13,7 @@ from duo import wire
 from duo._proto import duo_pb2 as pb
 from duo._proto import duo_pb2_grpc as pb_grpc
 from duo.model import IncompatibleVocab, Vocab, check_compatible
-from duo.runtime import grpc_channel_options
+from duo.runtime import MAX_MESSAGE_BYTES, grpc_channel_options
 from duo.target.chain import DraftChain
 from duo.wire import ChainChunk
 
@@ -31,6 +31,8 @@ INCOMPATIBLE_RETRY_S = 30.0
 # shortened the lead crosses chunks drafted under the longer one (the adaptive policy's lead is at
 # most 2 x 16 + 2), and anything further is a broken or hostile draft.
 LEAD_MARGIN = 64
+# The longest lead the adaptive policy gives (2 x its default draft_max + 2); duo-target passes its own.
+DEFAULT_MAX_LEAD = 34
 # Longest text of the draft's own that is logged (its error messages are untrusted too).
 MAX_LOGGED_CHARS = 200
 # A draft that answers pings but reads none of the stream fills the HTTP/2 window, and the target's
@@ -78,8 +80,10 @@ class DraftLink:
     """
 
     def __init__(self, address: str, model_name: str, vocab: Vocab,
-                 credentials: grpc.ChannelCredentials | None = None) -> None:
+                 credentials: grpc.ChannelCredentials | None = None, *, max_lead: int = DEFAULT_MAX_LEAD) -> None:
         self.address = address
+        # The largest event an honest draft sends: a chunk of the longest lead the target allows, plus the margin.
+        self.max_event_bytes = min(MAX_MESSAGE_BYTES, wire.max_chunk_bytes(max_lead + LEAD_MARGIN))
         self.model_name = model_name
         self.vocab = vocab
         self.credentials = credentials
@@ -132,17 +136,23 @@ class DraftLink:
             backoff = min(BACKOFF_MAX_S, backoff * 2)
 
     async def _connect_once(self) -> None:
-        options = grpc_channel_options()
-        channel = (grpc.aio.secure_channel(self.address, self.credentials, options=options)
-                   if self.credentials else grpc.aio.insecure_channel(self.address, options=options))
         try:
-            stub = pb_grpc.DraftStub(channel)
-            if await self._handshake(stub):
-                await self._stream(stub)
+            # The handshake carries both vocabularies (megabytes); the stream only what an honest draft
+            # sends, so that a larger message is refused before it is read (a 64 MiB one would be parsed
+            # whole first): each has a channel of its own, with its own receive limit.
+            async with self._channel(MAX_MESSAGE_BYTES) as channel:
+                if not await self._handshake(pb_grpc.DraftStub(channel)):
+                    return
+            async with self._channel(self.max_event_bytes) as channel:
+                await self._stream(pb_grpc.DraftStub(channel))
         except grpc.aio.AioRpcError as error:
             self._lost(f"{error.code().name}: {_clip(error.details() or '')}")
-        finally:
-            await channel.close()
+
+    def _channel(self, max_receive_bytes: int) -> grpc.aio.Channel:
+        options = [(name, max_receive_bytes if name == "grpc.max_receive_message_length" else value)
+                   for name, value in grpc_channel_options()]
+        return (grpc.aio.secure_channel(self.address, self.credentials, options=options)
+                if self.credentials else grpc.aio.insecure_channel(self.address, options=options))
 
     async def _handshake(self, stub: pb_grpc.DraftStub) -> bool:
         """Exchange vocabularies; False (and the state "incompatible") when either side refuses the pair."""
@@ -223,7 +233,8 @@ class DraftLink:
         n_committed = len(session.committed)
         bounds = wire.ChunkBounds(n_vocab=self.vocab.n_vocab, n_committed=n_committed,
                                   epoch=session.chain.newest_epoch,
-                                  max_end=n_committed + session.max_ahead + LEAD_MARGIN)
+                                  max_end=n_committed + session.max_ahead + LEAD_MARGIN,
+                                  live=session.chain.live_epochs)
         chunk, rejection = wire.chunk_from_pb(message, bounds)
         if rejection is not None:
             for observer in self.observers:
