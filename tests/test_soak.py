@@ -14,14 +14,12 @@ LONG_PROMPT = "def f(x):\n" + "    x = x + 1\n" * 120  # ~700 tokens: the draft 
 
 
 def burst(address: str) -> list[int]:
-    """A long prompt and another 100 ms later, then three short ones at once: every draft round of the first
-    two queues several chunks for one target back to back."""
-    with ThreadPoolExecutor(5) as pool:
-        first = pool.submit(generate, address, LONG_PROMPT, max_tokens=48)
-        time.sleep(0.1)
-        others = [pool.submit(generate, address, LONG_PROMPT + "#", max_tokens=48)]
-        others += [pool.submit(generate, address, f"print({i})", max_tokens=24) for i in range(3)]
-        return [len(future.result()[0]) for future in [first, *others]]
+    """Long prompts and short ones at once: the draft's first rounds after the idle stretch queue chunks for
+    several of one target's sessions back to back."""
+    with ThreadPoolExecutor(6) as pool:
+        futures = [pool.submit(generate, address, LONG_PROMPT + "#" * i, max_tokens=48) for i in range(3)]
+        futures += [pool.submit(generate, address, f"print({i})", max_tokens=24) for i in range(3)]
+        return [len(future.result()[0]) for future in futures]
 
 
 def test_bursts_after_idle_minutes_keep_the_link_and_fail_nothing(tiny_target, tiny_draft, process_logs):
@@ -34,7 +32,7 @@ def test_bursts_after_idle_minutes_keep_the_link_and_fail_nothing(tiny_target, t
         lengths = burst(target.address)
         time.sleep(IDLE_S)
         lengths += burst(target.address)
-        assert lengths == [48, 48, 24, 24, 24] * 2
+        assert lengths == [48, 48, 48, 24, 24, 24] * 2
         assert scrape(f"http://127.0.0.1:{metrics_port}/metrics")["duo_draft:num_connections"] == 1
     finally:
         target.stop()
