@@ -12,7 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from duo.api.admission import Admission, QueueFull
-from duo.api.completion import BadRequest, CompletionRequest, Completions, NotReady
+from duo.api.completion import MAX_BODY_BYTES, BadRequest, CompletionRequest, Completions, NotReady
 from duo.api.http import create_app
 from duo.api.metrics import Metrics
 from duo.target.generation import GenerationStats, Request, Step
@@ -209,7 +209,7 @@ def test_the_api_key_is_checked_before_any_body_is_read_and_a_trickling_body_tim
     import duo.api.http as openai_api
 
     service = Completions(Admission(1, 1), Metrics(), ["m"])
-    app = openai_api.BodyLimit(create_app(service, Metrics(), api_key="k").app, openai_api.MAX_BODY_BYTES, "k",
+    app = openai_api.BodyLimit(create_app(service, Metrics(), api_key="k").app, lambda: MAX_BODY_BYTES, "k",
                                read_timeout=0.2)
     sent: list[dict] = []
 
@@ -294,3 +294,39 @@ def test_a_client_that_leaves_while_its_prompt_is_tokenized_keeps_its_place_unti
         assert service.admission.running == 0
 
     asyncio.run(run())
+
+
+def test_once_the_model_is_loaded_a_body_larger_than_its_context_can_use_is_refused_unread():
+    service, _ = completions([[3]])  # a context of 100 tokens of at most 4 bytes each
+    limit = service.max_body_bytes()
+    assert limit < MAX_BODY_BYTES
+    with TestClient(create_app(service, Metrics(), api_key=None)) as http:
+        response = http.post("/v1/completions", content=b" " * (limit + 1), headers={"Content-Type": "application/json"})
+    assert response.status_code == 413 and "context" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("body", [{"prompt": [3] * 5000}, {"messages": [{"role": "user", "content": ""}] * 5000}],
+                         ids=["token ids", "messages"])
+def test_a_list_longer_than_the_context_is_refused_before_its_items_are_validated(body, monkeypatch):
+    from duo.api import bodies
+
+    validated = []
+    for kind in (bodies.CompletionBody, bodies.ChatBody):
+        monkeypatch.setattr(kind, "model_validate", classmethod(lambda cls, data: validated.append(data)))
+    service, _ = completions([[3]])
+    path = "/v1/completions" if "prompt" in body else "/v1/chat/completions"
+    with TestClient(create_app(service, Metrics(), api_key=None)) as http:
+        response = http.post(path, json=body)
+    assert response.status_code == 400 and response.json()["error"]["code"] == "context_length_exceeded"
+    assert validated == []
+
+
+def test_the_openapi_document_still_describes_the_request_bodies():
+    service, _ = completions([[3]])
+    with TestClient(create_app(service, Metrics(), api_key=None)) as http:
+        schema = http.get("/openapi.json").json()
+    for path, name in (("/v1/completions", "CompletionBody"), ("/v1/chat/completions", "ChatBody")):
+        body = schema["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        assert body == {"$ref": f"#/components/schemas/{name}"}
+    assert "prompt" in schema["components"]["schemas"]["CompletionBody"]["properties"]
+    assert "StreamOptions" in schema["components"]["schemas"]  # a nested model, referenced where it is used

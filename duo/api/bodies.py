@@ -1,10 +1,15 @@
-"""The request bodies of the OpenAI-compatible HTTP API, and their translation into duo's CompletionRequest."""
+"""The request bodies of the OpenAI-compatible HTTP API, read off the event loop, and their translation into duo's
+CompletionRequest."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import asyncio
+import json
+from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, Field
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from duo.api.completion import BadRequest, CompletionRequest
 from duo.sampling import SamplingParams
@@ -141,3 +146,53 @@ class ChatBody(GenerationBody):
         messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text(i)}
                     for i, m in enumerate(self.messages)]
         return self.completion_request(max_tokens=self.max_completion_tokens or self.max_tokens, messages=messages)
+
+
+Body = TypeVar("Body", bound=BaseModel)
+
+
+async def parse_body(raw: bytes, kind: type[Body], max_items: int) -> Body:
+    """`raw` JSON as a `kind`, on a worker thread. A body of megabytes (a prompt of token ids, thousands of
+    messages) costs CPU under the GIL wherever it runs: a `prompt` or `messages` list of more than `max_items`
+    (the context: it could not fit) is refused before the per-item validation, which costs the most (1.5M ids:
+    0.5 s, against 0.17 s to read the JSON); what is left is bounded by the body's size (max_body_bytes).
+    RequestValidationError, as FastAPI raises it, when it is not a `kind`; BadRequest when a list is too long."""
+    return await asyncio.to_thread(_validated, raw, kind, max_items)
+
+
+def _validated(raw: bytes, kind: type[Body], max_items: int) -> Body:
+    # Python's JSON parser, as FastAPI's: it keeps a lone surrogate, which the prompt's check then names.
+    try:
+        data = json.loads(raw) if raw.strip() else None
+    except ValueError as error:
+        detail = error.msg if isinstance(error, json.JSONDecodeError) else str(error)
+        raise RequestValidationError([{"type": "json_invalid", "loc": ("body", 0), "msg": "JSON decode error",
+                                       "ctx": {"error": detail}}]) from None
+    for field in ("prompt", "messages"):
+        if isinstance(data, dict) and isinstance(items := data.get(field), list) and len(items) >= max_items:
+            raise BadRequest(f"{field} holds {len(items)} items; the context holds {max_items} tokens: shorten it "
+                             "or start duo-target with a larger --ctx-size", param=field, code="context_length_exceeded")
+    try:
+        return kind.model_validate(data)
+    except ValidationError as error:
+        raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in error.errors()]) from None
+
+
+def document_bodies(app: FastAPI, bodies: dict[str, type[BaseModel]]) -> None:
+    """Describe each POST path's JSON body in /openapi.json, as FastAPI would had it parsed the body itself."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = generate()
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            for path, kind in bodies.items():
+                body = kind.model_json_schema(ref_template="#/components/schemas/{model}")
+                components.update(body.pop("$defs", {}))
+                components[kind.__name__] = body
+                schema["paths"][path]["post"]["requestBody"] = {
+                    "required": True,
+                    "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{kind.__name__}"}}}}
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

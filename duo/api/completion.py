@@ -122,6 +122,10 @@ class Completion:
             self._slot.release()
 
 
+# The most an HTTP body or a client's gRPC message may hold (a prompt filling a 128k-token context is well
+# under 1 MB of text); what a body may hold beside the prompt (stop strings, sampling, the messages' JSON).
+MAX_BODY_BYTES = 16 * 1024 * 1024
+BODY_FIELDS_BYTES = 1024 * 1024
 SHUTTING_DOWN = "duo-target is shutting down; retry on another server, or once it is back"
 DRAIN_POLL_S = 0.05
 CUT_WAIT_S = 2.0  # after the grace period, what the ended requests get to send their errors
@@ -153,6 +157,17 @@ class Completions:
         # No token is longer than the longest vocabulary text, so a prompt of more bytes than this
         # has more tokens than the context holds: refused without spending seconds tokenizing it.
         self._max_prompt_bytes = context_size * max(len(text) for text in target.model.vocab().token_texts)
+
+    def max_items(self) -> int:
+        """The most token ids or messages a prompt can hold and fit the context (each is one token at least)."""
+        return self.context_size if self.target is not None else MAX_BODY_BYTES
+
+    def max_body_bytes(self) -> int:
+        """The largest HTTP body worth reading: MAX_BODY_BYTES while the model loads; then what a prompt that fits
+        the context can take as JSON (its text escaped 6 bytes a byte at worst) and the other fields' allowance."""
+        if self.target is None:
+            return MAX_BODY_BYTES
+        return min(MAX_BODY_BYTES, 6 * self._max_prompt_bytes + BODY_FIELDS_BYTES)
 
     @property
     def draft_state(self) -> str:

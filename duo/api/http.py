@@ -10,7 +10,7 @@ import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import aclosing, suppress
+from contextlib import aclosing
 from typing import Any, TypeVar
 
 import uvicorn
@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from duo.api.admission import QueueFull
-from duo.api.bodies import ChatBody, CompletionBody, GenerationBody
+from duo.api.bodies import ChatBody, CompletionBody, GenerationBody, document_bodies, parse_body
 from duo.api.completion import (BadRequest, ClientError, Completion, CompletionRequest, Completions, NotReady, Piece,
                             ShuttingDown, UnknownModel, failure_message, stats_fields)
 from duo.api.metrics import CONTENT_TYPE, Metrics
@@ -32,9 +32,6 @@ log = logging.getLogger("duo.http")
 
 T = TypeVar("T")
 
-# A prompt filling a 128k-token context is well under 1 MB of text; refuse bodies far beyond that
-# before reading them into memory.
-MAX_BODY_BYTES = 16 * 1024 * 1024
 # A request body must arrive within this long (a client trickling bytes would hold a connection forever).
 BODY_READ_TIMEOUT_S = 30.0
 # Connections served at once; beyond, uvicorn answers 503 (generations are bounded by --parallel/--queue-size).
@@ -94,10 +91,10 @@ class BodyLimit:
     `max_bytes` (413) without reading them into memory, and bodies that take longer than
     `read_timeout` to arrive (408)."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int, api_key: str | None,
+    def __init__(self, app: ASGIApp, max_bytes: Callable[[], int], api_key: str | None,
                  read_timeout: float = BODY_READ_TIMEOUT_S) -> None:
         self.app = app
-        self.max_bytes = max_bytes
+        self.limit = max_bytes  # what the model's context can use: known once it is loaded
         self.expected = f"Bearer {api_key}".encode() if api_key else None
         self.read_timeout = read_timeout
 
@@ -108,9 +105,9 @@ class BodyLimit:
         if self.expected and scope["path"].startswith("/v1/") and not hmac.compare_digest(
                 headers.get(b"authorization", b""), self.expected):
             return await _wrong_key().response()(scope, receive, send)
-        length = headers.get(b"content-length", b"0")
-        if length.isdigit() and int(length) > self.max_bytes:
-            return await self._too_large().response()(scope, receive, send)
+        length, max_bytes = headers.get(b"content-length", b"0"), self.limit()
+        if length.isdigit() and int(length) > max_bytes:
+            return await self._too_large(max_bytes).response()(scope, receive, send)
         received, complete = 0, False
         deadline = asyncio.get_running_loop().time() + self.read_timeout
 
@@ -124,14 +121,15 @@ class BodyLimit:
                 raise HTTPException(408, f"the request body did not arrive within {self.read_timeout:g} s") from None
             received += len(message.get("body", b""))
             complete = not message.get("more_body", False)
-            if received > self.max_bytes:
-                raise HTTPException(413, str(self._too_large()))
+            if received > max_bytes:
+                raise HTTPException(413, str(self._too_large(max_bytes)))
             return message
 
         await self.app(scope, limited, send)
 
-    def _too_large(self) -> ApiError:
-        return ApiError(413, f"the request body is larger than {self.max_bytes} bytes")
+    def _too_large(self, max_bytes: int) -> ApiError:
+        return ApiError(413, f"the request body is larger than {max_bytes} bytes, more than the model's context "
+                             "can use")
 
 
 class EventStream(StreamingResponse):
@@ -225,10 +223,12 @@ class OpenAIApi:
     def _model_card(self, name: str) -> dict[str, Any]:
         return {"id": name, "object": "model", "created": 0, "owned_by": "duo"}
 
-    async def completion(self, body: CompletionBody, request: Request) -> Response:
+    async def completion(self, request: Request) -> Response:
+        body = await parse_body(await request.body(), CompletionBody, self.completions.max_items())
         return await self._generate(body, body.to_request, request, CompletionFormat(self._name(body)))
 
-    async def chat(self, body: ChatBody, request: Request) -> Response:
+    async def chat(self, request: Request) -> Response:
+        body = await parse_body(await request.body(), ChatBody, self.completions.max_items())
         return await self._generate(body, body.to_request, request, ChatFormat(self._name(body)))
 
     def _name(self, body: GenerationBody) -> str:
@@ -361,8 +361,9 @@ def create_app(completions: Completions, metrics: Metrics, api_key: str | None, 
     v1.add_api_route("/completions", api.completion, methods=["POST"])
     v1.add_api_route("/chat/completions", api.chat, methods=["POST"])
     app.include_router(v1)
+    document_bodies(app, {"/v1/completions": CompletionBody, "/v1/chat/completions": ChatBody})
     add_error_handlers(app)
-    return BodyLimit(app, MAX_BODY_BYTES, api_key)
+    return BodyLimit(app, completions.max_body_bytes, api_key)
 
 
 def _wrong_key() -> ApiError:
