@@ -597,6 +597,28 @@ def test_duo_draft_refuses_flags_it_cannot_serve_before_loading_the_model(flags,
     assert all(word in error for word in words), error
 
 
+async def a_target_that_stops_reading(servicer: DraftServicer):
+    """A stream that opens a session, reads one event and never another, then sends commits that contradict the
+    chain (the draft drafts again and queues more) until the draft gives it up, or 400 of them: the stream and
+    its connection."""
+    requests: asyncio.Queue[pb.TargetEvent | None] = asyncio.Queue()
+
+    async def events():
+        while (event := await requests.get()) is not None:
+            yield event
+
+    stream = servicer.Speculate(events(), Peer())
+    requests.put_nowait(pb.TargetEvent(open=pb.OpenSession(session_id=1, committed=PROMPT, max_ahead=4)))
+    await stream.__anext__()  # one event read; never another
+    connection = next(iter(servicer.connections))
+    for committed in range(len(PROMPT), len(PROMPT) + 400):
+        if connection.overflowed:
+            break
+        requests.put_nowait(pb.TargetEvent(commit=pb.Commit(session_id=1, start=committed, tokens=[5])))
+        await asyncio.sleep(0.005)
+    return stream, connection
+
+
 @pytest.mark.parametrize("limit", ["size", "stall"])
 def test_a_target_that_sends_commits_but_never_reads_is_dropped_and_the_drafts_queue_stays_bounded(draft_model,
                                                                                                   monkeypatch, limit):
@@ -609,23 +631,7 @@ def test_a_target_that_sends_commits_but_never_reads_is_dropped_and_the_drafts_q
 
     async def run() -> None:
         servicer, _ = servicer_for(draft_model, n_ctx=512)
-        requests: asyncio.Queue[pb.TargetEvent | None] = asyncio.Queue()
-
-        async def events():
-            while (event := await requests.get()) is not None:
-                yield event
-
-        stream = servicer.Speculate(events(), Peer())
-        requests.put_nowait(pb.TargetEvent(open=pb.OpenSession(session_id=1, committed=PROMPT, max_ahead=4)))
-        await stream.__anext__()  # one event read; never another
-        connection = next(iter(servicer.connections))
-        committed = len(PROMPT)
-        for _ in range(400):  # each commit contradicts the chain: the draft drafts again, and queues more
-            if connection.overflowed:
-                break
-            requests.put_nowait(pb.TargetEvent(commit=pb.Commit(session_id=1, start=committed, tokens=[5])))
-            committed += 1
-            await asyncio.sleep(0.005)
+        stream, connection = await a_target_that_stops_reading(servicer)
         assert connection.overflowed and connection.outbox.qsize() <= 2 and not connection.sessions  # the ends
         with pytest.raises(StopAsyncIteration):  # the stream ends when grpc next asks
             await stream.__anext__()
@@ -652,21 +658,7 @@ def test_the_sessions_of_a_target_that_stopped_reading_are_freed_before_its_stre
 
     async def run() -> None:
         servicer, _ = servicer_for(draft_model, drafter_class=SlowRelease, n_ctx=512)
-        requests: asyncio.Queue[pb.TargetEvent | None] = asyncio.Queue()
-
-        async def events():
-            while (event := await requests.get()) is not None:
-                yield event
-
-        stream = servicer.Speculate(events(), Peer())
-        requests.put_nowait(pb.TargetEvent(open=pb.OpenSession(session_id=1, committed=PROMPT, max_ahead=4)))
-        await stream.__anext__()
-        connection = next(iter(servicer.connections))
-        for committed in range(len(PROMPT), len(PROMPT) + 400):  # contradicting commits: the outbox grows
-            if connection.overflowed:
-                break
-            requests.put_nowait(pb.TargetEvent(commit=pb.Commit(session_id=1, start=committed, tokens=[5])))
-            await asyncio.sleep(0.005)
+        stream, connection = await a_target_that_stops_reading(servicer)
         assert connection.overflowed
         with pytest.raises(StopAsyncIteration):
             await stream.__anext__()
