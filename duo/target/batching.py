@@ -65,7 +65,6 @@ class VerifyResult:
     n_verified: int   # drafts verified (one more than the batch held when the last row checks one)
     batch_size: int   # this request's tokens in the call
     seconds: float    # the whole call's model time: decode and every request's verification
-    call_tokens: int  # tokens in the whole call
     with_prefill: bool = False  # the call also decoded a prompt chunk (of this request or another)
 
 
@@ -212,7 +211,7 @@ class StepBatcher:
                 item.future.set_exception(result)
                 continue
             if isinstance(result, Verdict):
-                result = VerifyResult(result, len(item.drafts), len(item.part.tokens), seconds, tokens, with_prefill)
+                result = VerifyResult(result, len(item.drafts), len(item.part.tokens), seconds, with_prefill)
             self._thinking.add(item.work.seq)
             item.future.set_result(result)
 

@@ -288,7 +288,7 @@ class Target:
         self.costs = StepCosts()
         self.acceptance_by_mode = {mode: Acceptance.prior(settings.draft_max) for mode in (GREEDY, COUPLED, RESIDUAL)}
         # Whether speculation pays here, by what it delivers (duo.target.switch).
-        self.switch = Switch(alone_model_seconds=lambda: self.costs.measured_seconds(1))
+        self.switch = Switch()
         self.draft_len = settings.draft_max  # the latest request's preferred draft length (metrics)
         self.draft_timing = DraftTiming()  # one draft serves every request
         self.observers: list[StepObserver] = []
@@ -418,7 +418,7 @@ class Target:
             policy.observe_acceptance(record.n_verified, record.n_accepted)
             if self.link and self.link.connected:
                 self.switch.step_done(generation.session_id, len(step.tokens), record.n_verified,
-                                      alone_call=result.call_tokens == 1 and not waited, prefill=result.with_prefill)
+                                      prefill=result.with_prefill)
             else:  # without a draft there is nothing to switch; the next step starts timing afresh
                 self.switch.request_done(generation.session_id)
             generation.stats.speculation = self.switch.reason()

@@ -1,8 +1,8 @@
 """Whether speculation pays on this target, judged by what it delivers: committed tokens per wall-clock
 second while the draft works, against the same while it rests.
 
-The policy's cost model (duo.target.policy) picks each step's draft length from model-only costs T(n) and the
-acceptance. It cannot see what else speculation costs: steps decoded alone while the draft catches up
+The policy's cost model (duo.target.policy) picks each step's draft length from model-only costs T(n) and
+the acceptance. It cannot see what else speculation costs: steps decoded alone while the draft catches up
 after a rejection (a draft only a few times faster than the target), the draft stream's messages handled
 between decodes, a co-running draft slowing the target. On a compute-bound target these eat the whole
 gain (the default Q4_K_M pair on CPU cores). So the switch measures the on regime in the currency that
@@ -13,26 +13,23 @@ matters, tokens per second of wall time, and keeps it only where it beats decodi
       └─ else ─▶ off (the draft rests entirely) for REST_STEPS · 2^(n-1) steps (n: judgements lost in a row)
                  ─▶ an on trial, which must reach (1 + ENTER) rate_alone to stay on
 
-rate_alone is known without turning speculation off to measure it: while on, steps that decoded alone
-(no drafts pending, no wait, nobody else in the call) are timed, and their wall time per token is what
-decoding alone costs. That slightly undervalues decoding alone (the draft busy on the machine slows the
-target by 2-3%): ENTER's margin covers it, and once a rest has measured the real rate (the draft idle),
-that measurement is the reference (at its load). Hysteresis (ENTER > STAY): a regime near break-even
-does not flap.
-Where no alone step was timed whole (every one waited for drafts first), the model time of one-token
-calls stands in; only where there is none either (many clients, every call carrying drafts) does the
-switch rest for a judging period to measure it.
-
-Each request's first steps of a trial are left out of its rate: a rested draft first catches up on what
-was committed while it rested (seconds of draft work on a long answer, more with several clients, the
-shortest first), a cost of the trial, not of speculating; a request counts from its first verified drafts.
+rate_alone is measured only while the draft rests: a step decoded alone while the draft works is slowed by
+it (on two hyperthreads of one core, or one core shared, twice as slow: a 0.85x regime then "wins" 1.5x).
+The first judgement at a load is preceded by a measuring rest (MEASURE_STEPS), and the reference is
+measured again after REMEASURE_FIRST confirmed judgements, then twice as many each time it holds (within
+DRIFT), up to REMEASURE_MAX: a changed machine (another process, the heat) is found, and where speculation
+pays, the checks cost under 1% of its gain. Hysteresis (ENTER > STAY): a regime near break-even does not
+flap.
 
 Both rates are per request and depend on the load: with four clients a step of each takes far longer than
 with one. So decoding alone is known per load (the requests stepping), and a period is judged against the
 reference of its own load, never one measured under another (a rest measured with four clients would make
-any period with one "win" forever); where its load has none yet, a judging rest measures it. Steps whose
-call also decoded another request's prompt chunk count in neither rate: their time is that prompt's.
-Where speculation pays, nothing is spent on checks; where it does not, trials come exponentially rarer.
+any period with one "win" forever). Steps whose call also decoded another request's prompt chunk count in
+neither rate: their time is that prompt's.
+
+Each request's first steps of a trial are left out of its rate: a rested draft first catches up on what
+was committed while it rested (seconds of draft work on a long answer, more with several clients, the
+shortest first), a cost of the trial, not of speculating; a request counts from its first verified drafts.
 """
 
 from __future__ import annotations
@@ -45,6 +42,7 @@ from typing import Callable
 JUDGE_STEPS = 32     # warm on-steps per judgement of an established regime
 TRIAL_STEPS = 16     # ... of a trial: where speculation pays it pays by far (F16: 1.6x and more), and
                      # where it does not, each step of a trial costs the target
+MEASURE_STEPS = 16   # steps of a measuring rest: decoding alone varies little from step to step
 REST_STEPS = 64      # the first rest; doubled per judgement lost in a row
 MAX_DOUBLINGS = 5    # rests of at most REST_STEPS * 32 steps
 ENTER = 0.05         # an on trial must beat decoding alone by this much
@@ -53,7 +51,9 @@ PROBE_LEAD = 5       # steps before a trial that the draft may run, to catch up 
 # A trial losing clearly is cut short: after this many warm steps, below (1 - EARLY_LOSS) rate_alone.
 EARLY_STEPS = 8
 EARLY_LOSS = 0.1
-DECAY = 0.9          # forgetting rate of the alone-step average (per sample)
+REMEASURE_FIRST = 4  # confirmed judgements before decoding alone is measured again; doubled while it holds
+REMEASURE_MAX = 64   # at most this many apart (2048 warm steps)
+DRIFT = 0.1          # a reference that moved more than this restarts the doubling
 
 
 @dataclass
@@ -62,19 +62,15 @@ class Switch:
     the regime the last one left, and every request's steps count towards the periods."""
 
     clock: Callable[[], float] = time.monotonic
-    # The model time of a one-token call, where measured (duo.costs.StepCosts): decoding alone's rate
-    # when no step alone was timed whole. Model time only, so it overrates decoding alone a little: the
-    # safe side for a judgement of speculation.
-    alone_model_seconds: Callable[[], float | None] = lambda: None
     speculating: bool = True     # the first requests run an on trial
     established: bool = False    # on, and a judgement confirmed it (STAY applies, not ENTER)
     steps_left: int = TRIAL_STEPS  # in the current period (on: warm steps until the next judgement)
     lost: int = 0                # judgements lost in a row
     gain: float | None = None    # the latest judgement's rate_on / rate_alone
-    # load (requests stepping) -> tokens per wall second per request, measured over the latest rest at it
+    # load (requests stepping) -> tokens per wall second per request decoding alone, measured over a rest
     rest_rates: dict[int, float] = field(default_factory=dict)
-    _alone_seconds: float | None = None  # average wall seconds of a step decoded alone while on (one request)
-    _alone_weight: float = 0.0
+    _remeasure_every: dict[int, int] = field(default_factory=dict)  # load -> confirmed judgements between measures
+    _remeasure_in: dict[int, int] = field(default_factory=dict)  # load -> confirmed judgements until the next
     _judging_rest: bool = False  # the current rest measures rate_alone for a judgement
     _on_rate_pending: float | None = None  # the on period's rate that a judging rest is measured against
     _tokens: int = 0             # committed in the current period's counted steps
@@ -86,17 +82,8 @@ class Switch:
 
     @property
     def rate_alone(self) -> float | None:
-        """Tokens per wall second decoding alone at the current period's load: measured over a rest at that
-        load; else, for one request, from its steps alone (or one-token calls' model time); else unknown."""
-        load = self._period_load()
-        if load in self.rest_rates:
-            return self.rest_rates[load]
-        if load != 1:
-            return None
-        if self._alone_seconds:
-            return 1.0 / self._alone_seconds
-        model_seconds = self.alone_model_seconds()
-        return 1.0 / model_seconds if model_seconds else None
+        """Tokens per wall second decoding alone at the current period's load, as a rest measured it."""
+        return self.rest_rates.get(self._period_load())
 
     def _period_load(self) -> int:
         """The load most of the current period's counted steps ran at (the load now, before any)."""
@@ -114,10 +101,9 @@ class Switch:
         why = "measuring decoding alone" if self._judging_rest else f"{gain}; next trial in {self.steps_left} steps"
         return f"off ({why})"
 
-    def step_done(self, request: int, tokens: int, verified: int, alone_call: bool, prefill: bool = False) -> None:
-        """A step of `request` committed `tokens`, verifying `verified` drafts; `alone_call`: the step's call
-        decoded one token per request and nothing else, without waiting for drafts; `prefill`: the call also
-        decoded a prompt chunk (its time is not the step's: counted in no rate). Its wall time runs since that
+    def step_done(self, request: int, tokens: int, verified: int, prefill: bool = False) -> None:
+        """A step of `request` committed `tokens`, verifying `verified` drafts; `prefill`: its call also decoded
+        a prompt chunk (its time is not the step's: counted in no rate). Its wall time runs since that
         request's previous step (a request's first step, which holds its prompt, is not counted)."""
         now = self.clock()
         previous, self._last[request] = self._last.get(request), now
@@ -125,7 +111,7 @@ class Switch:
             return
         seconds = now - previous
         if self.speculating:
-            self._on_step(request, tokens, seconds, verified, alone_call)
+            self._on_step(request, tokens, seconds, verified)
         else:
             self._rest_step(tokens, seconds)
 
@@ -134,9 +120,7 @@ class Switch:
         self._warm.discard(request)
         self._cold_steps.pop(request, None)
 
-    def _on_step(self, request: int, tokens: int, seconds: float, verified: int, alone_call: bool) -> None:
-        if alone_call and tokens == 1:
-            self._time_alone_step(seconds)
+    def _on_step(self, request: int, tokens: int, seconds: float, verified: int) -> None:
         if request not in self._warm:
             cold = self._cold_steps.get(request, 0)
             if not (verified > 0 or cold >= JUDGE_STEPS):
@@ -155,10 +139,8 @@ class Switch:
 
     def _losing_trial(self) -> bool:
         """A trial (not an established regime) that after EARLY_STEPS warm steps is clearly below decoding
-        alone as measured over the rest before it: what it would cost to finish is spent for nothing (the
-        default Q4_K_M pair on a CPU)."""
-        # Only against decoding alone measured over a rest: the first trial, while the target still
-        # learns its costs and the acceptance, is judged on its whole period.
+        alone as measured over a rest: what it would cost to finish is spent for nothing (the default Q4_K_M
+        pair on a CPU)."""
         measured = self.rest_rates.get(self._period_load())
         return (not self.established and measured is not None and TRIAL_STEPS - self.steps_left >= EARLY_STEPS
                 and self._tokens < (1.0 - EARLY_LOSS) * measured * self._seconds)
@@ -170,18 +152,18 @@ class Switch:
             return
         load = self._period_load()
         if (rate := self._take_rate()) is not None:
-            self.rest_rates[load] = rate
+            self._measured(load, rate)
         if self._judging_rest:
             self._judge(self._on_rate_pending)
         else:
             self._go(True, TRIAL_STEPS)  # an on trial
 
-    def _time_alone_step(self, seconds: float) -> None:
-        self._alone_weight = self._alone_weight * DECAY + 1.0
-        if self._alone_seconds is None:
-            self._alone_seconds = seconds
-        else:
-            self._alone_seconds += (seconds - self._alone_seconds) / self._alone_weight
+    def _measured(self, load: int, rate: float) -> None:
+        """Decoding alone at `load` was measured at `rate`: measure it again sooner if it moved, later if not."""
+        before = self.rest_rates.get(load)
+        held = before is not None and abs(rate / before - 1.0) <= DRIFT
+        every = min(2 * self._remeasure_every.get(load, REMEASURE_FIRST), REMEASURE_MAX) if held else REMEASURE_FIRST
+        self.rest_rates[load], self._remeasure_every[load], self._remeasure_in[load] = rate, every, every
 
     def _take_rate(self) -> float | None:
         rate = self._tokens / self._seconds if self._seconds > 0 else None
@@ -189,20 +171,23 @@ class Switch:
         return rate
 
     def _judge(self, rate_on: float | None) -> None:
-        """Keep speculating if the on period beat decoding alone by the margin, else rest (doubling)."""
-        alone = self.rate_alone  # at the period's load: its steps' loads are still counted
+        """Keep speculating if the on period beat decoding alone by the margin, else rest (doubling); measure
+        decoding alone first where this load has no reference, or its next measure is due."""
+        load = self._period_load()
         self._loads.clear()
         if rate_on is None:
             self._rest()
             return
-        if alone is None:  # no step alone to compare with: measure decoding alone for one period
+        # A reference of unknown age (given at construction) is trusted as a fresh measure is.
+        if load not in self.rest_rates or self._remeasure_in.setdefault(load, REMEASURE_FIRST) <= 0:
             self._on_rate_pending = rate_on
-            self._go(False, JUDGE_STEPS, judging=True)
+            self._go(False, MEASURE_STEPS, judging=True)
             return
-        self.gain = rate_on / alone
+        self.gain = rate_on / self.rest_rates[load]
         margin = STAY if self.established else ENTER
         if self.gain >= 1.0 + margin:
             self.lost, self.established = 0, True
+            self._remeasure_in[load] -= 1
             self._go(True, JUDGE_STEPS)
         else:
             self._rest()
