@@ -246,3 +246,17 @@ def test_eight_concurrent_streams_through_duo_each_equal_the_target_alone(served
     total = float(next(line.split()[-1] for line in metrics.splitlines()
                        if line.startswith("duo:iteration_requests_sum")))
     assert total / count > 1.5, "the streams' steps were not decoded together"
+
+
+def test_the_shared_context_times_decoding_alone_for_the_switch_and_leaves_its_first_sequence_empty(target_model):
+    """The switch's first reference for one request, so that the first request needs no measuring rest."""
+    async def run_it() -> tuple[dict[int, float], int]:
+        target = Target(target_model, ModelWorker(), None, n_ctx=256, settings=SpecSettings(), parallel=2)
+        batcher = await target.batcher()
+        try:
+            return dict(target.switch.rest_rates), len(batcher.context.held(0))
+        finally:
+            await target.close()
+
+    rates, held = asyncio.run(run_it())
+    assert list(rates) == [1] and rates[1] > 0 and held == 0

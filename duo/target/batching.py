@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import statistics
 import time
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
@@ -33,6 +34,7 @@ GATHER_S = 0.02
 # times the steps alone: a long prompt then delays each running request by about one step per chunk.
 PREFILL_STALL = 2.0
 MIN_PREFILL_CHUNK = 16  # a prompt moves on by at least this many tokens per call
+ALONE_TIMING_CALLS = 5  # one-token calls timed at start, for the switch's first reference
 
 
 class CallObserver(Protocol):
@@ -280,6 +282,18 @@ class StepBatcher:
         while chunk * 2 <= room and self.call_costs.batch_seconds(step_tokens + chunk * 2) <= limit:
             chunk *= 2
         return min(chunk, room)
+
+
+def one_token_seconds(context: Context, calls: int = ALONE_TIMING_CALLS) -> float:
+    """The median seconds of a one-token call on sequence 0 (left empty after): decoding alone, timed by the
+    model thread while nothing else runs on it, before the first request."""
+    times = []
+    for pos in range(calls):
+        began = time.perf_counter()
+        context.decode([0], pos, logits_for=[0])
+        times.append(time.perf_counter() - began)
+    context.clear(0)
+    return statistics.median(times)
 
 
 def _decode_and_verify(context: Context,

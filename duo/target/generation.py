@@ -19,7 +19,7 @@ from duo.costs import StepCosts
 from duo.model import Model, ModelError
 from duo.runtime import ModelWorker
 from duo.sampling import COUPLED, GREEDY, RESIDUAL, SamplingParams, Verdict
-from duo.target.batching import CallObserver, PrefillWork, StepBatcher, VerifyWork
+from duo.target.batching import CallObserver, PrefillWork, StepBatcher, VerifyWork, one_token_seconds
 from duo.target.chain import DraftChain
 from duo.target.link import DraftLink
 from duo.target.policy import Acceptance, AdaptivePolicy, DraftTiming
@@ -307,6 +307,8 @@ class Target:
                                                            cells=n_ctx * self.parallel), n_ctx)
                 self._batcher = StepBatcher(self.worker, context, self.costs, lambda: self.switch.speculating)
                 self._batcher.observers = self.call_observers
+                # The switch's first reference, timed before the draft works: the first request needs no rest.
+                self.switch.rest_rates.setdefault(1, 1.0 / await self.worker.run(one_token_seconds, context))
         return self._batcher
 
     async def close(self) -> None:

@@ -15,8 +15,9 @@ matters, tokens per second of wall time, and keeps it only where it beats decodi
 
 rate_alone is measured only while the draft rests: a step decoded alone while the draft works is slowed by
 it (on two hyperthreads of one core, or one core shared, twice as slow: a 0.85x regime then "wins" 1.5x).
-The first judgement at a load is preceded by a measuring rest (MEASURE_STEPS), and the reference is
-measured again after REMEASURE_FIRST confirmed judgements, then twice as many each time it holds (within
+For one request the first reference is timed when the target starts, before the draft works (one-token
+calls on the model thread: model time, so it overrates decoding alone a little, the safe side); a load
+without one gets a measuring rest (MEASURE_STEPS) before its first judgement; and the reference is measured again after REMEASURE_FIRST confirmed judgements, then twice as many each time it holds (within
 DRIFT), up to REMEASURE_MAX: a changed machine (another process, the heat) is found, and where speculation
 pays, the checks cost under 1% of its gain. Hysteresis (ENTER > STAY): a regime near break-even does not
 flap.
