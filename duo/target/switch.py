@@ -43,7 +43,7 @@ from typing import Callable
 JUDGE_STEPS = 32     # warm on-steps per judgement of an established regime
 TRIAL_STEPS = 16     # ... of a trial: where speculation pays it pays by far (F16: 1.6x and more), and
                      # where it does not, each step of a trial costs the target
-MEASURE_STEPS = 16   # steps of a measuring rest: decoding alone varies little from step to step
+MEASURE_STEPS = 8    # steps of a measuring rest: decoding alone varies little from step to step
 REST_STEPS = 64      # the first rest; doubled per judgement lost in a row
 MAX_DOUBLINGS = 5    # rests of at most REST_STEPS * 32 steps
 ENTER = 0.05         # an on trial must beat decoding alone by this much
@@ -52,7 +52,7 @@ PROBE_LEAD = 5       # steps before a trial that the draft may run, to catch up 
 # A trial losing clearly is cut short: after this many warm steps, below (1 - EARLY_LOSS) rate_alone.
 EARLY_STEPS = 8
 EARLY_LOSS = 0.1
-REMEASURE_FIRST = 4  # confirmed judgements before decoding alone is measured again; doubled while it holds
+REMEASURE_FIRST = 16  # confirmed judgements before decoding alone is measured again; doubled while it holds
 REMEASURE_MAX = 64   # at most this many apart (2048 warm steps)
 DRIFT = 0.1          # a reference that moved more than this restarts the doubling
 
