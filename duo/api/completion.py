@@ -278,8 +278,8 @@ class Completions:
         finish: str | None = None
         why_not = "client left"  # why a request ended without a finish reason
         try:
-            async with aclosing(target.generate(request)) as steps:
-                async for step, stats in self._until_cut(steps):
+            async with aclosing(target.generate(request)) as steps, aclosing(self._until_cut(steps)) as cuttable:
+                async for step, stats in cuttable:
                     ended = step.finish_reason is not None
                     text, stopped = stops.feed(decoder.decode(target.model.detokenize(step.tokens), final=ended))
                     finish = "stop" if stopped else step.finish_reason
