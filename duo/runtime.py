@@ -248,9 +248,9 @@ def _keepalive_options() -> list[tuple[str, int]]:
     ]
 
 
-def grpc_channel_options() -> list[tuple[str, int]]:
+def grpc_channel_options(max_receive_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
     return [
-        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", max_receive_bytes),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         *_keepalive_options(),
         ("grpc.keepalive_permit_without_calls", 1),

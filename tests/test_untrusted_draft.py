@@ -27,6 +27,7 @@ from duo._proto import duo_pb2_grpc as pb_grpc
 from duo.model import Model, Vocab
 from duo.target import link as duo_link
 from duo.target.chain import DraftChain
+from duo.target.generation import SpecSettings
 from duo.target.link import DraftLink
 from duo.wire import ChainChunk
 from greedy import leaves_greedy_path_only_at_a_near_tie
@@ -220,7 +221,7 @@ def run_link(address: str, sessions: list[FakeSession], scenario: Callable[[Draf
     """Run a DraftLink to `address` with `sessions` registered while `scenario(link)` runs; its loop must not end."""
 
     async def main() -> DraftLink:
-        link = DraftLink(address, "fake target", vocab)
+        link = DraftLink(address, "fake target", vocab, max_lead=SpecSettings().max_lead)
         for session in sessions:
             link.register(session)
         running = asyncio.create_task(link.run())
@@ -287,7 +288,7 @@ def test_a_message_larger_than_an_honest_draft_sends_is_refused_unread_and_a_lar
     session = FakeSession(1, [7, 8])
     every_id = pb.SparseDist(ids=list(range(wire.MAX_DIST_IDS)), probs=[1.0] * wire.MAX_DIST_IDS)
     heavy = pb.DraftChunk(epoch=0, start=2, tokens=[5] * 400, dists=[every_id] * 400)
-    assert heavy.ByteSize() > 2 * wire.max_chunk_bytes(duo_link.DEFAULT_MAX_LEAD + duo_link.LEAD_MARGIN)
+    assert heavy.ByteSize() > 2 * wire.max_chunk_bytes(SpecSettings().max_lead + duo_link.LEAD_MARGIN)
     assert wire.vocab_to_pb(big).ByteSize() > heavy.ByteSize()
 
     async def scenario(link: DraftLink) -> None:
@@ -353,8 +354,9 @@ def test_the_link_drops_a_stopped_draft_within_the_ping_timeout_and_rejoins_it_w
         monkeypatch, tiny_draft, log_dir):
     # Pings every second that must be answered within half a second, instead of 10 s and 5 s.
     fast = {"grpc.keepalive_time_ms": 1000, "grpc.keepalive_timeout_ms": 500, "grpc.http2.ping_timeout_ms": 500}
-    options = [(key, fast.get(key, value)) for key, value in duo_link.grpc_channel_options()]
-    monkeypatch.setattr(duo_link, "grpc_channel_options", lambda: options)
+    real = duo_link.grpc_channel_options
+    monkeypatch.setattr(duo_link, "grpc_channel_options", lambda *limit: [(key, fast.get(key, value))
+                                                                          for key, value in real(*limit)])
     draft = start("duo.cli.draft", ["--model", str(tiny_draft)], log_dir)
     vocab = vocab_of(tiny_draft)
     session = FakeSession(1, [785, 3974, 315])

@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, Field, ValidationError
 
-from duo.api.completion import BadRequest, CompletionRequest
+from duo.api.completion import BadRequest, CompletionRequest, too_long
 from duo.sampling import SamplingParams
 
 
@@ -170,8 +170,7 @@ def _validated(raw: bytes, kind: type[Body], max_items: int) -> Body:
                                        "ctx": {"error": detail}}]) from None
     for field in ("prompt", "messages"):
         if isinstance(data, dict) and isinstance(items := data.get(field), list) and len(items) >= max_items:
-            raise BadRequest(f"{field} holds {len(items)} items; the context holds {max_items} tokens: shorten it "
-                             "or start duo-target with a larger --ctx-size", param=field, code="context_length_exceeded")
+            raise too_long(f"{field} holds {len(items)} items; the context holds {max_items} tokens", param=field)
     try:
         return kind.model_validate(data)
     except ValidationError as error:

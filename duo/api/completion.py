@@ -159,7 +159,8 @@ class Completions:
         self._max_prompt_bytes = context_size * max(len(text) for text in target.model.vocab().token_texts)
 
     def max_items(self) -> int:
-        """The most token ids or messages a prompt can hold and fit the context (each is one token at least)."""
+        """The most token ids or messages a prompt can hold and fit the context (each is one token at least);
+        while the model loads, no more than a body's bytes."""
         return self.context_size if self.target is not None else MAX_BODY_BYTES
 
     def max_body_bytes(self) -> int:
@@ -202,7 +203,7 @@ class Completions:
             raise BadRequest(f"the prompt is not valid Unicode text ({error.reason} at character {error.start})",
                              param="messages" if messages else "prompt") from error
         if size > self._max_prompt_bytes:
-            raise self._too_long(f"the prompt is far longer than the context of {self.context_size} tokens")
+            raise too_long(f"the prompt is far longer than the context of {self.context_size} tokens")
         return chat_tokens(model, messages, prompt) if messages else model.tokenize(prompt)
 
     def prepare(self, request: CompletionRequest) -> Request:
@@ -254,13 +255,14 @@ class Completions:
         if self.target is None:
             return  # prepare says NotReady
         if request.prompt_tokens is not None and len(request.prompt_tokens) >= self.context_size:
-            raise self._too_long(f"the prompt has {len(request.prompt_tokens)} tokens; the context holds "
+            raise too_long(f"the prompt has {len(request.prompt_tokens)} tokens; the context holds "
                                  f"{self.context_size}")
         if len(request.messages) >= self.context_size:
-            raise self._too_long(f"{len(request.messages)} messages cannot fit a context of {self.context_size} tokens")
+            raise too_long(f"{len(request.messages)} messages cannot fit a context of {self.context_size} tokens",
+                           param="messages")
         texts = [request.prompt] + [str(message.get("content", "")) for message in request.messages]
         if sum(len(text) for text in texts) > self._max_prompt_bytes:  # characters: at least one byte each
-            raise self._too_long(f"the prompt is far longer than the context of {self.context_size} tokens")
+            raise too_long(f"the prompt is far longer than the context of {self.context_size} tokens")
 
     async def tokenize_admitted(self, prompt: str, messages: Sequence[Mapping[str, str]]) -> list[int]:
         """tokenize() for the Tokenize RPC, admitted among tokenize calls (QueueFull when their line is full)."""
@@ -343,12 +345,15 @@ class Completions:
         if not all(0 <= token < n_vocab for token in tokens):
             raise BadRequest(f"prompt token ids must be between 0 and {n_vocab - 1}", param="prompt")
         if len(tokens) >= self.context_size:
-            raise self._too_long(f"the prompt has {len(tokens)} tokens; the context holds {self.context_size}, "
+            raise too_long(f"the prompt has {len(tokens)} tokens; the context holds {self.context_size}, "
                                  "which must leave room for at least one new token")
 
-    def _too_long(self, message: str) -> BadRequest:
-        return BadRequest(f"{message}: shorten the prompt or start duo-target with a larger --ctx-size",
-                          param="prompt", code="context_length_exceeded")
+
+
+def too_long(message: str, param: str = "prompt") -> BadRequest:
+    """A prompt that cannot fit the context: what to do about it."""
+    return BadRequest(f"{message}: shorten the prompt or start duo-target with a larger --ctx-size",
+                      param=param, code="context_length_exceeded")
 
 
 def _release_after(slot: Slot, work: asyncio.Future) -> None:

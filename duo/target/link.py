@@ -31,8 +31,6 @@ INCOMPATIBLE_RETRY_S = 30.0
 # shortened the lead crosses chunks drafted under the longer one (the adaptive policy's lead is at
 # most 2 x 16 + 2), and anything further is a broken or hostile draft.
 LEAD_MARGIN = 64
-# The longest lead the adaptive policy gives (2 x its default draft_max + 2); duo-target passes its own.
-DEFAULT_MAX_LEAD = 34
 # Longest text of the draft's own that is logged (its error messages are untrusted too).
 MAX_LOGGED_CHARS = 200
 # A draft that answers pings but reads none of the stream fills the HTTP/2 window, and the target's
@@ -80,7 +78,7 @@ class DraftLink:
     """
 
     def __init__(self, address: str, model_name: str, vocab: Vocab,
-                 credentials: grpc.ChannelCredentials | None = None, *, max_lead: int = DEFAULT_MAX_LEAD) -> None:
+                 credentials: grpc.ChannelCredentials | None = None, *, max_lead: int) -> None:
         self.address = address
         # The largest event an honest draft sends: a chunk of the longest lead the target allows, plus the margin.
         self.max_event_bytes = min(MAX_MESSAGE_BYTES, wire.max_chunk_bytes(max_lead + LEAD_MARGIN))
@@ -149,8 +147,7 @@ class DraftLink:
             self._lost(f"{error.code().name}: {_clip(error.details() or '')}")
 
     def _channel(self, max_receive_bytes: int) -> grpc.aio.Channel:
-        options = [(name, max_receive_bytes if name == "grpc.max_receive_message_length" else value)
-                   for name, value in grpc_channel_options()]
+        options = grpc_channel_options(max_receive_bytes)
         return (grpc.aio.secure_channel(self.address, self.credentials, options=options)
                 if self.credentials else grpc.aio.insecure_channel(self.address, options=options))
 

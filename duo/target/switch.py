@@ -142,9 +142,9 @@ class Switch:
         """A trial (not an established regime) that after EARLY_STEPS warm steps is clearly below decoding
         alone as measured over a rest: what it would cost to finish is spent for nothing (the default Q4_K_M
         pair on a CPU)."""
-        measured = self.rest_rates.get(self._period_load())
-        return (not self.established and measured is not None and TRIAL_STEPS - self.steps_left >= EARLY_STEPS
-                and self._tokens < (1.0 - EARLY_LOSS) * measured * self._seconds)
+        alone = self.rate_alone
+        return (not self.established and alone is not None and TRIAL_STEPS - self.steps_left >= EARLY_STEPS
+                and self._tokens < (1.0 - EARLY_LOSS) * alone * self._seconds)
 
     def _rest_step(self, tokens: int, seconds: float) -> None:
         self._count(tokens, seconds)
