@@ -185,6 +185,25 @@ def timed(fn: Callable[..., T], *args: Any) -> tuple[T, float]:
     return result, time.perf_counter() - began
 
 
+async def within(awaitable: Awaitable[T], seconds: float) -> T:
+    """`awaitable`'s result, or asyncio.TimeoutError after `seconds` (the awaitable is then cancelled).
+
+    asyncio.wait_for up to Python 3.11 swallows a cancellation of the waiting task when the awaitable completes
+    in the same turn of the loop (CPython gh-86296): the task goes on as if never cancelled. The link's writer
+    did exactly that, and a DraftLink being cancelled then waited forever for it. asyncio.wait never swallows it.
+    """
+    task = asyncio.ensure_future(awaitable)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=seconds)
+    finally:
+        if not task.done():  # timed out, or this task was cancelled: the awaitable goes too
+            task.cancel()
+    if not done:
+        await asyncio.wait({task})  # cancelled for good before saying so
+        raise asyncio.TimeoutError(f"not done within {seconds:g} s")
+    return task.result()
+
+
 class WriteTimeout(Exception):
     """The peer took none of a message for the write timeout: it stopped reading."""
 
@@ -192,7 +211,7 @@ class WriteTimeout(Exception):
 async def write_within(write: Awaitable[None], timeout: float) -> None:
     """Await `write` (a send that waits while the peer's buffers are full), or raise WriteTimeout."""
     try:
-        await asyncio.wait_for(write, timeout)
+        await within(write, timeout)
     except asyncio.TimeoutError:
         raise WriteTimeout(f"the client read nothing for {timeout:g} s (duo-target --write-timeout)") from None
 

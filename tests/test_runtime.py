@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from duo.runtime import ModelWorker, host_port, is_loopback
+from duo.runtime import ModelWorker, host_port, is_loopback, within
 
 WAIT_S = 5.0
 
@@ -204,3 +204,39 @@ def test_the_clients_grpc_port_caps_messages_like_http_and_keeps_grpcs_ping_floo
     assert "grpc.http2.max_ping_strikes" not in options  # grpc's default: a ping flood closes the connection
     assert dict(grpc_server_options())["grpc.http2.max_ping_strikes"] == 0  # the draft link's own peer pings freely
     assert options["grpc.so_reuseport"] == 0
+
+
+
+def test_within_never_swallows_a_cancellation_that_meets_the_awaited_result():
+    """CPython gh-86296: asyncio.wait_for (up to 3.11) returns the awaited result to a task cancelled in the turn
+    the result came, and the task goes on as if never cancelled: the link's writer then waited forever on its next
+    event, and so did everything that cancelled it (seen as a 300 s hang of the suite)."""
+
+    async def scenario() -> tuple[bool, bool]:
+        awaited = asyncio.get_running_loop().create_future()
+        went_on = asyncio.Event()
+
+        async def waiter() -> None:
+            await within(awaited, 10.0)
+            went_on.set()
+            await asyncio.Event().wait()  # like the writer's next outbox.get()
+
+        task = asyncio.create_task(waiter())
+        await asyncio.sleep(0)  # the waiter now waits
+        awaited.set_result(None)
+        task.cancel()  # in the same turn
+        await asyncio.wait({task}, timeout=2)
+        return task.cancelled(), went_on.is_set()
+
+    assert asyncio.run(scenario()) == (True, False)
+
+
+def test_within_times_out_and_cancels_what_it_awaited():
+    async def scenario() -> asyncio.Task:
+        slow = asyncio.create_task(asyncio.sleep(10))
+        with pytest.raises(asyncio.TimeoutError):
+            await within(slow, 0.01)
+        return slow
+
+    assert asyncio.run(scenario()).cancelled()
+    assert asyncio.run(within(asyncio.sleep(0, "done"), 1.0)) == "done"

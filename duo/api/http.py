@@ -26,7 +26,7 @@ from duo.api.completion import (BadRequest, ClientError, Completion, CompletionR
                             ShuttingDown, UnknownModel, failure_message, stats_fields)
 from duo.api.metrics import CONTENT_TYPE, Metrics
 from duo.model import ModelError
-from duo.runtime import WRITE_TIMEOUT_S, HttpServer, WriteTimeout, write_within
+from duo.runtime import WRITE_TIMEOUT_S, HttpServer, WriteTimeout, within, write_within
 
 log = logging.getLogger("duo.http")
 
@@ -116,7 +116,7 @@ class BodyLimit:
             if complete:  # later receives wait for the client to leave: no deadline
                 return await receive()
             try:
-                message = await asyncio.wait_for(receive(), max(0.0, deadline - asyncio.get_running_loop().time()))
+                message = await within(receive(), max(0.0, deadline - asyncio.get_running_loop().time()))
             except asyncio.TimeoutError:
                 raise HTTPException(408, f"the request body did not arrive within {self.read_timeout:g} s") from None
             received += len(message.get("body", b""))

@@ -20,7 +20,7 @@ import numpy as np
 
 from duo.costs import StepCosts
 from duo.model import Context, ModelError, Part, common_prefix_length
-from duo.runtime import ModelWorker
+from duo.runtime import ModelWorker, within
 from duo.sampling import SamplingParams, SparseDist, Verdict, verify
 from duo.target.policy import AdaptivePolicy, choose_together
 
@@ -223,7 +223,7 @@ class StepBatcher:
         while self._thinking and (left := deadline - time.monotonic()) > 0:
             self._changed.clear()
             try:
-                await asyncio.wait_for(self._changed.wait(), left)
+                await within(self._changed.wait(), left)
             except asyncio.TimeoutError:
                 break
         self._thinking.clear()

@@ -17,7 +17,7 @@ from duo import wire
 from duo._proto import duo_pb2 as pb
 from duo.costs import StepCosts
 from duo.model import Model, ModelError
-from duo.runtime import ModelWorker
+from duo.runtime import ModelWorker, within
 from duo.sampling import COUPLED, GREEDY, RESIDUAL, SamplingParams, Verdict
 from duo.target.batching import CallObserver, PrefillWork, StepBatcher, VerifyWork, one_token_seconds
 from duo.target.chain import DraftChain
@@ -226,7 +226,7 @@ class Generation:
         while not enough(self.chain.pending()[0]):
             self.chunk_arrived.clear()
             try:
-                await asyncio.wait_for(self.chunk_arrived.wait(), timeout=max(deadline - loop.time(), 0))
+                await within(self.chunk_arrived.wait(), max(deadline - loop.time(), 0))
             except asyncio.TimeoutError:
                 return
 

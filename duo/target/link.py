@@ -13,7 +13,7 @@ from duo import wire
 from duo._proto import duo_pb2 as pb
 from duo._proto import duo_pb2_grpc as pb_grpc
 from duo.model import IncompatibleVocab, Vocab, check_compatible
-from duo.runtime import MAX_MESSAGE_BYTES, grpc_channel_options
+from duo.runtime import MAX_MESSAGE_BYTES, grpc_channel_options, within
 from duo.target.chain import DraftChain
 from duo.wire import ChainChunk
 
@@ -280,7 +280,7 @@ async def _send_all(call: grpc.aio.StreamStreamCall, outbox: asyncio.Queue[pb.Ta
     while True:
         event = await outbox.get()
         try:
-            await asyncio.wait_for(call.write(event), WRITE_STALL_S)
+            await within(call.write(event), WRITE_STALL_S)
         except asyncio.TimeoutError:
             raise DraftStalled(f"it read none of the stream for {WRITE_STALL_S:g} s") from None
 
