@@ -153,6 +153,13 @@ class Model:
     def is_end_of_generation(self, token: int) -> bool:
         return bool(llama().llama_vocab_is_eog(self._model.vocab, token))
 
+    def end_of_generation_ids(self) -> list[int]:
+        return [token for token in range(self.n_vocab) if self.is_end_of_generation(token)]
+
+    def llama_vocab(self) -> Any:
+        """The native llama_vocab pointer (for llguidance's tokenizer: duo.constraint)."""
+        return self._model.vocab
+
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
         """Text to ids; `add_special` adds BOS where the model's metadata asks for it."""
         return self._model.tokenize(text.encode("utf-8"), add_special and self._model.add_bos_token(),

@@ -16,6 +16,7 @@ from typing import Callable
 
 import numpy as np
 
+from duo.constraint import Cursor
 from duo.model import Model
 from duo.sampling import SamplingParams, coupled_ranking, distribution
 
@@ -86,3 +87,17 @@ def _follows_path_but_at_near_ties(model: Model, prompt: str | list[int], got: l
         return len(got) == n_tokens if wanted is None else text == wanted
     finally:
         context.close()
+
+
+def leaves_constrained_greedy_path_only_at_a_near_tie(model: Model, prompt: list[int], got: list[int], n_tokens: int,
+                                                      cursor: Cursor) -> bool:
+    """leaves_greedy_path_only_at_a_near_tie under a grammar: each position's logits are masked by `cursor` after
+    the answer's own tokens before it (duo.constraint), as the target masks what it verifies."""
+    def greedy(logits: np.ndarray, position: int) -> tuple[int, list[int]]:
+        cursor.move_to(got[:position - len(prompt)])
+        masked = cursor.mask(logits.copy())
+        best = int(np.argmax(masked))
+        close = np.flatnonzero(masked >= masked[best] - NEAR_TIE)
+        return best, [int(token) for token in close if token != best]
+
+    return _follows_path_but_at_near_ties(model, prompt, got, n_tokens, greedy)

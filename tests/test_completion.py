@@ -15,7 +15,7 @@ from duo.api.admission import Admission, QueueFull
 from duo.api.completion import MAX_BODY_BYTES, BadRequest, CompletionRequest, Completions, NotReady
 from duo.api.http import create_app
 from duo.api.metrics import Metrics
-from duo.target.generation import GenerationStats, Request, Step
+from duo.target.request import GenerationStats, Request, Step
 
 # Token id -> bytes; 1 and 2 split the UTF-8 bytes of "日" (e6 97 a5) between them.
 PIECES = {1: b"\xe6\x97", 2: b"\xa5", 3: b" the", 4: b" end", 5: b".", 6: b"\n"}

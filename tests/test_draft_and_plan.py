@@ -13,7 +13,8 @@ from duo.draft.value import RoundCost
 from duo.runtime import ModelWorker
 from duo.sampling import SamplingParams
 from duo.target.batching import StepBatcher
-from duo.target.generation import Generation, Request, SpecSettings
+from duo.target.generation import Generation
+from duo.target.request import Request, SpecSettings
 from greedy import leaves_greedy_path_only_at_a_near_tie
 
 

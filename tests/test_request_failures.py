@@ -18,7 +18,7 @@ from duo.api.completion import Completions
 from duo.api.grpc import client_server
 from duo.api.http import create_app
 from duo.api.metrics import Metrics
-from duo.target.generation import Request
+from duo.target.request import Request
 from test_completion import ScriptedTarget
 
 STEPS = [[3], [4], [5]]  # " the end."

@@ -183,7 +183,7 @@ def test_the_reason_shows_in_a_requests_stats_line_and_in_the_targets_log_line()
     from duo._proto import duo_pb2 as pb
     from duo.api.completion import request_line
     from duo.cli.generate import format_stats
-    from duo.target.generation import GenerationStats
+    from duo.target.request import GenerationStats
 
     clock = Clock()
     switch = Switch(clock=clock)

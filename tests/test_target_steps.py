@@ -10,7 +10,8 @@ import pytest
 from duo._proto import duo_pb2 as pb
 from duo.runtime import ModelWorker
 from duo.sampling import SamplingParams
-from duo.target.generation import SYNC_WAIT_S, Generation, Request, SpecSettings, StepRecord, Target
+from duo.target.generation import SYNC_WAIT_S, Generation, Target
+from duo.target.request import Request, SpecSettings, StepRecord
 from duo.target.policy import AdaptivePolicy
 from duo.wire import ChainChunk
 

@@ -27,7 +27,7 @@ from duo._proto import duo_pb2_grpc as pb_grpc
 from duo.model import Model, Vocab
 from duo.target import link as duo_link
 from duo.target.chain import DraftChain
-from duo.target.generation import SpecSettings
+from duo.target.request import SpecSettings
 from duo.target.link import DraftLink
 from duo.wire import ChainChunk
 from greedy import leaves_greedy_path_only_at_a_near_tie

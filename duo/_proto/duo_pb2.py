@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x64uo/_proto/duo.proto\x12\x06\x64uo.v1\"F\n\x05Hello\x12\x10\n\x08protocol\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x1c\n\x05vocab\x18\x03 \x01(\x0b\x32\r.duo.v1.Vocab\"l\n\x05Vocab\x12\x12\n\nvocab_type\x18\x01 \x01(\x05\x12\x0b\n\x03\x62os\x18\x02 \x01(\x05\x12\x0b\n\x03\x65os\x18\x03 \x01(\x05\x12\x0f\n\x07\x61\x64\x64_bos\x18\x04 \x01(\x08\x12\x0f\n\x07\x61\x64\x64_eos\x18\x05 \x01(\x08\x12\x13\n\x0btoken_texts\x18\x06 \x03(\x0c\"n\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_k\x18\x02 \x01(\x05\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05min_p\x18\x04 \x01(\x02\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x00\x88\x01\x01\x42\x07\n\x05_seed\"\xa4\x01\n\x0bTargetEvent\x12#\n\x04open\x18\x01 \x01(\x0b\x32\x13.duo.v1.OpenSessionH\x00\x12 \n\x06\x63ommit\x18\x02 \x01(\x0b\x32\x0e.duo.v1.CommitH\x00\x12\x1e\n\x05steer\x18\x03 \x01(\x0b\x32\r.duo.v1.SteerH\x00\x12%\n\x05\x63lose\x18\x04 \x01(\x0b\x32\x14.duo.v1.CloseSessionH\x00\x42\x07\n\x05\x65vent\"\xac\x01\n\x0bOpenSession\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\x11\n\tcommitted\x18\x02 \x03(\x05\x12(\n\x08sampling\x18\x03 \x01(\x0b\x32\x16.duo.v1.SamplingParams\x12\x11\n\tmax_ahead\x18\x04 \x01(\r\x12\r\n\x05p_min\x18\x05 \x01(\x02\x12*\n\x0cverification\x18\x06 \x01(\x0e\x32\x14.duo.v1.Verification\";\n\x06\x43ommit\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\r\n\x05start\x18\x02 \x01(\r\x12\x0e\n\x06tokens\x18\x03 \x03(\x05\".\n\x05Steer\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\x11\n\tmax_ahead\x18\x02 \x01(\r\"\"\n\x0c\x43loseSession\x12\x12\n\nsession_id\x18\x01 \x01(\x04\"a\n\nDraftEvent\x12#\n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x12.duo.v1.DraftChunkH\x00\x12%\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x14.duo.v1.SessionErrorH\x00\x42\x07\n\x05\x65vent\"\xa7\x01\n\nDraftChunk\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\r\x12\r\n\x05start\x18\x03 \x01(\r\x12\x0e\n\x06tokens\x18\x04 \x03(\x05\x12!\n\x05\x64ists\x18\x05 \x03(\x0b\x32\x12.duo.v1.SparseDist\x12\x16\n\tbranch_of\x18\x06 \x01(\rH\x00\x88\x01\x01\x12\x0e\n\x06paused\x18\x07 \x01(\x08\x42\x0c\n\n_branch_of\"(\n\nSparseDist\x12\x0b\n\x03ids\x18\x01 \x03(\x05\x12\r\n\x05probs\x18\x02 \x03(\x02\"3\n\x0cSessionError\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\x0f\n\x07message\x18\x02 \x01(\t\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xc0\x01\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12%\n\x08messages\x18\x02 \x03(\x0b\x32\x13.duo.v1.ChatMessage\x12\x12\n\nmax_tokens\x18\x03 \x01(\r\x12(\n\x08sampling\x18\x04 \x01(\x0b\x32\x16.duo.v1.SamplingParams\x12\x0c\n\x04stop\x18\x05 \x03(\t\x12\x19\n\x0c\x63\x61\x63he_prompt\x18\x06 \x01(\x08H\x00\x88\x01\x01\x42\x0f\n\r_cache_prompt\"h\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12\x1c\n\x05stats\x18\x04 \x01(\x0b\x32\r.duo.v1.Stats\"\xbe\x03\n\x05Stats\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x18\n\x10generated_tokens\x18\x02 \x01(\r\x12\x1d\n\x15\x64raft_tokens_received\x18\x03 \x01(\r\x12\x1d\n\x15\x64raft_tokens_verified\x18\x04 \x01(\r\x12\x1d\n\x15\x64raft_tokens_accepted\x18\x05 \x01(\r\x12\x14\n\x0cverify_steps\x18\x06 \x01(\r\x12\x19\n\x11tokens_per_second\x18\x07 \x01(\x01\x12\x1d\n\x15time_to_first_token_s\x18\x08 \x01(\x01\x12\x17\n\x0f\x64raft_connected\x18\t \x01(\x08\x12\x13\n\x0b\x62\x61tch_sizes\x18\n \x03(\r\x12\x18\n\x10\x64raft_rejections\x18\x0b \x01(\r\x12\x13\n\x0b\x62ranch_hits\x18\x0c \x01(\r\x12\r\n\x05waits\x18\r \x01(\r\x12\x14\n\x0cwait_seconds\x18\x0e \x01(\x01\x12\x14\n\x0cverification\x18\x0f \x01(\t\x12\x0c\n\x04seed\x18\x10 \x01(\x04\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x11 \x01(\r\x12\x13\n\x0bspeculation\x18\x12 \x01(\t\"H\n\x0fTokenizeRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12%\n\x08messages\x18\x02 \x03(\x0b\x32\x13.duo.v1.ChatMessage\"5\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x0e\n\x06pieces\x18\x02 \x03(\x0c\"\x12\n\x10ModelInfoRequest\"\xba\x01\n\x11ModelInfoResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61liases\x18\x02 \x03(\t\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12\x14\n\x0c\x63ontext_size\x18\x04 \x01(\r\x12\x0f\n\x07n_vocab\x18\x05 \x01(\r\x12\r\n\x05\x64raft\x18\x06 \x01(\t\x12\x15\n\rdraft_address\x18\x07 \x01(\t\x12\x10\n\x08parallel\x18\x08 \x01(\r\x12\x12\n\nqueue_size\x18\t \x01(\r*)\n\x0cVerification\x12\x0c\n\x08RESIDUAL\x10\x00\x12\x0b\n\x07\x43OUPLED\x10\x01\x32l\n\x05\x44raft\x12)\n\tHandshake\x12\r.duo.v1.Hello\x1a\r.duo.v1.Hello\x12\x38\n\tSpeculate\x12\x13.duo.v1.TargetEvent\x1a\x12.duo.v1.DraftEvent(\x01\x30\x01\x32\xca\x01\n\x06Target\x12?\n\x08Generate\x12\x17.duo.v1.GenerateRequest\x1a\x18.duo.v1.GenerateResponse0\x01\x12=\n\x08Tokenize\x12\x17.duo.v1.TokenizeRequest\x1a\x18.duo.v1.TokenizeResponse\x12@\n\tModelInfo\x12\x18.duo.v1.ModelInfoRequest\x1a\x19.duo.v1.ModelInfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x64uo/_proto/duo.proto\x12\x06\x64uo.v1\"F\n\x05Hello\x12\x10\n\x08protocol\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x1c\n\x05vocab\x18\x03 \x01(\x0b\x32\r.duo.v1.Vocab\"l\n\x05Vocab\x12\x12\n\nvocab_type\x18\x01 \x01(\x05\x12\x0b\n\x03\x62os\x18\x02 \x01(\x05\x12\x0b\n\x03\x65os\x18\x03 \x01(\x05\x12\x0f\n\x07\x61\x64\x64_bos\x18\x04 \x01(\x08\x12\x0f\n\x07\x61\x64\x64_eos\x18\x05 \x01(\x08\x12\x13\n\x0btoken_texts\x18\x06 \x03(\x0c\"n\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_k\x18\x02 \x01(\x05\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05min_p\x18\x04 \x01(\x02\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x00\x88\x01\x01\x42\x07\n\x05_seed\"\xa4\x01\n\x0bTargetEvent\x12#\n\x04open\x18\x01 \x01(\x0b\x32\x13.duo.v1.OpenSessionH\x00\x12 \n\x06\x63ommit\x18\x02 \x01(\x0b\x32\x0e.duo.v1.CommitH\x00\x12\x1e\n\x05steer\x18\x03 \x01(\x0b\x32\r.duo.v1.SteerH\x00\x12%\n\x05\x63lose\x18\x04 \x01(\x0b\x32\x14.duo.v1.CloseSessionH\x00\x42\x07\n\x05\x65vent\"\xd4\x01\n\x0bOpenSession\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\x11\n\tcommitted\x18\x02 \x03(\x05\x12(\n\x08sampling\x18\x03 \x01(\x0b\x32\x16.duo.v1.SamplingParams\x12\x11\n\tmax_ahead\x18\x04 \x01(\r\x12\r\n\x05p_min\x18\x05 \x01(\x02\x12*\n\x0cverification\x18\x06 \x01(\x0e\x32\x14.duo.v1.Verification\x12\x0f\n\x07grammar\x18\x07 \x01(\t\x12\x15\n\rgrammar_start\x18\x08 \x01(\r\";\n\x06\x43ommit\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\r\n\x05start\x18\x02 \x01(\r\x12\x0e\n\x06tokens\x18\x03 \x03(\x05\".\n\x05Steer\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\x11\n\tmax_ahead\x18\x02 \x01(\r\"\"\n\x0c\x43loseSession\x12\x12\n\nsession_id\x18\x01 \x01(\x04\"a\n\nDraftEvent\x12#\n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x12.duo.v1.DraftChunkH\x00\x12%\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x14.duo.v1.SessionErrorH\x00\x42\x07\n\x05\x65vent\"\xa7\x01\n\nDraftChunk\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\r\x12\r\n\x05start\x18\x03 \x01(\r\x12\x0e\n\x06tokens\x18\x04 \x03(\x05\x12!\n\x05\x64ists\x18\x05 \x03(\x0b\x32\x12.duo.v1.SparseDist\x12\x16\n\tbranch_of\x18\x06 \x01(\rH\x00\x88\x01\x01\x12\x0e\n\x06paused\x18\x07 \x01(\x08\x42\x0c\n\n_branch_of\"(\n\nSparseDist\x12\x0b\n\x03ids\x18\x01 \x03(\x05\x12\r\n\x05probs\x18\x02 \x03(\x02\"3\n\x0cSessionError\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\x0f\n\x07message\x18\x02 \x01(\t\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xe2\x01\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12%\n\x08messages\x18\x02 \x03(\x0b\x32\x13.duo.v1.ChatMessage\x12\x12\n\nmax_tokens\x18\x03 \x01(\r\x12(\n\x08sampling\x18\x04 \x01(\x0b\x32\x16.duo.v1.SamplingParams\x12\x0c\n\x04stop\x18\x05 \x03(\t\x12\x19\n\x0c\x63\x61\x63he_prompt\x18\x06 \x01(\x08H\x00\x88\x01\x01\x12 \n\x07grammar\x18\x07 \x01(\x0b\x32\x0f.duo.v1.GrammarB\x0f\n\r_cache_prompt\"\'\n\x07Grammar\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\"h\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12\x1c\n\x05stats\x18\x04 \x01(\x0b\x32\r.duo.v1.Stats\"\xbe\x03\n\x05Stats\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x18\n\x10generated_tokens\x18\x02 \x01(\r\x12\x1d\n\x15\x64raft_tokens_received\x18\x03 \x01(\r\x12\x1d\n\x15\x64raft_tokens_verified\x18\x04 \x01(\r\x12\x1d\n\x15\x64raft_tokens_accepted\x18\x05 \x01(\r\x12\x14\n\x0cverify_steps\x18\x06 \x01(\r\x12\x19\n\x11tokens_per_second\x18\x07 \x01(\x01\x12\x1d\n\x15time_to_first_token_s\x18\x08 \x01(\x01\x12\x17\n\x0f\x64raft_connected\x18\t \x01(\x08\x12\x13\n\x0b\x62\x61tch_sizes\x18\n \x03(\r\x12\x18\n\x10\x64raft_rejections\x18\x0b \x01(\r\x12\x13\n\x0b\x62ranch_hits\x18\x0c \x01(\r\x12\r\n\x05waits\x18\r \x01(\r\x12\x14\n\x0cwait_seconds\x18\x0e \x01(\x01\x12\x14\n\x0cverification\x18\x0f \x01(\t\x12\x0c\n\x04seed\x18\x10 \x01(\x04\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x11 \x01(\r\x12\x13\n\x0bspeculation\x18\x12 \x01(\t\"H\n\x0fTokenizeRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12%\n\x08messages\x18\x02 \x03(\x0b\x32\x13.duo.v1.ChatMessage\"5\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x0e\n\x06pieces\x18\x02 \x03(\x0c\"\x12\n\x10ModelInfoRequest\"\xba\x01\n\x11ModelInfoResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61liases\x18\x02 \x03(\t\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12\x14\n\x0c\x63ontext_size\x18\x04 \x01(\r\x12\x0f\n\x07n_vocab\x18\x05 \x01(\r\x12\r\n\x05\x64raft\x18\x06 \x01(\t\x12\x15\n\rdraft_address\x18\x07 \x01(\t\x12\x10\n\x08parallel\x18\x08 \x01(\r\x12\x12\n\nqueue_size\x18\t \x01(\r*)\n\x0cVerification\x12\x0c\n\x08RESIDUAL\x10\x00\x12\x0b\n\x07\x43OUPLED\x10\x01\x32l\n\x05\x44raft\x12)\n\tHandshake\x12\r.duo.v1.Hello\x1a\r.duo.v1.Hello\x12\x38\n\tSpeculate\x12\x13.duo.v1.TargetEvent\x1a\x12.duo.v1.DraftEvent(\x01\x30\x01\x32\xca\x01\n\x06Target\x12?\n\x08Generate\x12\x17.duo.v1.GenerateRequest\x1a\x18.duo.v1.GenerateResponse0\x01\x12=\n\x08Tokenize\x12\x17.duo.v1.TokenizeRequest\x1a\x18.duo.v1.TokenizeResponse\x12@\n\tModelInfo\x12\x18.duo.v1.ModelInfoRequest\x1a\x19.duo.v1.ModelInfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'duo._proto.duo_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_VERIFICATION']._serialized_start=2311
-  _globals['_VERIFICATION']._serialized_end=2352
+  _globals['_VERIFICATION']._serialized_start=2426
+  _globals['_VERIFICATION']._serialized_end=2467
   _globals['_HELLO']._serialized_start=32
   _globals['_HELLO']._serialized_end=102
   _globals['_VOCAB']._serialized_start=104
@@ -42,39 +42,41 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TARGETEVENT']._serialized_start=327
   _globals['_TARGETEVENT']._serialized_end=491
   _globals['_OPENSESSION']._serialized_start=494
-  _globals['_OPENSESSION']._serialized_end=666
-  _globals['_COMMIT']._serialized_start=668
-  _globals['_COMMIT']._serialized_end=727
-  _globals['_STEER']._serialized_start=729
-  _globals['_STEER']._serialized_end=775
-  _globals['_CLOSESESSION']._serialized_start=777
-  _globals['_CLOSESESSION']._serialized_end=811
-  _globals['_DRAFTEVENT']._serialized_start=813
-  _globals['_DRAFTEVENT']._serialized_end=910
-  _globals['_DRAFTCHUNK']._serialized_start=913
-  _globals['_DRAFTCHUNK']._serialized_end=1080
-  _globals['_SPARSEDIST']._serialized_start=1082
-  _globals['_SPARSEDIST']._serialized_end=1122
-  _globals['_SESSIONERROR']._serialized_start=1124
-  _globals['_SESSIONERROR']._serialized_end=1175
-  _globals['_CHATMESSAGE']._serialized_start=1177
-  _globals['_CHATMESSAGE']._serialized_end=1221
-  _globals['_GENERATEREQUEST']._serialized_start=1224
-  _globals['_GENERATEREQUEST']._serialized_end=1416
-  _globals['_GENERATERESPONSE']._serialized_start=1418
-  _globals['_GENERATERESPONSE']._serialized_end=1522
-  _globals['_STATS']._serialized_start=1525
-  _globals['_STATS']._serialized_end=1971
-  _globals['_TOKENIZEREQUEST']._serialized_start=1973
-  _globals['_TOKENIZEREQUEST']._serialized_end=2045
-  _globals['_TOKENIZERESPONSE']._serialized_start=2047
-  _globals['_TOKENIZERESPONSE']._serialized_end=2100
-  _globals['_MODELINFOREQUEST']._serialized_start=2102
-  _globals['_MODELINFOREQUEST']._serialized_end=2120
-  _globals['_MODELINFORESPONSE']._serialized_start=2123
-  _globals['_MODELINFORESPONSE']._serialized_end=2309
-  _globals['_DRAFT']._serialized_start=2354
-  _globals['_DRAFT']._serialized_end=2462
-  _globals['_TARGET']._serialized_start=2465
-  _globals['_TARGET']._serialized_end=2667
+  _globals['_OPENSESSION']._serialized_end=706
+  _globals['_COMMIT']._serialized_start=708
+  _globals['_COMMIT']._serialized_end=767
+  _globals['_STEER']._serialized_start=769
+  _globals['_STEER']._serialized_end=815
+  _globals['_CLOSESESSION']._serialized_start=817
+  _globals['_CLOSESESSION']._serialized_end=851
+  _globals['_DRAFTEVENT']._serialized_start=853
+  _globals['_DRAFTEVENT']._serialized_end=950
+  _globals['_DRAFTCHUNK']._serialized_start=953
+  _globals['_DRAFTCHUNK']._serialized_end=1120
+  _globals['_SPARSEDIST']._serialized_start=1122
+  _globals['_SPARSEDIST']._serialized_end=1162
+  _globals['_SESSIONERROR']._serialized_start=1164
+  _globals['_SESSIONERROR']._serialized_end=1215
+  _globals['_CHATMESSAGE']._serialized_start=1217
+  _globals['_CHATMESSAGE']._serialized_end=1261
+  _globals['_GENERATEREQUEST']._serialized_start=1264
+  _globals['_GENERATEREQUEST']._serialized_end=1490
+  _globals['_GRAMMAR']._serialized_start=1492
+  _globals['_GRAMMAR']._serialized_end=1531
+  _globals['_GENERATERESPONSE']._serialized_start=1533
+  _globals['_GENERATERESPONSE']._serialized_end=1637
+  _globals['_STATS']._serialized_start=1640
+  _globals['_STATS']._serialized_end=2086
+  _globals['_TOKENIZEREQUEST']._serialized_start=2088
+  _globals['_TOKENIZEREQUEST']._serialized_end=2160
+  _globals['_TOKENIZERESPONSE']._serialized_start=2162
+  _globals['_TOKENIZERESPONSE']._serialized_end=2215
+  _globals['_MODELINFOREQUEST']._serialized_start=2217
+  _globals['_MODELINFOREQUEST']._serialized_end=2235
+  _globals['_MODELINFORESPONSE']._serialized_start=2238
+  _globals['_MODELINFORESPONSE']._serialized_end=2424
+  _globals['_DRAFT']._serialized_start=2469
+  _globals['_DRAFT']._serialized_end=2577
+  _globals['_TARGET']._serialized_start=2580
+  _globals['_TARGET']._serialized_end=2782
 # @@protoc_insertion_point(module_scope)

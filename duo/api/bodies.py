@@ -11,12 +11,39 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, Field, ValidationError
 
-from duo.api.completion import BadRequest, CompletionRequest, too_long
+from duo.api.completion import BadRequest, CompletionRequest, GrammarSpec, too_long
 from duo.sampling import SamplingParams
 
 
 class StreamOptions(BaseModel):
     include_usage: bool = False
+
+
+class JsonSchemaFormat(BaseModel):
+    """OpenAI's response_format.json_schema (what the SDK's parse() sends for a Pydantic model)."""
+
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None  # either way the output matches the schema: masking is never best-effort
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's response_format; llama-server also takes a `schema` beside type json_object."""
+
+    type: Literal["text", "json_object", "json_schema"] = "text"
+    json_schema: JsonSchemaFormat | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+
+    def grammar(self) -> GrammarSpec | None:
+        if self.type == "text":
+            return None
+        if self.type == "json_object":  # any JSON object, or llama-server's schema for it
+            return GrammarSpec("json_schema", self.schema_ or {"type": "object"}, "response_format")
+        if self.json_schema is None or self.json_schema.schema_ is None:
+            raise BadRequest("response_format of type json_schema needs json_schema.schema: the JSON schema the "
+                             "answer must match", param="response_format.json_schema")
+        return GrammarSpec("json_schema", self.json_schema.schema_, "response_format.json_schema.schema")
 
 
 class GenerationBody(BaseModel):
@@ -38,6 +65,9 @@ class GenerationBody(BaseModel):
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     cache_prompt: bool = True         # llama-server's: false shares no prompt prefix with other requests
+    response_format: ResponseFormat | None = None
+    grammar: str | None = None        # llama-server's: a GBNF grammar the output must match
+    json_schema: dict[str, Any] | None = None  # llama-server's: a JSON schema the output must match
 
     def check_supported(self) -> None:
         """Refuse, naming the field, what duo cannot do rather than silently ignoring it."""
@@ -59,7 +89,18 @@ class GenerationBody(BaseModel):
                                 min_p=self.min_p or 0.0)
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return CompletionRequest(max_tokens=max_tokens or 0, params=params, seed=self.seed, stop=stop,
-                                 cache_prompt=self.cache_prompt, **prompt)
+                                 cache_prompt=self.cache_prompt, grammar=self.grammar_spec(), **prompt)
+
+    def grammar_spec(self) -> GrammarSpec | None:
+        """The one grammar the output must match, from whichever field holds it; BadRequest for two."""
+        given = [spec for spec in (self.response_format.grammar() if self.response_format else None,
+                                   GrammarSpec("gbnf", self.grammar, "grammar") if self.grammar else None,
+                                   GrammarSpec("json_schema", self.json_schema, "json_schema")
+                                   if self.json_schema is not None else None) if spec is not None]
+        if len(given) > 1:
+            raise BadRequest(f"send one of response_format, grammar and json_schema, not {len(given)} of them",
+                             param=given[1].param)
+        return given[0] if given else None
 
 
 class CompletionBody(GenerationBody):
@@ -115,10 +156,6 @@ class ChatMessageBody(BaseModel):
         return "".join(part.text or "" for part in self.content)
 
 
-class ResponseFormat(BaseModel):
-    type: str = "text"
-
-
 class ChatBody(GenerationBody):
     """POST /v1/chat/completions."""
 
@@ -127,7 +164,6 @@ class ChatBody(GenerationBody):
     logprobs: bool | None = None
     top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
-    response_format: ResponseFormat | None = None
 
     def check_supported(self) -> None:
         super().check_supported()
@@ -135,9 +171,6 @@ class ChatBody(GenerationBody):
             raise BadRequest("logprobs are not supported", param="logprobs")
         if self.tools:
             raise BadRequest("tools are not supported", param="tools")
-        if self.response_format and self.response_format.type != "text":
-            raise BadRequest(f"response_format {self.response_format.type!r} is not supported; only 'text'",
-                             param="response_format")
 
     def to_request(self) -> CompletionRequest:
         self.check_supported()

@@ -16,9 +16,11 @@ from duo.api.admission import Admission, Slot
 from duo.api.chat import chat_tokens
 from duo.api.metrics import Metrics
 from duo.api.stop import StopMatcher
+from duo.constraint import Cursor, GrammarError, grammar_of
 from duo.model import ModelError
 from duo.sampling import SamplingParams
-from duo.target.generation import GenerationStats, Request, Target
+from duo.target.generation import Target
+from duo.target.request import GenerationStats, Request
 
 log = logging.getLogger("duo.target")
 
@@ -63,7 +65,18 @@ class CompletionRequest:
     seed: int | None = None
     stop: Sequence[str] = ()
     cache_prompt: bool = True                  # false: no prompt prefix shared with other requests
+    grammar: GrammarSpec | None = None         # the output must match it (duo.constraint)
     arrived: float = field(default_factory=time.monotonic)
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    """A grammar as the client sent it: `kind` one of duo.constraint.KINDS; `param` the field that held it, named
+    in errors."""
+
+    kind: str
+    source: str | Mapping
+    param: str
 
 
 @dataclass(frozen=True)
@@ -221,9 +234,19 @@ class Completions:
         tokens = (list(request.prompt_tokens) if request.prompt_tokens is not None
                   else self.tokenize(request.prompt, request.messages))
         self._check_prompt(tokens)
+        grammar, cursor = self._compiled(request.grammar) if request.grammar else ("", None)
         return Request(prompt_tokens=tokens, params=request.params, seed=request.seed, max_tokens=request.max_tokens,
-                       cache_prompt=request.cache_prompt,
+                       cache_prompt=request.cache_prompt, grammar=grammar, constraint=cursor,
                        arrived=request.arrived)
+
+    def _compiled(self, spec: GrammarSpec) -> tuple[str, Cursor]:
+        """The grammar in llguidance's form and the target's cursor on it, or BadRequest saying what is wrong with
+        it. Compiling is bounded (duo.constraint.LIMITS) and runs on prepare's thread, not the event loop."""
+        try:
+            grammar = grammar_of(spec.kind, spec.source)
+            return grammar, Cursor.compile(self._loaded().model, grammar)
+        except GrammarError as error:
+            raise BadRequest(f"{spec.param}: {error}", param=spec.param, code="invalid_grammar") from error
 
     async def start(self, request: CompletionRequest) -> Completion:
         """Wait for the request's turn (QueueFull when the waiting line is full), then check it. Admission

@@ -15,7 +15,7 @@ from duo import wire
 from duo._proto import duo_pb2 as pb
 from duo._proto import duo_pb2_grpc as pb_grpc
 from duo.api.admission import QueueFull
-from duo.api.completion import (BadRequest, ClientError, CompletionRequest, Completions, NotReady, Piece, ShuttingDown,
+from duo.api.completion import (BadRequest, ClientError, CompletionRequest, Completions, GrammarSpec, NotReady, Piece, ShuttingDown,
                                 failure_message, stats_fields)
 from duo.runtime import MAX_CLIENT_RPCS, WRITE_TIMEOUT_S, WriteTimeout, client_server_options, write_within
 
@@ -43,7 +43,9 @@ class TargetServicer(pb_grpc.TargetServicer):
         params, seed = wire.sampling_from_pb(message.sampling)
         request = CompletionRequest(prompt=message.prompt, messages=messages_from_pb(message.messages),
                                     max_tokens=message.max_tokens, params=params, seed=seed, stop=list(message.stop),
-                                    cache_prompt=not message.HasField("cache_prompt") or message.cache_prompt)
+                                    cache_prompt=not message.HasField("cache_prompt") or message.cache_prompt,
+                                    grammar=GrammarSpec(message.grammar.kind, message.grammar.source, "grammar")
+                                    if message.HasField("grammar") else None)
         try:
             completion = await self.completions.start(request)
         except (ClientError, QueueFull) as error:

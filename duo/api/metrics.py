@@ -14,7 +14,7 @@ from typing import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from duo.target.generation import GenerationStats, StepRecord
+from duo.target.request import GenerationStats, StepRecord
 from duo.wire import REJECTION_REASONS
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST

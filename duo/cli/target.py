@@ -25,7 +25,8 @@ from duo.models.hub import CATALOG, DEFAULT_TARGET, HubError, resolve_model
 from duo.runtime import (WRITE_TIMEOUT_S, ModelWorker, add_process_arguments, check_can_listen, host_port,
                          listen_socket, metrics_server, model_options, run_async, run_server, setup_logging)
 from duo.sampling import COUPLED, RESIDUAL
-from duo.target.generation import SpecSettings, Target
+from duo.target.generation import Target
+from duo.target.request import SpecSettings
 from duo.target.link import DraftLink
 from duo.tls import channel_credentials, check_pair, server_credentials
 

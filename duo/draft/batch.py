@@ -9,6 +9,7 @@ from typing import Sequence
 
 import numpy as np
 
+from duo.constraint import GrammarError
 from duo.draft.branches import Branch, Doubt
 from duo.draft.session import DraftSession, Drawn, Slot, draw, proposes
 from duo.draft.value import Round
@@ -211,8 +212,22 @@ def draw_step(work: Work, logits: np.ndarray) -> Step:
     """Draw the work's token from its logits, or pause the chain where the draft is too unsure (p_min)."""
     session = work.session
     try:
+        if session.cursor is not None:
+            constrain(work, logits)
         if work.fork is None and not proposes(logits, session.p_min):
             return Step(paused=True)
         return Step(drawn=draw(session, logits, len(work.tokens)))
     except Exception as error:  # whatever it is, it concerns this session alone
         return Step(error=error)
+
+
+def constrain(work: Work, logits: np.ndarray) -> None:
+    """Mask `logits` (in place) with the session's grammar after the work's tokens, so that the draft drafts only
+    what the target's mask allows: a draft outside it would only be rejected."""
+    session = work.session
+    if work.fork is not None and session.branch_cursor is None:
+        session.branch_cursor = session.cursor.copy()
+    cursor = session.cursor if work.fork is None else session.branch_cursor
+    if not cursor.move_to(work.tokens[session.grammar_start:]):
+        raise GrammarError("the committed tokens break the session's grammar")
+    cursor.mask(logits)

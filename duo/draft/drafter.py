@@ -9,6 +9,7 @@ from typing import Iterable, Protocol, Sequence
 import numpy as np
 
 from duo import wire
+from duo.constraint import Cursor, GrammarError
 from duo._proto import duo_pb2 as pb
 from duo.draft.batch import DraftCache, RoundReport, Step, Work, plan_works
 from duo.draft.branches import Branch, Doubt, branch_length
@@ -117,6 +118,7 @@ class Drafter:
     async def open(self, message: pb.OpenSession) -> DraftSession:
         """A session drafting after `message.committed`; InvalidEvent or ModelError when it cannot be."""
         params, seed, coupled = self._checked_open(message)
+        cursor = await self._grammar_cursor(message)
         await self.start()
         slot = self.cache.take_slot()
         return DraftSession(
@@ -124,7 +126,21 @@ class Drafter:
             params=params if coupled else self.draft_params(params),
             rng=np.random.default_rng(None if seed is None else [seed, 1]),  # not the target's
             max_ahead=message.max_ahead, p_min=message.p_min, slot=slot, n_ctx=self.n_ctx,
-            coupled_seed=seed if coupled else None, max_branches=self.max_branches, branch_len=self.branch_len)
+            coupled_seed=seed if coupled else None, max_branches=self.max_branches, branch_len=self.branch_len,
+            cursor=cursor, grammar_start=message.grammar_start)
+
+    async def _grammar_cursor(self, message: pb.OpenSession) -> Cursor | None:
+        """The session's grammar compiled for the draft's vocabulary (off the event loop: up to ~100 ms, and the
+        vocabulary's first build ~1.5 s), so that it drafts inside it; None for free text."""
+        if not message.grammar:
+            return None
+        if message.grammar_start > len(message.committed):
+            raise InvalidEvent(f"grammar_start {message.grammar_start} is beyond the {len(message.committed)} "
+                               "committed tokens")
+        try:
+            return await asyncio.to_thread(Cursor.compile, self.model, message.grammar)
+        except GrammarError as error:
+            raise InvalidEvent(f"the session's grammar does not compile: {error}") from error
 
     def _checked_open(self, message: pb.OpenSession) -> tuple[SamplingParams, int | None, bool]:
         """The session's sampling, its seed, and whether it is COUPLED (a sampled session with a seed)."""

@@ -7,6 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
+from duo.constraint import Cursor
 from duo.draft.branches import Branch, Doubt, branch_length, doubt_of
 from duo.draft.value import Calibration, Horizon, Round, ranked_rounds
 from duo.model import common_prefix_length
@@ -55,6 +56,11 @@ class DraftSession:
     kv_tokens: list[int] = field(default_factory=list)
     branch_kv: list[int] = field(default_factory=list)
     branch_shared: int = 0
+    # The output's grammar (duo.constraint), from position grammar_start on: what the chain draws is masked with
+    # `cursor`, what branches draw with a copy of it (each walks its own sequence). Model thread only.
+    cursor: Cursor | None = None
+    branch_cursor: Cursor | None = None
+    grammar_start: int = 0
 
     @property
     def rejection_sampled(self) -> bool:

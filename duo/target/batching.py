@@ -18,6 +18,7 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
+from duo.constraint import Cursor, mask_rows
 from duo.costs import StepCosts
 from duo.model import Context, ModelError, Part, common_prefix_length
 from duo.runtime import ModelWorker, within
@@ -43,6 +44,15 @@ class CallObserver(Protocol):
     def on_call(self, requests: int, tokens: int) -> None: ...
 
 
+@dataclass(frozen=True)
+class Constraint:
+    """A constrained request's grammar cursor and its generated tokens: each verified row is masked with the
+    cursor after them and the drafts before that row (duo.constraint.mask_rows)."""
+
+    cursor: Cursor
+    generated: list[int]
+
+
 @dataclass
 class VerifyWork:
     """A request's verify step: decode [its newest committed token, the first k drafts] at the end of
@@ -59,6 +69,7 @@ class VerifyWork:
     params: SamplingParams
     rng: np.random.Generator
     coupled_seed: int | None
+    constraint: Constraint | None = None
 
 
 @dataclass(frozen=True)
@@ -310,6 +321,8 @@ def _decode_and_verify(context: Context,
             results.append(len(item.part.tokens))
             continue
         try:
+            if work.constraint is not None:  # p becomes the constrained target distribution, row by row
+                mask_rows(work.constraint.cursor, work.constraint.generated, item.part.tokens[1:], logits)
             verdict = verify(item.drafts, item.dists, logits, work.params, work.rng, work.coupled_seed, work.pos + 1)
             # Cache entries are right up to the last accepted draft that was in the batch.
             context.rollback(work.pos + 1 + min(verdict.n_accepted, len(item.part.tokens) - 1), work.seq)

@@ -7,7 +7,6 @@ import itertools
 import logging
 import secrets
 import time
-from dataclasses import dataclass, field
 from functools import partial
 from typing import AsyncIterator, Callable, Protocol
 
@@ -18,11 +17,12 @@ from duo._proto import duo_pb2 as pb
 from duo.costs import StepCosts
 from duo.model import Model, ModelError
 from duo.runtime import ModelWorker, within
-from duo.sampling import COUPLED, GREEDY, RESIDUAL, SamplingParams, Verdict
-from duo.target.batching import CallObserver, PrefillWork, StepBatcher, VerifyWork, one_token_seconds
+from duo.sampling import COUPLED, GREEDY, RESIDUAL, SparseDist, Verdict
+from duo.target.batching import CallObserver, Constraint, PrefillWork, StepBatcher, VerifyWork, one_token_seconds
 from duo.target.chain import DraftChain
 from duo.target.link import DraftLink
 from duo.target.policy import Acceptance, AdaptivePolicy, DraftTiming
+from duo.target.request import GenerationStats, Request, SpecSettings, Step, StepRecord, verification_of
 from duo.target.switch import Switch
 from duo.wire import ChainChunk
 
@@ -37,111 +37,6 @@ COALESCED_S = 0.0005
 # The synchronous mode gives up waiting for drafts after this long (a draft that stalled) and
 # verifies what it has; a draft that paused (p_min) says so and is not waited for.
 SYNC_WAIT_S = 1.0
-
-
-@dataclass(frozen=True)
-class SpecSettings:
-    """How much speculation to use (the names llama.cpp users know).
-
-    Adaptive (the default): each step verifies the number of pending drafts, up to draft_max, that
-    the measured costs and acceptance say is fastest, and the draft is steered to run just far
-    enough ahead. Fixed: every step verifies min(pending, draft_max) drafts.
-    """
-
-    draft_max: int = 16     # most chain tokens verified in one target batch
-    draft_min: int = 0      # fewer pending tokens than this: decode alone
-    draft_p_min: float = 0.0  # the draft proposes nothing where its top-1 probability is below this
-    max_ahead: int = 32     # how far beyond the committed tokens the draft may run (fixed mode)
-    adaptive: bool = True
-    # > 0: the classic synchronous loop, for comparison: each step waits for this many drafts, and
-    # the draft, allowed no further ahead, idles while the target verifies.
-    sync: int = 0
-    # How sampled requests without a seed are verified (seeded ones are always coupled, so that the
-    # seed alone decides the output): COUPLED with a seed the target draws, or RESIDUAL.
-    unseeded: str = RESIDUAL
-
-    @property
-    def max_lead(self) -> int:
-        """The furthest ahead of the committed tokens the draft is ever told to run: the fixed lead, or the
-        adaptive policy's 2 draft_max + 2 (duo.target.policy.AdaptivePolicy.max_ahead)."""
-        return max(self.max_ahead, 2 * self.draft_max + 2)
-
-
-@dataclass
-class GenerationStats:
-    """One request's counters and times (time.monotonic()).
-
-    Time to first token runs from the request's arrival, queueing included (as vLLM and OpenAI
-    count it); tokens per second from the start of its generation, so that it measures decoding.
-    """
-
-    prompt_tokens: int = 0
-    cached_prompt_tokens: int = 0  # the prompt's prefix that was in the cache already (not decoded again)
-    generated_tokens: int = 0
-    draft_tokens_received: int = 0
-    draft_tokens_verified: int = 0
-    draft_tokens_accepted: int = 0
-    draft_rejections: int = 0  # steps that rejected a draft token
-    branch_hits: int = 0       # rejections after which a branch held the committed token
-    waits: int = 0             # steps that waited for drafts known to be coming
-    wait_seconds: float = 0.0
-    verification: str = GREEDY  # GREEDY, COUPLED or RESIDUAL (duo.sampling)
-    speculation: str = ""       # whether the adaptive policy speculates, and why (duo.target.switch.Switch.reason)
-    seed: int = 0               # a sampled request's seed, drawn by the target when the client gave none
-    verify_steps: int = 0
-    batch_sizes: list[int] = field(default_factory=list)  # [n]: steps that decoded n tokens at once
-    started: float = field(default_factory=time.monotonic)
-    arrived: float = field(default_factory=time.monotonic)  # when the request came in
-    first_token_at: float | None = None
-    finished_at: float | None = None
-
-    @property
-    def tokens_per_second(self) -> float:
-        elapsed = (self.finished_at or time.monotonic()) - self.started
-        return self.generated_tokens / elapsed if elapsed > 0 else 0.0
-
-    @property
-    def time_to_first_token(self) -> float | None:
-        """Seconds from arrival to the first token; None before it."""
-        return None if self.first_token_at is None else self.first_token_at - self.arrived
-
-
-@dataclass(frozen=True)
-class Request:
-    prompt_tokens: list[int]
-    params: SamplingParams
-    seed: int | None = None
-    max_tokens: int = 0  # 0: until end of generation or a full context
-    cache_prompt: bool = True  # False: shares no prompt prefix with other requests, either way
-    arrived: float = field(default_factory=time.monotonic)  # for the time to first token
-
-
-def verification_of(request: Request, unseeded: str) -> str:
-    """GREEDY at temperature 0; COUPLED for a seeded request (the same seed gives the same text, draft
-    or not); `unseeded` for the others."""
-    if request.params.greedy:
-        return GREEDY
-    return COUPLED if request.seed is not None else unseeded
-
-
-@dataclass(frozen=True)
-class Step:
-    """Tokens committed by one target step; `finish_reason` is set on the last step."""
-
-    tokens: list[int]
-    finish_reason: str | None = None
-
-
-@dataclass(frozen=True)
-class StepRecord:
-    """What one verify step did: for the adaptive policy, stats and metrics."""
-
-    batch_size: int   # tokens decoded in one batch (1: decoding alone)
-    n_verified: int   # draft tokens verified (can be batch_size, the last one checked by the bonus row)
-    n_accepted: int   # of which accepted: always a prefix of the chain
-    n_committed: int  # tokens committed (accepted + recovered or bonus; fewer at a stop)
-    seconds: float    # decode + verification time
-    waited: float = 0.0  # seconds this step waited for drafts before it (0: it did not wait)
 
 
 class StepObserver(Protocol):
@@ -179,6 +74,7 @@ class Generation:
         self.draft_silent = False  # a wait found nothing: wait no more until the draft sends again
         self.draft_refused = False  # the draft ended this session (SessionError) until it is opened again
         self.told = len(self.committed)  # committed tokens the draft has been sent (the open carries the prompt)
+        self.cursor = request.constraint  # the output's grammar, walked along what is verified (duo.constraint)
 
     # The draft link calls these.
     def open_message(self) -> pb.OpenSession:
@@ -188,7 +84,8 @@ class Generation:
         return pb.OpenSession(session_id=self.session_id, committed=self.committed,
                               sampling=wire.sampling_to_pb(self.request.params, self.seed),
                               max_ahead=self.max_ahead, p_min=self.settings.draft_p_min,
-                              verification=pb.COUPLED if self.verification == COUPLED else pb.RESIDUAL)
+                              verification=pb.COUPLED if self.verification == COUPLED else pb.RESIDUAL,
+                              grammar=self.request.grammar, grammar_start=len(self.request.prompt_tokens))
 
     def on_chunk(self, chunk: ChainChunk) -> None:
         """Chain tokens the link has checked against this session's bounds."""
@@ -236,11 +133,25 @@ class Generation:
         pending, dists = self.chain.pending()
         if self.verification == RESIDUAL and None in dists:
             pending = pending[:dists.index(None)]  # rejection sampling needs the q each token came from
+        constraint = None
+        if self.cursor is not None:
+            generated = self.committed[len(self.request.prompt_tokens):]
+            self.cursor.move_to(generated)
+            # A draft the grammar forbids would be rejected: no verify row is spent on it, nor on what follows.
+            pending = pending[:self.cursor.valid_prefix(pending)]
+            if not pending:
+                # Text the grammar forces (`{"name": "` of a schema) is a free draft: no need to wait for the
+                # draft model. It is proposed with certainty (q = 1: residual verification accepts it with
+                # probability p(x), else samples p without it), and other tokenizations of the same text stay
+                # allowed, so the target may still say otherwise.
+                pending = self.cursor.forced()
+                dists = [SparseDist(np.array([token]), np.array([1.0])) for token in pending]
+            constraint = Constraint(self.cursor, generated)
         limit = max(0, min(len(pending), self.settings.draft_max, room - 1))
         return VerifyWork(seq=seq, pos=len(self.committed) - 1, last=self.committed[-1], pending=pending,
                           dists=dists[:len(pending)], limit=limit, draft_min=self.settings.draft_min, policy=policy,
                           params=self.request.params, rng=self.rng,
-                          coupled_seed=self.seed if self.verification == COUPLED else None)
+                          coupled_seed=self.seed if self.verification == COUPLED else None, constraint=constraint)
 
     def commit(self, verdict: Verdict, n_verified: int, batch_size: int) -> Step:
         """Append the verdict's tokens, stopping at an end of generation or the token limit."""

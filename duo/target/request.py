@@ -1,0 +1,118 @@
+"""What a request to the target is, and what the target reports of it: its settings, steps and counters."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from duo.constraint import Cursor
+from duo.sampling import COUPLED, GREEDY, RESIDUAL, SamplingParams
+
+
+@dataclass(frozen=True)
+class SpecSettings:
+    """How much speculation to use (the names llama.cpp users know).
+
+    Adaptive (the default): each step verifies the number of pending drafts, up to draft_max, that
+    the measured costs and acceptance say is fastest, and the draft is steered to run just far
+    enough ahead. Fixed: every step verifies min(pending, draft_max) drafts.
+    """
+
+    draft_max: int = 16     # most chain tokens verified in one target batch
+    draft_min: int = 0      # fewer pending tokens than this: decode alone
+    draft_p_min: float = 0.0  # the draft proposes nothing where its top-1 probability is below this
+    max_ahead: int = 32     # how far beyond the committed tokens the draft may run (fixed mode)
+    adaptive: bool = True
+    # > 0: the classic synchronous loop, for comparison: each step waits for this many drafts, and
+    # the draft, allowed no further ahead, idles while the target verifies.
+    sync: int = 0
+    # How sampled requests without a seed are verified (seeded ones are always coupled, so that the
+    # seed alone decides the output): COUPLED with a seed the target draws, or RESIDUAL.
+    unseeded: str = RESIDUAL
+
+    @property
+    def max_lead(self) -> int:
+        """The furthest ahead of the committed tokens the draft is ever told to run: the fixed lead, or the
+        adaptive policy's 2 draft_max + 2 (duo.target.policy.AdaptivePolicy.max_ahead)."""
+        return max(self.max_ahead, 2 * self.draft_max + 2)
+
+
+@dataclass
+class GenerationStats:
+    """One request's counters and times (time.monotonic()).
+
+    Time to first token runs from the request's arrival, queueing included (as vLLM and OpenAI
+    count it); tokens per second from the start of its generation, so that it measures decoding.
+    """
+
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0  # the prompt's prefix that was in the cache already (not decoded again)
+    generated_tokens: int = 0
+    draft_tokens_received: int = 0
+    draft_tokens_verified: int = 0
+    draft_tokens_accepted: int = 0
+    draft_rejections: int = 0  # steps that rejected a draft token
+    branch_hits: int = 0       # rejections after which a branch held the committed token
+    waits: int = 0             # steps that waited for drafts known to be coming
+    wait_seconds: float = 0.0
+    verification: str = GREEDY  # GREEDY, COUPLED or RESIDUAL (duo.sampling)
+    speculation: str = ""       # whether the adaptive policy speculates, and why (duo.target.switch.Switch.reason)
+    seed: int = 0               # a sampled request's seed, drawn by the target when the client gave none
+    verify_steps: int = 0
+    batch_sizes: list[int] = field(default_factory=list)  # [n]: steps that decoded n tokens at once
+    started: float = field(default_factory=time.monotonic)
+    arrived: float = field(default_factory=time.monotonic)  # when the request came in
+    first_token_at: float | None = None
+    finished_at: float | None = None
+
+    @property
+    def tokens_per_second(self) -> float:
+        elapsed = (self.finished_at or time.monotonic()) - self.started
+        return self.generated_tokens / elapsed if elapsed > 0 else 0.0
+
+    @property
+    def time_to_first_token(self) -> float | None:
+        """Seconds from arrival to the first token; None before it."""
+        return None if self.first_token_at is None else self.first_token_at - self.arrived
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt_tokens: list[int]
+    params: SamplingParams
+    seed: int | None = None
+    max_tokens: int = 0  # 0: until end of generation or a full context
+    cache_prompt: bool = True  # False: shares no prompt prefix with other requests, either way
+    arrived: float = field(default_factory=time.monotonic)  # for the time to first token
+    # The output's grammar (llguidance's JSON, sent to the draft) and the target's cursor on it, compiled for
+    # its vocabulary (duo.constraint); None: free text. The generation owns the cursor.
+    grammar: str = ""
+    constraint: Cursor | None = None
+
+
+def verification_of(request: Request, unseeded: str) -> str:
+    """GREEDY at temperature 0; COUPLED for a seeded request (the same seed gives the same text, draft
+    or not); `unseeded` for the others."""
+    if request.params.greedy:
+        return GREEDY
+    return COUPLED if request.seed is not None else unseeded
+
+
+@dataclass(frozen=True)
+class Step:
+    """Tokens committed by one target step; `finish_reason` is set on the last step."""
+
+    tokens: list[int]
+    finish_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What one verify step did: for the adaptive policy, stats and metrics."""
+
+    batch_size: int   # tokens decoded in one batch (1: decoding alone)
+    n_verified: int   # draft tokens verified (can be batch_size, the last one checked by the bonus row)
+    n_accepted: int   # of which accepted: always a prefix of the chain
+    n_committed: int  # tokens committed (accepted + recovered or bonus; fewer at a stop)
+    seconds: float    # decode + verification time
+    waited: float = 0.0  # seconds this step waited for drafts before it (0: it did not wait)
