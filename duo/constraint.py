@@ -91,22 +91,24 @@ class Cursor:
     once for one request).
     """
 
-    def __init__(self, matcher: LLMatcher, n_vocab: int) -> None:
+    def __init__(self, matcher: LLMatcher, n_vocab: int, ends: frozenset[int]) -> None:
         self.matcher = matcher
         self.n_vocab = n_vocab
+        self.ends = ends  # the end-of-generation ids, allowed where the grammar is complete
         self.tokens: list[int] = []
 
     @classmethod
     def compile(cls, model: VocabModel, grammar: str) -> "Cursor":
         """A cursor at the start of `grammar` for `model`'s vocabulary, or GrammarError saying why it cannot be.
         Compiling can take up to ~100 ms for a large schema (bounded by LIMITS): call it off the event loop."""
-        matcher = LLMatcher(tokenizer_for(model), grammar, log_level=0, limits=LLParserLimits(**LIMITS))
+        tokenizer = tokenizer_for(model)
+        matcher = LLMatcher(tokenizer, grammar, log_level=0, limits=LLParserLimits(**LIMITS))
         if matcher.is_error():
             raise GrammarError(_first_lines(matcher.get_error()))
-        return cls(matcher, model.n_vocab)
+        return cls(matcher, model.n_vocab, frozenset(tokenizer.eos_tokens))
 
     def copy(self) -> "Cursor":
-        twin = Cursor(self.matcher.deep_copy(), self.n_vocab)
+        twin = Cursor(self.matcher.deep_copy(), self.n_vocab, self.ends)
         twin.tokens = list(self.tokens)
         return twin
 
@@ -152,9 +154,11 @@ class Cursor:
 def mask_rows(cursor: Cursor, base: Sequence[int], drafts: Sequence[int], rows: np.ndarray) -> None:
     """Mask verification rows in place: row i holds the distribution after base + drafts[:i] (a chain being
     verified after the committed tokens), so it is masked with the cursor there. Every draft that a row is
-    masked after must be allowed (the caller cut the chain at its first forbidden token). The cursor ends at
-    `base` again."""
+    masked after must be allowed (the caller cut the chain at its first forbidden token). Rows past a drafted end
+    of generation stay as they are: nothing after it is ever committed. The cursor ends at `base` again."""
     for i, row in enumerate(rows):
+        if i and drafts[i - 1] in cursor.ends:
+            break
         if not cursor.move_to([*base, *drafts[:i]]):
             raise GrammarError(f"draft token {drafts[i - 1]} is not allowed here: the chain was not cut")
         cursor.mask(row)

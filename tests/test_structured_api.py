@@ -1,0 +1,93 @@
+"""Structured output over HTTP and gRPC with the draft attached: the openai SDK's parse(), JSON mode, llama-server's
+grammar and json_schema fields; a grammar that cannot compile is a 400 and the server goes on serving."""
+
+from __future__ import annotations
+
+import json
+
+import grpc
+import pydantic
+import pytest
+
+from duo._proto import duo_pb2 as pb
+from duo._proto import duo_pb2_grpc as pb_grpc
+from test_http_api import client, model_name, post
+
+# The tiny models write words: strings and numbers are bounded so that answers end.
+Name = pydantic.constr(max_length=10)
+
+
+class Address(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")  # as the SDK's strict schemas say: no other keys
+    city: Name
+    number: pydantic.conint(ge=0, le=999)
+
+
+class Person(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+    name: Name
+    age: pydantic.conint(ge=0, le=120)
+    address: Address
+
+
+MESSAGES = [{"role": "user", "content": "Describe a person as JSON."}]
+
+
+def test_the_sdks_parse_gets_a_nested_pydantic_model_with_drafts_accepted(served_sync):
+    api = client(served_sync)
+    completion = api.beta.chat.completions.parse(model=model_name(served_sync), messages=MESSAGES,
+                                                  response_format=Person, max_tokens=120, temperature=0)
+    person = completion.choices[0].message.parsed
+    assert isinstance(person, Person) and isinstance(person.address, Address)
+    stats = completion.model_extra["duo_stats"]
+    assert stats["draft_connected"] and stats["draft_tokens_accepted"] > 0
+
+
+def test_json_mode_answers_a_json_object_sampled_and_speculated(served_sync):
+    response = post(served_sync, "/v1/chat/completions", {
+        "messages": MESSAGES, "response_format": {"type": "json_object", "schema": Person.model_json_schema()},
+        "max_tokens": 120, "temperature": 0.8, "seed": 3})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    Person.model_validate_json(body["choices"][0]["message"]["content"])
+    assert body["duo_stats"]["draft_tokens_accepted"] > 0 and body["duo_stats"]["verification"] == "coupled"
+
+
+@pytest.mark.parametrize("field, value, check", [
+    ("grammar", 'root ::= "yes" | "no" | "maybe"', lambda text: text in ("yes", "no", "maybe")),
+    ("json_schema", {"type": "array", "items": {"type": "integer", "maximum": 9}, "maxItems": 3},
+     lambda text: isinstance(json.loads(text), list)),
+])
+def test_llama_servers_grammar_and_json_schema_fields_constrain_a_completion(served_sync, field, value, check):
+    response = post(served_sync, "/v1/completions", {"prompt": "Answer:", field: value, "max_tokens": 40,
+                                                     "temperature": 0})
+    assert response.status_code == 200, response.text
+    choice = response.json()["choices"][0]
+    assert choice["finish_reason"] == "stop" and check(choice["text"])
+
+
+def test_grpc_generate_takes_a_grammar(served_sync):
+    request = pb.GenerateRequest(prompt="Answer:", max_tokens=40,
+                                 grammar=pb.Grammar(kind="regex", source="(red|green|blue)!"))
+    with grpc.insecure_channel(served_sync.address) as channel:
+        text = "".join(r.text for r in pb_grpc.TargetStub(channel).Generate(request, timeout=60))
+    assert text in ("red!", "green!", "blue!")
+
+
+@pytest.mark.parametrize("body, param, words", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}},
+     "response_format.json_schema.schema", ["nonsense"]),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format.json_schema",
+     ["needs json_schema.schema"]),
+    ({"grammar": "root ::= undefined-rule"}, "grammar", ["undefined-rule"]),
+    ({"grammar": 'root ::= "a"', "json_schema": {"type": "object"}}, "json_schema", ["one of"]),
+    ({"response_format": {"type": "xml"}}, "response_format.type", ["json_schema"]),
+], ids=["schema of an unknown type", "json_schema without a schema", "undefined GBNF rule", "two grammars",
+        "unknown response_format"])
+def test_a_grammar_that_cannot_compile_is_a_400_and_the_server_goes_on(served_sync, body, param, words):
+    response = post(served_sync, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 8, **body})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and all(word in error["message"] for word in words), error
+    ok = post(served_sync, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 4})
+    assert ok.status_code == 200
