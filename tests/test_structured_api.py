@@ -91,3 +91,24 @@ def test_a_grammar_that_cannot_compile_is_a_400_and_the_server_goes_on(served_sy
     assert error["param"] == param and all(word in error["message"] for word in words), error
     ok = post(served_sync, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 4})
     assert ok.status_code == 200
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/chat/completions", {"messages": MESSAGES, "repeat_penalty": 1.1}, "repeat_penalty"),
+    ("/v1/completions", {"prompt": "hi", "n_predict": 8}, "n_predict"),
+    ("/v1/chat/completions", {"messages": [{"role": "assistant", "content": None, "tool_calls": []}]},
+     "messages[0].tool_calls"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "tool_choice": "auto"}, "tool_choice"),
+], ids=["llama-server's repeat_penalty", "llama-server's n_predict", "a message's tool_calls", "tool_choice"])
+def test_a_field_duo_does_not_honour_is_a_400_naming_it_never_dropped(served_alone, path, body, param):
+    response = post(served_alone, path, {"max_tokens": 4, **body})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and param in error["message"]
+
+
+def test_fields_that_change_nothing_are_ignored(served_alone):
+    response = post(served_alone, "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "hi", "name": "ada"}], "max_tokens": 4, "user": "ada",
+        "store": False, "metadata": {"a": "b"}, "id_slot": 0})
+    assert response.status_code == 200, response.text

@@ -9,7 +9,7 @@ from typing import Any, Literal, TypeVar
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from duo.api.completion import BadRequest, CompletionRequest, GrammarSpec, too_long
 from duo.sampling import SamplingParams
@@ -46,8 +46,27 @@ class ResponseFormat(BaseModel):
         return GrammarSpec("json_schema", self.json_schema.schema_, "response_format.json_schema.schema")
 
 
-class GenerationBody(BaseModel):
-    """Fields shared by /v1/completions and /v1/chat/completions; unknown fields are ignored."""
+# Fields that change nothing duo returns, so ignoring them is exact (OpenAI's bookkeeping and routing, llama-server's
+# slot and progress options); every other field is honoured or refused with a 400 naming it, never dropped.
+IGNORED_FIELDS = frozenset({"user", "store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier",
+                            "id_slot", "timings_per_token", "return_progress"})
+
+
+class Fenced(BaseModel):
+    """A body part whose fields duo does not know are refused by name (a client's option silently dropped would
+    change its answer without telling it): check_fields()."""
+
+    model_config = ConfigDict(extra="allow")
+
+    def check_fields(self, where: str = "") -> None:
+        for name in self.model_extra or {}:
+            if name not in IGNORED_FIELDS:
+                raise BadRequest(f"{where}{name} is not supported by duo-target; leave it out",
+                                 param=f"{where}{name}")
+
+
+class GenerationBody(Fenced):
+    """Fields shared by /v1/completions and /v1/chat/completions."""
 
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)
@@ -71,6 +90,7 @@ class GenerationBody(BaseModel):
 
     def check_supported(self) -> None:
         """Refuse, naming the field, what duo cannot do rather than silently ignoring it."""
+        self.check_fields()
         if self.n not in (None, 1):
             raise BadRequest(f"n must be 1 (one completion per request), got {self.n}", param="n")
         for name in ("presence_penalty", "frequency_penalty"):
@@ -141,9 +161,10 @@ class ContentPart(BaseModel):
     text: str | None = None
 
 
-class ChatMessageBody(BaseModel):
+class ChatMessageBody(Fenced):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
+    name: str | None = None  # a participant's name: chat templates do not render it, nor does llama-server
 
     def text(self, index: int) -> str:
         """The message's text; only text parts can be rendered by a chat template."""
@@ -174,6 +195,8 @@ class ChatBody(GenerationBody):
 
     def to_request(self) -> CompletionRequest:
         self.check_supported()
+        for i, message in enumerate(self.messages):
+            message.check_fields(f"messages[{i}].")
         if not self.messages:
             raise BadRequest("messages must not be empty: send at least one message", param="messages")
         messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text(i)}
