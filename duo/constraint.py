@@ -21,7 +21,6 @@ import numpy as np
 
 import llguidance
 from llguidance import LLMatcher, LLParserLimits, LLTokenizer
-from llguidance.llamacpp import lltokenizer_from_vocab
 
 from duo.model import common_prefix_length
 
@@ -75,6 +74,8 @@ def tokenizer_for(model: VocabModel) -> LLTokenizer:
     per model (~1.5 s for 152k tokens), on whichever thread first asks."""
     with _tokenizers_lock:
         if model not in _tokenizers:
+            # Imported here: it imports llama_cpp, which `duo-target --help` must not need (tests/test_builds.py).
+            from llguidance.llamacpp import lltokenizer_from_vocab
             with warnings.catch_warnings():  # it asks llama.cpp for each token's attributes by a deprecated name
                 warnings.simplefilter("ignore", DeprecationWarning)
                 _tokenizers[model] = lltokenizer_from_vocab(model.llama_vocab(), n_vocab=model.n_vocab,
