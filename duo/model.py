@@ -178,10 +178,14 @@ class Model:
                 return buffer.raw[:n]
             size = -n
 
-    def chat_prompt(self, messages: Sequence[Mapping[str, str]]) -> str:
-        """Render chat messages with the GGUF's own chat template, ready for the assistant's turn."""
+    def chat_template(self) -> str:
+        return self._model.metadata().get("tokenizer.chat_template") or ""
+
+    def chat_prompt(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] = ()) -> str:
+        """Render chat messages (and the tools the model may call) with the GGUF's own chat template, ready for the
+        assistant's turn."""
         if self._chat_formatter is None:
-            template = self._model.metadata().get("tokenizer.chat_template")
+            template = self.chat_template()
             if not template:
                 raise ModelError(f"{self.path.name} has no chat template; send a raw prompt instead")
             self._chat_formatter = llama().llama_chat_format.Jinja2ChatFormatter(
@@ -190,7 +194,7 @@ class Model:
                 bos_token=self.token_piece(self._model.token_bos(), special=True).decode(errors="replace"),
             )
         try:
-            return self._chat_formatter(messages=[dict(m) for m in messages]).prompt
+            return self._chat_formatter(messages=[dict(m) for m in messages], tools=list(tools) or None).prompt
         except (TemplateError, ValueError) as error:
             # The template's own raise_exception (Gemma, Mistral, Llama 2: roles out of order) raises
             # ValueError in llama-cpp-python's formatter; a malformed template a TemplateError.

@@ -12,6 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from duo.api.completion import BadRequest, CompletionRequest, GrammarSpec, too_long
+from duo.api.tools import FunctionBody, ToolBody, ToolChoice, ToolError, template_message, tool_use
 from duo.sampling import SamplingParams
 
 
@@ -161,10 +162,25 @@ class ContentPart(BaseModel):
     text: str | None = None
 
 
+class CalledFunction(BaseModel):
+    name: str
+    arguments: str  # JSON
+
+
+class ToolCallBody(BaseModel):
+    """A call in an earlier assistant message, sent back with the tool's result."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class ChatMessageBody(Fenced):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None  # a participant's name: chat templates do not render it, nor does llama-server
+    tool_calls: list[ToolCallBody] | None = None  # an assistant's calls
+    tool_call_id: str | None = None               # a tool's result: the call it answers
 
     def text(self, index: int) -> str:
         """The message's text; only text parts can be rendered by a chat template."""
@@ -184,14 +200,14 @@ class ChatBody(GenerationBody):
     max_completion_tokens: int | None = Field(default=None, ge=1)  # the newer name of max_tokens
     logprobs: bool | None = None
     top_logprobs: int | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[ToolBody] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
     def check_supported(self) -> None:
         super().check_supported()
         if self.logprobs or self.top_logprobs is not None:
             raise BadRequest("logprobs are not supported", param="logprobs")
-        if self.tools:
-            raise BadRequest("tools are not supported", param="tools")
 
     def to_request(self) -> CompletionRequest:
         self.check_supported()
@@ -199,9 +215,23 @@ class ChatBody(GenerationBody):
             message.check_fields(f"messages[{i}].")
         if not self.messages:
             raise BadRequest("messages must not be empty: send at least one message", param="messages")
-        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text(i)}
-                    for i, m in enumerate(self.messages)]
-        return self.completion_request(max_tokens=self.max_completion_tokens or self.max_tokens, messages=messages)
+        try:
+            use = tool_use(self.tools, self.tool_choice, self.parallel_tool_calls)
+        except ToolError as error:
+            raise BadRequest(str(error), param=error.param) from error
+        messages = [template_message("system" if m.role == "developer" else m.role, m.text(i),
+                                     [call.model_dump() for call in m.tool_calls] if m.tool_calls else None,
+                                     m.tool_call_id) for i, m in enumerate(self.messages)]
+        return self.completion_request(max_tokens=self.max_completion_tokens or self.max_tokens, messages=messages,
+                                       tool_use=use)
+
+    def callable_functions(self) -> list[FunctionBody]:
+        """The functions whose calls the answer parses out of the model's text (none: all of it is content)."""
+        try:
+            use = tool_use(self.tools, self.tool_choice, self.parallel_tool_calls)
+        except ToolError:
+            return []  # to_request says what is wrong
+        return use.callable if use else []
 
 
 Body = TypeVar("Body", bound=BaseModel)

@@ -9,7 +9,7 @@ lies in it: the template's parts are tokenized with special tokens parsed, the c
 from __future__ import annotations
 
 import re
-from typing import Mapping, Protocol, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 # What stands for message i's content in the second rendering: private-use characters no text holds.
 MARK = re.compile("\ue000duo[0-9]+\ue001")
@@ -21,15 +21,16 @@ def mark(i: int) -> str:
 
 class Tokenizer(Protocol):
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]: ...
-    def chat_prompt(self, messages: Sequence[Mapping[str, str]]) -> str: ...
+    def chat_prompt(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] = ()) -> str: ...
     def vocab(self): ...
 
 
-def chat_tokens(model: Tokenizer, messages: Sequence[Mapping[str, str]], rendered: str) -> list[int]:
-    """The prompt tokens of `messages`, which the model's chat template rendered as `rendered`: one BOS
-    at most, and no control token from inside a message's content."""
+def chat_tokens(model: Tokenizer, messages: Sequence[Mapping[str, Any]], rendered: str,
+                tools: Sequence[Mapping[str, Any]] = ()) -> list[int]:
+    """The prompt tokens of `messages` (and `tools`), which the model's chat template rendered as `rendered`: one
+    BOS at most, and no control token from inside a message's content."""
     tokens: list[int] = []
-    for i, (text, is_content) in enumerate(rendered_pieces(model, messages, rendered)):
+    for i, (text, is_content) in enumerate(rendered_pieces(model, messages, rendered, tools)):
         tokens += model.tokenize(text, add_special=i == 0, parse_special=not is_content)
     bos = model.vocab().bos
     # A template that writes its own BOS (Llama 3, Mistral, Gemma) on a model whose GGUF adds one too.
@@ -38,7 +39,8 @@ def chat_tokens(model: Tokenizer, messages: Sequence[Mapping[str, str]], rendere
     return tokens
 
 
-def rendered_pieces(model: Tokenizer, messages: Sequence[Mapping[str, str]], rendered: str) -> list[tuple[str, bool]]:
+def rendered_pieces(model: Tokenizer, messages: Sequence[Mapping[str, Any]], rendered: str,
+                    tools: Sequence[Mapping[str, Any]] = ()) -> list[tuple[str, bool]]:
     """`rendered`, the chat as the template rendered it, as (text, is_content) pieces.
 
     The template is rendered a second time with each content replaced by a mark no text holds (private
@@ -49,8 +51,8 @@ def rendered_pieces(model: Tokenizer, messages: Sequence[Mapping[str, str]], ren
     """
     contents = [str(message.get("content", "")) for message in messages]
     marks = [mark(i) for i in range(len(messages))]
-    markup = _cut_at(model.chat_prompt([{**message, "content": mark} for message, mark in zip(messages, marks)]),
-                     marks)
+    skeleton = [{**message, "content": mark} for message, mark in zip(messages, marks)]
+    markup = _cut_at(model.chat_prompt(skeleton, tools) if tools else model.chat_prompt(skeleton), marks)
     if markup is not None:
         for candidates in (contents, [content.strip() for content in contents]):
             pieces = [(markup[0], False)]

@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import json
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from duo.api.admission import Admission, Slot
 from duo.api.chat import chat_tokens
 from duo.api.metrics import Metrics
 from duo.api.stop import StopMatcher
+from duo.api.tools import OPEN, ToolError, ToolUse, call_grammar, check_template_takes_tools
 from duo.constraint import Cursor, GrammarError, grammar_of
 from duo.model import ModelError
 from duo.sampling import SamplingParams
@@ -58,7 +60,7 @@ class CompletionRequest:
     """A request as a client sent it; exactly one of prompt, messages, prompt_tokens is used."""
 
     prompt: str = ""
-    messages: Sequence[Mapping[str, str]] = ()  # rendered with the model's chat template
+    messages: Sequence[Mapping[str, Any]] = ()  # rendered with the model's chat template
     prompt_tokens: Sequence[int] | None = None  # a prompt already tokenized (an empty one is refused)
     max_tokens: int = 0                        # 0: until end of generation or a full context
     params: SamplingParams = SamplingParams()
@@ -66,6 +68,7 @@ class CompletionRequest:
     stop: Sequence[str] = ()
     cache_prompt: bool = True                  # false: no prompt prefix shared with other requests
     grammar: GrammarSpec | None = None         # the output must match it (duo.constraint)
+    tool_use: ToolUse | None = None            # chat: the tools the template renders, and whether a call is due
     arrived: float = field(default_factory=time.monotonic)
 
 
@@ -199,15 +202,16 @@ class Completions:
             raise UnknownModel(f"model {name!r} is not served here; this server serves {served}", param="model",
                                code="model_not_found")
 
-    def tokenize(self, prompt: str = "", messages: Sequence[Mapping[str, str]] = ()) -> list[int]:
-        """The prompt's token ids: raw text (special tokens parsed) or chat messages rendered with the
+    def tokenize(self, prompt: str = "", messages: Sequence[Mapping[str, Any]] = (),
+                 tools: Sequence[Mapping[str, Any]] = ()) -> list[int]:
+        """The prompt's token ids: raw text (special tokens parsed) or chat messages (and tools) rendered with the
         model's chat template. Long prompts take a while: call this off the event loop."""
         model = self._loaded().model
         if prompt and messages:
             raise BadRequest("send either prompt or messages, not both")
         if messages:
             try:
-                prompt = model.chat_prompt(messages)
+                prompt = model.chat_prompt(messages, tools)
             except ModelError as error:
                 raise BadRequest(str(error), param="messages") from error
         try:
@@ -217,7 +221,7 @@ class Completions:
                              param="messages" if messages else "prompt") from error
         if size > self._max_prompt_bytes:
             raise too_long(f"the prompt is far longer than the context of {self.context_size} tokens")
-        return chat_tokens(model, messages, prompt) if messages else model.tokenize(prompt)
+        return chat_tokens(model, messages, prompt, tools) if messages else model.tokenize(prompt)
 
     def prepare(self, request: CompletionRequest) -> Request:
         """The target's Request, or BadRequest saying what to fix."""
@@ -231,13 +235,36 @@ class Completions:
         if request.seed is not None and not 0 <= request.seed < 2 ** 64:
             raise BadRequest(f"seed must be between 0 and 2^64 - 1, got {request.seed}", param="seed")
         check_stops(request.stop)
+        spec = self._tool_grammar(request) if request.tool_use else request.grammar
         tokens = (list(request.prompt_tokens) if request.prompt_tokens is not None
-                  else self.tokenize(request.prompt, request.messages))
+                  else self.tokenize(request.prompt, request.messages,
+                                     request.tool_use.offered if request.tool_use else ()))
         self._check_prompt(tokens)
-        grammar, cursor = self._compiled(request.grammar) if request.grammar else ("", None)
+        grammar, cursor = self._compiled(spec) if spec else ("", None)
         return Request(prompt_tokens=tokens, params=request.params, seed=request.seed, max_tokens=request.max_tokens,
                        cache_prompt=request.cache_prompt, grammar=grammar, constraint=cursor,
                        arrived=request.arrived)
+
+    def _tool_grammar(self, request: CompletionRequest) -> GrammarSpec | None:
+        """The request's grammar where it has tools: the call's, when one is due (tool_choice required or a named
+        function); BadRequest for a template that cannot take them, or tool text that would render as control
+        tokens (the template's markup is tokenized with special tokens parsed: a role of the client's making)."""
+        model, use = self._loaded().model, request.tool_use
+        try:
+            check_template_takes_tools(model.chat_template())
+        except ToolError as error:
+            raise BadRequest(str(error), param=error.param) from error
+        calls = [message.get("tool_calls") for message in request.messages]
+        for text, param in [(json.dumps(use.offered), "tools"), (json.dumps(calls), "messages")]:
+            if model.tokenize(text, add_special=False) != model.tokenize(text, add_special=False, parse_special=False):
+                raise BadRequest(f"{param} hold the text of a control token of the model", param=param)
+        if not use.required:
+            return request.grammar
+        if request.grammar:
+            raise BadRequest("a required tool call and a response format cannot both hold: send one",
+                             param="tool_choice")
+        open_is_token = len(model.tokenize(OPEN, add_special=False)) == 1
+        return GrammarSpec("lark", call_grammar(use.callable, use.parallel, open_is_token), "tools")
 
     def _compiled(self, spec: GrammarSpec) -> tuple[str, Cursor]:
         """The grammar in llguidance's form and the target's cursor on it, or BadRequest saying what is wrong with

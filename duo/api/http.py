@@ -25,6 +25,7 @@ from duo.api.bodies import ChatBody, CompletionBody, GenerationBody, document_bo
 from duo.api.completion import (BadRequest, ClientError, Completion, CompletionRequest, Completions, NotReady, Piece,
                             ShuttingDown, UnknownModel, failure_message, stats_fields)
 from duo.api.metrics import CONTENT_TYPE, Metrics
+from duo.api.tools import CallParser, FunctionBody, ToolCall
 from duo.model import ModelError
 from duo.runtime import WRITE_TIMEOUT_S, HttpServer, WriteTimeout, within, write_within
 
@@ -229,7 +230,8 @@ class OpenAIApi:
 
     async def chat(self, request: Request) -> Response:
         body = await parse_body(await request.body(), ChatBody, self.completions.max_items())
-        return await self._generate(body, body.to_request, request, ChatFormat(self._name(body)))
+        return await self._generate(body, body.to_request, request,
+                                    ChatFormat(self._name(body), body.callable_functions()))
 
     def _name(self, body: GenerationBody) -> str:
         self.completions.check_model(body.model)
@@ -326,20 +328,46 @@ class CompletionFormat(ResponseFormat):
 
 
 class ChatFormat(ResponseFormat):
+    """Chat answers; with `functions` the model may call, its calls come out of the text as tool_calls
+    (duo.api.tools), finish_reason "tool_calls"."""
+
     object_name = "chat.completion"
     chunk_object_name = "chat.completion.chunk"
     id_prefix = "chatcmpl"
+
+    def __init__(self, model: str, functions: list[FunctionBody] | None = None) -> None:
+        super().__init__(model)
+        self.parser = CallParser(functions) if functions else None
+        self.calls = 0
 
     def opening_chunks(self) -> list[dict[str, Any]]:
         return [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]
 
     def whole_choice(self, text: str, finish_reason: str | None) -> dict[str, Any]:
-        return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                "finish_reason": finish_reason}
+        content, calls, finish_reason = self._split(text, finish_reason)
+        message: dict[str, Any] = {"role": "assistant", "content": content or (None if calls else "")}
+        if calls:
+            message["tool_calls"] = [call.message() for call in calls]
+        return {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
 
     def chunk_choice(self, text: str, finish_reason: str | None) -> dict[str, Any]:
-        return {"index": 0, "delta": {"content": text} if text else {}, "logprobs": None,
-                "finish_reason": finish_reason}
+        first = self.calls
+        content, calls, finish_reason = self._split(text, finish_reason)
+        delta: dict[str, Any] = {"content": content} if content else {}
+        if calls:  # each call whole in one delta: the SDK assembles deltas by index
+            delta["tool_calls"] = [{"index": first + i, **call.message()} for i, call in enumerate(calls)]
+        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+
+    def _split(self, text: str, finish_reason: str | None) -> tuple[str, list[ToolCall], str | None]:
+        """The text's content and the calls it completes; at the end, "tool_calls" where the model called any."""
+        if self.parser is None:
+            return text, [], finish_reason
+        content, calls = self.parser.feed(text)
+        self.calls += len(calls)
+        if finish_reason:
+            content += self.parser.finish()
+            finish_reason = "tool_calls" if self.calls else finish_reason
+        return content, calls, finish_reason
 
 
 def sse(data: dict[str, Any]) -> str:
