@@ -3,6 +3,8 @@ read from, and its numbers beside duo's. The last test runs llama-server itself 
 
 from __future__ import annotations
 
+import json
+
 import os
 from pathlib import Path
 
@@ -73,6 +75,17 @@ def test_requests_ask_for_duos_sampling_without_the_prompt_cache():
     assert request["messages"] == [{"role": "user", "content": "Write a snake game."}]
     assert request["cache_prompt"] is False and request["stream"] is True and request["max_tokens"] == 96
     assert (request["temperature"], request["top_k"], request["top_p"], request["min_p"]) == (0.7, 0, 1.0, 0.0)
+    assert "response_format" not in request
+
+
+def test_the_structured_workload_sends_the_same_schema_to_llama_server_as_to_duo():
+    from duo.bench.structured import PROMPTS, STRUCTURED, schema_json
+
+    request = bench_llama.chat_request(STRUCTURED[0], 0.0, 96)
+    assert request["messages"] == [{"role": "user", "content": PROMPTS[0]}]  # the tag is not sent
+    sent = request["response_format"]["json_schema"]["schema"]
+    assert json.loads(schema_json(STRUCTURED[0])) == sent and sent["required"] == ["name", "language", "functions"]
+    assert schema_json(PROMPTS[0]) is None  # the same text unconstrained: the workload's baseline
 
 
 def test_the_stream_gives_the_first_tokens_time_and_the_last_chunks_timings():

@@ -30,6 +30,7 @@ import grpc
 
 from duo._proto import duo_pb2 as pb
 from duo._proto import duo_pb2_grpc as pb_grpc
+from duo.bench.structured import schema_json, split
 from duo.bench.report import Variant
 from duo.runtime import free_port
 
@@ -216,7 +217,9 @@ def generate(address: str, prompt: str, temperature: float, max_tokens: int,
     if seed is not None:
         sampling.seed = seed
     request = pb.GenerateRequest(max_tokens=max_tokens, sampling=sampling)
-    request.messages.append(pb.ChatMessage(role="user", content=prompt))
+    request.messages.append(pb.ChatMessage(role="user", content=split(prompt)[0]))
+    if (schema := schema_json(prompt)) is not None:  # the structured workload
+        request.grammar.CopyFrom(pb.Grammar(kind="json_schema", source=schema))
     started = time.perf_counter()
     first = None
     last = pb.GenerateResponse()

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
+from duo.bench.structured import response_format, split
 from duo.bench.cluster import ROOT, released_together
 from duo.bench.report import Run, Variant
 
@@ -145,9 +146,9 @@ class PeerAnswer:
 
 
 def chat_request(prompt: str, temperature: float, max_tokens: int) -> dict:
-    return {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "stream": True,
+    return {"messages": [{"role": "user", "content": split(prompt)[0]}], "max_tokens": max_tokens, "stream": True,
             "temperature": temperature, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "cache_prompt": False,
-            "stream_options": {"include_usage": True}}
+            "stream_options": {"include_usage": True}, **response_format(prompt)}
 
 
 def read_stream(lines: Iterable[bytes], clock: Callable[[], float] = time.perf_counter) -> tuple[float | None, dict]:

@@ -120,6 +120,8 @@ from duo.bench.llama_server import (
     start_peer,
     wait_peer_ready,
 )
+from duo.bench.structured import PROMPTS as PROMPTS_FREE
+from duo.bench.structured import STRUCTURED
 from duo.bench.report import UNDELAYED_MODES, Run, Variant, plot, print_table, run_from_stats, summarise
 from duo.bench.timing import measure_sequence_costs, measure_verify_costs
 from duo.models import hub
@@ -130,6 +132,8 @@ PROMPTS = {
     "code": ["Write a snake game in Python.", "Write a snake game in TypeScript.", "Write a snake game in Swift."],
     "chat": ["Explain, in a few paragraphs, why the sky is blue and why sunsets are red.",
              "Describe the history of the printing press and its effect on Europe."],
+    # Answers that must match a JSON schema (duo.bench.structured), the same schema for every mode.
+    "structured": STRUCTURED + PROMPTS_FREE,
 }
 MODES = ("alone-tcores", "alone-all", "sync-split", "sync-shared", "duo", "duo-coupled")  # the default --modes
 OPT_IN_MODES = ("alone-rpc",)  # run only when --modes names them
@@ -266,7 +270,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft", default=hub.DEFAULT_DRAFT, help="draft model: name or path")
     parser.add_argument("--target-cores", type=int, nargs="+", default=[1])
     parser.add_argument("--draft-cores", type=int, nargs="+", default=[0])
-    parser.add_argument("--prompts", choices=["code", "chat", "all"], default="all")
+    parser.add_argument("--prompts", choices=["code", "chat", "structured", "all"], default="all",
+                        help="all: code and chat; structured: JSON-schema answers, beside the same prompts "
+                             "unconstrained (the workload's own baseline)")
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7])
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--reps", type=int, default=2)
