@@ -211,3 +211,25 @@ def test_a_hostile_draft_cannot_break_the_grammar_and_its_forbidden_tokens_cost_
     # ... step for step: alone verifies only what the grammar forces, and so does this one.
     assert [(r.batch_size, r.n_verified) for r in records] == [(r.batch_size, r.n_verified) for r in alone_records]
     json.loads(target_model.detokenize(tokens).decode())
+
+
+def test_the_draft_draws_inside_the_grammar_on_its_chain_and_its_branches(target_model):
+    from duo.draft.batch import Work, draw_step
+    from duo.draft.session import DraftSession, Slot
+
+    prompt = target_model.tokenize(PROMPT_TEXT)
+    session = DraftSession(session_id=1, chain=list(prompt), committed=len(prompt), params=SamplingParams(),
+                           rng=np.random.default_rng(0), max_ahead=8, p_min=0.0, slot=Slot(0, 1), n_ctx=256,
+                           cursor=cursor_for(target_model, "json_schema", PERSON), grammar_start=len(prompt))
+    the = target_model.tokenize(" the", add_special=False)[0]
+    favour_the = np.zeros(target_model.n_vocab, dtype=np.float32)
+    favour_the[the] = 50.0  # what the unconstrained draft would draft, and the grammar forbids
+    opened = target_model.tokenize('{"', add_special=False)
+    for tokens, fork in [(prompt, None), (prompt + opened, len(prompt))]:
+        step = draw_step(Work(session, tokens, epoch=0, commits=0, chain_len=len(tokens), fork=fork),
+                         favour_the.copy())
+        token = step.drawn[0]
+        assert token != the and cursor_for(target_model, "json_schema", PERSON).valid_prefix(
+            tokens[len(prompt):] + [token]) == len(tokens) - len(prompt) + 1
+    session.cursor = None  # the mutation: a draft that is not told the grammar drafts " the"
+    assert draw_step(Work(session, prompt, epoch=0, commits=0, chain_len=len(prompt)), favour_the.copy()).drawn[0] == the
