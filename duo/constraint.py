@@ -118,7 +118,8 @@ class Cursor:
         longest allowed prefix)."""
         keep = common_prefix_length(self.tokens, tokens)
         if keep < len(self.tokens):
-            self.matcher.rollback(len(self.tokens) - keep)
+            if not self.matcher.rollback(len(self.tokens) - keep):
+                raise GrammarError(_first_lines(self.matcher.get_error()) or "the grammar could not roll back")
             del self.tokens[keep:]
         rest = list(tokens[keep:])
         if not rest:

@@ -233,3 +233,16 @@ def test_the_draft_draws_inside_the_grammar_on_its_chain_and_its_branches(target
             tokens[len(prompt):] + [token]) == len(tokens) - len(prompt) + 1
     session.cursor = None  # the mutation: a draft that is not told the grammar drafts " the"
     assert draw_step(Work(session, prompt, epoch=0, commits=0, chain_len=len(prompt)), favour_the.copy()).drawn[0] == the
+
+
+def test_where_the_grammar_allows_one_token_a_greedy_draft_has_no_branch_to_offer(target_model):
+    from duo.draft.branches import doubt_of
+
+    cursor = cursor_for(target_model, "regex", "yes")
+    row = cursor.mask(np.random.default_rng(1).normal(0, 1, target_model.n_vocab).astype(np.float32))
+    [only] = np.flatnonzero(np.isfinite(row)) if np.count_nonzero(np.isfinite(row)) == 1 else [None]
+    if only is None:  # several tokenizations of "yes" allowed: keep one, as a forced position has
+        only = int(np.argmax(row))
+        row[np.arange(row.size) != only] = -np.inf
+    doubt = doubt_of(row, only, None, greedy=True)
+    assert doubt.alternative is None  # not a forbidden token that a branch would then fail on

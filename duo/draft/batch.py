@@ -229,5 +229,5 @@ def constrain(work: Work, logits: np.ndarray) -> None:
         session.branch_cursor = session.cursor.copy()
     cursor = session.cursor if work.fork is None else session.branch_cursor
     if not cursor.move_to(work.tokens[session.grammar_start:]):
-        raise GrammarError("the committed tokens break the session's grammar")
+        raise GrammarError("the session's tokens break its grammar")
     cursor.mask(logits)

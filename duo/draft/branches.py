@@ -45,7 +45,9 @@ def doubt_of(logits: np.ndarray, drawn: int, dist: SparseDist, greedy: bool) -> 
     second = int(np.argmax(rest))
     margin = float(logits[first] - logits[second])
     if greedy:
-        return Doubt(margin, second if first == drawn else first, None)
+        # Under a grammar (duo.constraint) the runner-up may be masked away: then there is no other token.
+        alternative = (second if np.isfinite(logits[second]) else None) if first == drawn else first
+        return Doubt(margin, alternative, None)
     others = (dist.ids != drawn) & (dist.probs > 0)
     alternative = int(dist.ids[others][np.argmax(dist.probs[others])]) if others.any() else None
     return Doubt(margin, alternative, dist)
