@@ -246,3 +246,23 @@ def test_where_the_grammar_allows_one_token_a_greedy_draft_has_no_branch_to_offe
         row[np.arange(row.size) != only] = -np.inf
     doubt = doubt_of(row, only, None, greedy=True)
     assert doubt.alternative is None  # not a forbidden token that a branch would then fail on
+
+
+def test_a_drafted_chain_that_ends_the_grammar_pauses_rather_than_failing_the_session(target_model):
+    from duo.draft.batch import Work, draw_step
+    from duo.draft.session import DraftSession, Slot
+
+    prompt = target_model.tokenize(PROMPT_TEXT)
+    answer = target_model.tokenize("yes", add_special=False)
+    end = target_model.tokenize("<|im_end|>", add_special=False)
+    session = DraftSession(session_id=1, chain=prompt + answer + end, committed=len(prompt), params=SamplingParams(),
+                           rng=np.random.default_rng(0), max_ahead=8, p_min=0.0, slot=Slot(0, None), n_ctx=256,
+                           cursor=cursor_for(target_model, "regex", "yes"), grammar_start=len(prompt))
+    # A branch ending at the end of generation that the target took as its chain: the next work is past the end.
+    step = draw_step(Work(session, session.chain, epoch=0, commits=0, chain_len=len(session.chain)),
+                     np.zeros(target_model.n_vocab, dtype=np.float32))
+    assert step.paused and step.error is None
+    broken = prompt + target_model.tokenize("no", add_special=False)
+    step = draw_step(Work(session, broken, epoch=0, commits=0, chain_len=len(broken)),
+                     np.zeros(target_model.n_vocab, dtype=np.float32))
+    assert "breaks its grammar" in str(step.error)  # what no target commits is still an error

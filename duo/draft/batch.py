@@ -212,8 +212,8 @@ def draw_step(work: Work, logits: np.ndarray) -> Step:
     """Draw the work's token from its logits, or pause the chain where the draft is too unsure (p_min)."""
     session = work.session
     try:
-        if session.cursor is not None:
-            constrain(work, logits)
+        if session.cursor is not None and not constrain(work, logits):
+            return Step(paused=True)
         if work.fork is None and not proposes(logits, session.p_min):
             return Step(paused=True)
         return Step(drawn=draw(session, logits, len(work.tokens)))
@@ -221,13 +221,19 @@ def draw_step(work: Work, logits: np.ndarray) -> Step:
         return Step(error=error)
 
 
-def constrain(work: Work, logits: np.ndarray) -> None:
+def constrain(work: Work, logits: np.ndarray) -> bool:
     """Mask `logits` (in place) with the session's grammar after the work's tokens, so that the draft drafts only
-    what the target's mask allows: a draft outside it would only be rejected."""
+    what the target's mask allows: a draft outside it would only be rejected. False where the tokens end with an
+    end of generation (a branch the target took as its chain can): nothing follows it, the chain pauses."""
     session = work.session
     if work.fork is not None and session.branch_cursor is None:
         session.branch_cursor = session.cursor.copy()
     cursor = session.cursor if work.fork is None else session.branch_cursor
     if not cursor.move_to(work.tokens[session.grammar_start:]):
-        raise GrammarError("the session's tokens break its grammar")
+        at = session.grammar_start + len(cursor.tokens)
+        if work.tokens[at] in cursor.ends:
+            return False
+        raise GrammarError(f"the session's {'chain' if work.fork is None else f'branch at {work.fork}'} breaks its "
+                           f"grammar at position {at} (token {work.tokens[at]}; {session.committed} committed)")
     cursor.mask(logits)
+    return True
