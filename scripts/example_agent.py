@@ -40,14 +40,14 @@ def drafts(answer) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
-    parser.add_argument("--max-tokens", type=int, default=160)
+    parser.add_argument("--max-tokens", type=int, default=300)
     args = parser.parse_args()
     client = OpenAI(base_url=args.base_url, api_key=os.environ.get("DUO_API_KEY", "none"))
     model = client.models.list().data[0].id
     common = {"model": model, "max_tokens": args.max_tokens, "temperature": 0}
 
     parsed = client.beta.chat.completions.parse(
-        messages=[{"role": "user", "content": "Describe a Python module for a snake game: its functions."}],
+        messages=[{"role": "user", "content": "Describe a small Python module for a snake game: two functions."}],
         response_format=Module, **common)
     print("parse():", parsed.choices[0].message.parsed, drafts(parsed))
 
