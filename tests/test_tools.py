@@ -8,7 +8,7 @@ import json
 import openai
 import pytest
 
-from duo.api.tools import CallParser, FunctionBody
+from duo.api.tools import HERMES, LLAMA3, MISTRAL, CallParser, FunctionBody, ToolError, call_format
 from test_http_api import client, model_name, post
 
 WEATHER = {"type": "function", "function": {
@@ -34,7 +34,8 @@ def test_calls_are_parsed_out_of_the_text_however_it_streams():
         for at in range(0, len(text), size):
             more, done = p.feed(text[at:at + size])
             content, calls = content + more, calls + done
-        content += p.finish()
+        rest, last = p.finish()
+        content, calls = content + rest, calls + last
         assert content == "Let me look.\n"
         assert [(c.name, json.loads(c.arguments)) for c in calls] == [
             ("get_weather", {"city": "Paris", "days": 3}), ("get_time", {"zone": "CET"})]
@@ -50,7 +51,89 @@ def test_calls_are_parsed_out_of_the_text_however_it_streams():
 def test_text_that_is_no_call_of_an_offered_function_stays_content(text):
     p = parser()
     content, calls = p.feed(text)
-    assert calls == [] and content + p.finish() == text
+    rest, last = p.finish()
+    assert calls == last == [] and content + rest == text
+
+
+FORMATTED = {
+    MISTRAL: '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}, '
+             '{"name": "get_time", "arguments": {"zone": "CET"}}]',
+    LLAMA3: '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris", "days": 3}}',
+}
+
+
+@pytest.mark.parametrize("format_", [MISTRAL, LLAMA3], ids=["Mistral", "Llama 3.x"])
+def test_mistrals_and_llamas_call_formats_are_parsed_however_they_stream(format_):
+    text = FORMATTED[format_]
+    for size in (1, 5, len(text)):
+        p = CallParser([FunctionBody(name="get_weather"), FunctionBody(name="get_time")], format_)
+        content, calls = "", []
+        for at in range(0, len(text), size):
+            more, done = p.feed(text[at:at + size])
+            content, calls = content + more, calls + done
+        rest, last = p.finish()
+        assert content + rest == "" and (calls + last)[0].name == "get_weather"
+        assert json.loads((calls + last)[0].arguments) == {"city": "Paris", "days": 3}
+    if format_ is MISTRAL:
+        assert len(calls + last) == 2 and all(len(c.id) == 9 and c.id.isalnum() for c in calls + last)
+
+
+def test_a_llama_answer_that_is_not_a_bare_call_is_content_as_it_streams():
+    p = CallParser([FunctionBody(name="get_weather")], LLAMA3)
+    content, _ = p.feed("The weather {is} fine")
+    assert content == "The weather {is} fine"  # streamed at once: it does not start with a call
+
+
+@pytest.mark.parametrize("template, format_", [
+    ("{% if tools %}... <tool_call> ...{% endif %}", HERMES),
+    ("{% for tool in tools %}...{% endfor %}[TOOL_CALLS] ", MISTRAL),
+    ("{{- 'Respond in the format {\"name\": function name, \"parameters\": dictionary of argument name and its "
+     "value}.' }}{% if tools %}{% endif %}", LLAMA3),
+])
+def test_the_call_format_is_the_one_the_template_asks_for(template, format_):
+    assert call_format(template) is format_
+
+
+@pytest.mark.parametrize("template, says", [("{{ messages }}", "does not take tools"),
+                                            ("{{ tools }} <function=", "does not parse")])
+def test_a_template_without_tools_or_in_another_format_is_refused(template, says):
+    with pytest.raises(ToolError, match=says):
+        call_format(template)
+
+
+@pytest.mark.parametrize("format_", [HERMES, MISTRAL, LLAMA3], ids=["Hermes", "Mistral", "Llama 3.x"])
+def test_a_required_call_in_each_format_is_written_so_that_it_parses(target_model, format_):
+    """The grammar and the parser agree: the tiny target, forced by the grammar, writes a call the parser reads."""
+    import asyncio
+
+    from duo.api.tools import call_grammar
+    from duo.constraint import Cursor, grammar_of
+    from duo.runtime import ModelWorker
+    from duo.sampling import SamplingParams
+    from duo.target.generation import Target
+    from duo.target.request import Request, SpecSettings
+
+    functions = [FunctionBody(**WEATHER["function"]), FunctionBody(**TIME["function"])]
+
+    def token_of(text: str) -> int | None:
+        tokens = target_model.tokenize(text, add_special=False)
+        return tokens[0] if len(tokens) == 1 else None
+
+    grammar = grammar_of("lark", call_grammar(functions, False, format_, token_of))
+
+    async def run() -> list[int]:
+        target = Target(target_model, ModelWorker(), None, n_ctx=256, settings=SpecSettings())
+        request = Request(target_model.tokenize("Weather?"), SamplingParams(), max_tokens=80, grammar=grammar,
+                          constraint=Cursor.compile(target_model, grammar))
+        return [t async for step, _ in target.generate(request) for t in step.tokens]
+
+    text = target_model.detokenize(asyncio.run(run())).decode()
+    p = CallParser(functions, format_)
+    content, calls = p.feed(text)
+    rest, last = p.finish()
+    assert content + rest == "" and len(calls + last) == 1, text
+    call = (calls + last)[0]
+    assert call.name in {"get_weather", "get_time"} and isinstance(json.loads(call.arguments), dict)
 
 
 def tool_request(process, **fields):

@@ -17,7 +17,7 @@ from duo.api.admission import Admission, Slot
 from duo.api.chat import chat_tokens
 from duo.api.metrics import Metrics
 from duo.api.stop import StopMatcher
-from duo.api.tools import OPEN, ToolError, ToolUse, call_grammar, check_template_takes_tools
+from duo.api.tools import CallFormat, ToolError, ToolUse, call_format, call_grammar
 from duo.constraint import Cursor, GrammarError, grammar_of
 from duo.model import ModelError
 from duo.sampling import SamplingParams
@@ -251,7 +251,7 @@ class Completions:
         tokens (the template's markup is tokenized with special tokens parsed: a role of the client's making)."""
         model, use = self._loaded().model, request.tool_use
         try:
-            check_template_takes_tools(model.chat_template())
+            format_ = call_format(model.chat_template())
         except ToolError as error:
             raise BadRequest(str(error), param=error.param) from error
         calls = [message.get("tool_calls") for message in request.messages]
@@ -263,8 +263,19 @@ class Completions:
         if request.grammar:
             raise BadRequest("a required tool call and a response format cannot both hold: send one",
                              param="tool_choice")
-        open_is_token = len(model.tokenize(OPEN, add_special=False)) == 1
-        return GrammarSpec("lark", call_grammar(use.callable, use.parallel, open_is_token), "tools")
+        return GrammarSpec("lark", call_grammar(use.callable, use.parallel, format_, self._token_of), "tools")
+
+    def _token_of(self, text: str) -> int | None:
+        """The id of the model's one token for `text`, if it has one (a call format's markers)."""
+        tokens = self._loaded().model.tokenize(text, add_special=False)
+        return tokens[0] if len(tokens) == 1 else None
+
+    def call_format(self) -> CallFormat | None:
+        """How the model writes tool calls; None while it loads or where its template takes no tools."""
+        try:
+            return call_format(self.target.model.chat_template()) if self.target else None
+        except ToolError:
+            return None
 
     def _compiled(self, spec: GrammarSpec) -> tuple[str, Cursor]:
         """The grammar in llguidance's form and the target's cursor on it, or BadRequest saying what is wrong with

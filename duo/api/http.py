@@ -25,7 +25,7 @@ from duo.api.bodies import ChatBody, CompletionBody, GenerationBody, document_bo
 from duo.api.completion import (BadRequest, ClientError, Completion, CompletionRequest, Completions, NotReady, Piece,
                             ShuttingDown, UnknownModel, failure_message, stats_fields)
 from duo.api.metrics import CONTENT_TYPE, Metrics
-from duo.api.tools import CallParser, FunctionBody, ToolCall
+from duo.api.tools import CallFormat, CallParser, FunctionBody, ToolCall
 from duo.model import ModelError
 from duo.runtime import WRITE_TIMEOUT_S, HttpServer, WriteTimeout, within, write_within
 
@@ -231,7 +231,8 @@ class OpenAIApi:
     async def chat(self, request: Request) -> Response:
         body = await parse_body(await request.body(), ChatBody, self.completions.max_items())
         return await self._generate(body, body.to_request, request,
-                                    ChatFormat(self._name(body), body.callable_functions()))
+                                    ChatFormat(self._name(body), body.callable_functions(),
+                                               self.completions.call_format()))
 
     def _name(self, body: GenerationBody) -> str:
         self.completions.check_model(body.model)
@@ -335,9 +336,10 @@ class ChatFormat(ResponseFormat):
     chunk_object_name = "chat.completion.chunk"
     id_prefix = "chatcmpl"
 
-    def __init__(self, model: str, functions: list[FunctionBody] | None = None) -> None:
+    def __init__(self, model: str, functions: list[FunctionBody] | None = None,
+                 format_: CallFormat | None = None) -> None:
         super().__init__(model)
-        self.parser = CallParser(functions) if functions else None
+        self.parser = CallParser(functions, format_) if functions and format_ else None
         self.calls = 0
 
     def opening_chunks(self) -> list[dict[str, Any]]:
@@ -363,9 +365,11 @@ class ChatFormat(ResponseFormat):
         if self.parser is None:
             return text, [], finish_reason
         content, calls = self.parser.feed(text)
+        if finish_reason:
+            rest, last = self.parser.finish()
+            content, calls = content + rest, calls + last
         self.calls += len(calls)
         if finish_reason:
-            content += self.parser.finish()
             finish_reason = "tool_calls" if self.calls else finish_reason
         return content, calls, finish_reason
 
