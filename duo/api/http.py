@@ -230,9 +230,10 @@ class OpenAIApi:
 
     async def chat(self, request: Request) -> Response:
         body = await parse_body(await request.body(), ChatBody, self.completions.max_items())
+        functions = body.callable_functions()
         return await self._generate(body, body.to_request, request,
-                                    ChatFormat(self._name(body), body.callable_functions(),
-                                               self.completions.call_format()))
+                                    ChatFormat(self._name(body), functions,
+                                               self.completions.call_format() if functions else None))
 
     def _name(self, body: GenerationBody) -> str:
         self.completions.check_model(body.model)
