@@ -182,7 +182,7 @@ def test_a_chat_templates_own_refusal_is_a_400_with_its_message(target_model, mo
 
 def test_admission_comes_before_tokenizing_for_generations_and_for_tokenize_each_in_its_own_line(monkeypatch):
     service, _ = completions([[3]], parallel=1, queue_size=0)
-    service.tokenizing = Admission(1, 0)
+    service.tokenizing_admission = Admission(1, 0)
     prepared = []
     monkeypatch.setattr(service, "prepare", lambda request: prepared.append(request) or None)
     tokenized = []
@@ -192,15 +192,15 @@ def test_admission_comes_before_tokenizing_for_generations_and_for_tokenize_each
         slot = await service.admission.acquire()  # the one running place is taken
         with pytest.raises(QueueFull):
             await service.start(CompletionRequest(prompt="a prompt " * 10))
-        assert await service.tokenize_admitted("hi", ()) == [3]  # not behind the generation
-        tokenizing = await service.tokenizing.acquire()  # the one tokenize place is taken
+        assert await service.tokenizing(service.tokenize, "hi", ()) == [3]  # not behind the generation
+        tokenizing = await service.tokenizing_admission.acquire()  # the one tokenize place is taken
         with pytest.raises(QueueFull):
-            await service.tokenize_admitted("a long prompt", ())
+            await service.tokenizing(service.tokenize, "a long prompt", ())
         assert prepared == [] and tokenized == ["hi"]  # no work was done for what was not admitted
         slot.release()
         tokenizing.release()
-        assert await service.tokenize_admitted("hi", ()) == [3]
-        assert service.tokenizing.running == 0 and service.admission.running == 0  # places given back
+        assert await service.tokenizing(service.tokenize, "hi", ()) == [3]
+        assert service.tokenizing_admission.running == 0 and service.admission.running == 0  # places given back
 
     asyncio.run(run())
 
@@ -257,7 +257,7 @@ def test_a_tokenize_call_does_not_wait_behind_running_generations():
     async def run() -> list[int]:
         completion = await service.start(CompletionRequest(prompt="hi"))  # the one generation place, held
         async with aclosing(completion):
-            return await asyncio.wait_for(service.tokenize_admitted("one two three", ()), timeout=5)
+            return await asyncio.wait_for(service.tokenizing(service.tokenize, "one two three", ()), timeout=5)
 
     assert asyncio.run(run()) == [3, 3, 3]
 

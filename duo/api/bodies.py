@@ -70,7 +70,8 @@ class GenerationBody(Fenced):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
     model: str | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=-1)  # -1: until the end of generation or the context
+    n_predict: int | None = Field(default=None, ge=-1)   # llama-server's name for it
     temperature: float | None = None  # OpenAI's default: 1
     top_p: float | None = None
     top_k: int | None = None          # not OpenAI's, but vLLM's and llama.cpp's
@@ -104,6 +105,18 @@ class GenerationBody(Fenced):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    def token_limit(self, *names: str) -> int:
+        """The most tokens to generate: the first of `names` (max_tokens and its aliases, in order) that the client
+        set, then n_predict; -1 or none of them: until the end of generation or the context (0 here)."""
+        for name in (*names, "n_predict"):
+            value = getattr(self, name)
+            if name in self.model_fields_set and value is not None:
+                if value == 0:  # /completion answers a warm-up (n_predict 0) before it asks
+                    raise BadRequest(f"{name} must be at least 1 (or -1: until the end of generation)", param=name)
+                return max(value, 0)
+        default = type(self).model_fields[names[0]].default if names else None
+        return default or 0
+
     def completion_request(self, *, max_tokens: int | None, **prompt: Any) -> CompletionRequest:
         params = SamplingParams(temperature=1.0 if self.temperature is None else self.temperature,
                                 top_k=self.top_k or 0, top_p=1.0 if self.top_p is None else self.top_p,
@@ -128,7 +141,7 @@ class CompletionBody(GenerationBody):
     """POST /v1/completions."""
 
     prompt: str | list[str] | list[int]
-    max_tokens: int | None = Field(default=16, ge=1)  # OpenAI's default for completions
+    max_tokens: int | None = Field(default=16, ge=-1)  # OpenAI's default for completions
     echo: bool | None = False
     suffix: str | None = None
     best_of: int | None = None
@@ -153,8 +166,8 @@ class CompletionBody(GenerationBody):
                 raise BadRequest(f"send one prompt per request, got {len(prompt)}", param="prompt")
             prompt = prompt[0]
         if isinstance(prompt, list):
-            return self.completion_request(max_tokens=self.max_tokens, prompt_tokens=prompt)
-        return self.completion_request(max_tokens=self.max_tokens, prompt=prompt)
+            return self.completion_request(max_tokens=self.token_limit("max_tokens"), prompt_tokens=prompt)
+        return self.completion_request(max_tokens=self.token_limit("max_tokens"), prompt=prompt)
 
 
 class ContentPart(BaseModel):
@@ -197,7 +210,7 @@ class ChatBody(GenerationBody):
     """POST /v1/chat/completions."""
 
     messages: list[ChatMessageBody]
-    max_completion_tokens: int | None = Field(default=None, ge=1)  # the newer name of max_tokens
+    max_completion_tokens: int | None = Field(default=None, ge=-1)  # the newer name of max_tokens
     logprobs: bool | None = None
     top_logprobs: int | None = None
     tools: list[ToolBody] | None = None
@@ -211,18 +224,15 @@ class ChatBody(GenerationBody):
 
     def to_request(self) -> CompletionRequest:
         self.check_supported()
-        for i, message in enumerate(self.messages):
-            message.check_fields(f"messages[{i}].")
         if not self.messages:
             raise BadRequest("messages must not be empty: send at least one message", param="messages")
         try:
             use = tool_use(self.tools, self.tool_choice, self.parallel_tool_calls)
         except ToolError as error:
             raise BadRequest(str(error), param=error.param) from error
-        messages = [template_message("system" if m.role == "developer" else m.role, m.text(i),
-                                     [call.model_dump() for call in m.tool_calls] if m.tool_calls else None,
-                                     m.tool_call_id) for i, m in enumerate(self.messages)]
-        return self.completion_request(max_tokens=self.max_completion_tokens or self.max_tokens, messages=messages,
+        messages = template_messages(self.messages)
+        return self.completion_request(max_tokens=self.token_limit("max_completion_tokens", "max_tokens"),
+                                       messages=messages,
                                        tool_use=use)
 
     def callable_functions(self) -> list[FunctionBody]:
@@ -232,6 +242,16 @@ class ChatBody(GenerationBody):
         except ToolError:
             return []  # to_request says what is wrong
         return use.callable if use else []
+
+
+def template_messages(messages: list[ChatMessageBody]) -> list[dict[str, Any]]:
+    """Messages as the chat template takes them (duo.api.tools.template_message); BadRequest for a field of a
+    message that duo does not honour."""
+    for i, message in enumerate(messages):
+        message.check_fields(f"messages[{i}].")
+    return [template_message("system" if m.role == "developer" else m.role, m.text(i),
+                             [call.model_dump() for call in m.tool_calls] if m.tool_calls else None,
+                             m.tool_call_id) for i, m in enumerate(messages)]
 
 
 Body = TypeVar("Body", bound=BaseModel)
@@ -281,3 +301,42 @@ def document_bodies(app: FastAPI, bodies: dict[str, type[BaseModel]]) -> None:
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+class NativeCompletionBody(GenerationBody):
+    """llama-server's POST /completion: a raw prompt (text or token ids), n_predict."""
+
+    prompt: str | list[int]
+
+    @property
+    def warm_up(self) -> bool:
+        """n_predict 0 (what editors send to warm the cache): answered at once, with nothing generated."""
+        return self.n_predict == 0 and "max_tokens" not in self.model_fields_set
+
+    def to_request(self) -> CompletionRequest:
+        self.check_supported()
+        prompt = {"prompt_tokens": self.prompt} if isinstance(self.prompt, list) else {"prompt": self.prompt}
+        return self.completion_request(max_tokens=self.token_limit("max_tokens"), **prompt)
+
+
+class TokenizeBody(Fenced):
+    """llama-server's POST /tokenize."""
+
+    content: str
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
+
+
+class DetokenizeBody(Fenced):
+    """llama-server's POST /detokenize."""
+
+    tokens: list[int]
+
+
+class ApplyTemplateBody(Fenced):
+    """llama-server's POST /apply-template: the chat as the model's template renders it, not generated from."""
+
+    messages: list[ChatMessageBody]
+    tools: list[ToolBody] | None = None
+

@@ -7,7 +7,7 @@ import codecs
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from functools import partial
@@ -19,7 +19,7 @@ from duo.api.metrics import Metrics
 from duo.api.stop import StopMatcher
 from duo.api.tools import CallFormat, ToolError, ToolUse, call_format, call_grammar
 from duo.constraint import Cursor, GrammarError, grammar_of
-from duo.model import ModelError
+from duo.model import Model, ModelError
 from duo.sampling import SamplingParams
 from duo.target.generation import Target
 from duo.target.request import GenerationStats, Request
@@ -91,6 +91,7 @@ class Piece:
     finish_reason: str | None  # set on the last piece: "stop" or "length"
     stats: GenerationStats
     draft_connected: bool
+    stop_type: str = ""  # on the last piece, as llama-server says it: "eos", "word" (a stop string) or "limit"
 
 
 def stats_fields(stats: GenerationStats, draft_connected: bool) -> dict[str, float | int | bool | str | list[int]]:
@@ -158,7 +159,7 @@ class Completions:
         self.admission = admission
         # Tokenize calls wait for a place of their own: beside generations, not behind them (they are
         # quick, and bounded like a prompt), but bounded too, so that they cannot flood the threads.
-        self.tokenizing = Admission(TOKENIZE_PARALLEL, TOKENIZE_QUEUE)
+        self.tokenizing_admission = Admission(TOKENIZE_PARALLEL, TOKENIZE_QUEUE)
         self.metrics = metrics
         self.names = list(names)  # the first is the model's name; the others are accepted as aliases
         self.target: Target | None = None  # set once the model is loaded
@@ -325,12 +326,14 @@ class Completions:
         if sum(len(text) for text in texts) > self._max_prompt_bytes:  # characters: at least one byte each
             raise too_long(f"the prompt is far longer than the context of {self.context_size} tokens")
 
-    async def tokenize_admitted(self, prompt: str, messages: Sequence[Mapping[str, str]]) -> list[int]:
-        """tokenize() for the Tokenize RPC, admitted among tokenize calls (QueueFull when their line is full)."""
+    async def tokenizing(self, work: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """work(*args, **kwargs) on a thread (tokenizing, rendering a template), admitted among such calls (QueueFull when
+        their line is full); NotReady while the model loads."""
         self._open_for_requests()
-        slot = await self.tokenizing.acquire()
+        self._loaded()
+        slot = await self.tokenizing_admission.acquire()
         try:
-            return await asyncio.to_thread(self.tokenize, prompt, messages)
+            return await asyncio.to_thread(work, *args, **kwargs)
         finally:
             slot.release()
 
@@ -348,7 +351,8 @@ class Completions:
                     finish = "stop" if stopped else step.finish_reason
                     if finish and not stopped:
                         text += stops.flush()
-                    yield Piece(text, step.tokens, finish, stats, self.draft_connected)
+                    why = "word" if stopped else {"stop": "eos", "length": "limit"}.get(finish or "", "")
+                    yield Piece(text, step.tokens, finish, stats, self.draft_connected, why)
                     if finish:
                         # Leaving `aclosing` closes target.generate now, which frees the sessions at once.
                         return
@@ -393,6 +397,10 @@ class Completions:
     def _open_for_requests(self) -> None:
         if self.closing:
             raise ShuttingDown(SHUTTING_DOWN)
+
+    def loaded_model(self) -> Model:
+        """The target's model; NotReady while it loads."""
+        return self._loaded().model
 
     def _loaded(self) -> Target:
         if self.target is None:

@@ -67,7 +67,8 @@ class TargetServicer(pb_grpc.TargetServicer):
 
     async def Tokenize(self, message: pb.TokenizeRequest, context: grpc.aio.ServicerContext) -> pb.TokenizeResponse:
         try:
-            tokens = await self.completions.tokenize_admitted(message.prompt, messages_from_pb(message.messages))
+            tokens = await self.completions.tokenizing(self.completions.tokenize, message.prompt,
+                                                           messages_from_pb(message.messages))
         except (ClientError, QueueFull) as error:
             await abort_for(context, error)
         model = self.completions.target.model

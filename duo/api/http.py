@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
-import time
-import uuid
-from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Any, TypeVar
@@ -21,11 +17,13 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from duo.api.admission import QueueFull
-from duo.api.bodies import ChatBody, CompletionBody, GenerationBody, document_bodies, parse_body
-from duo.api.completion import (BadRequest, ClientError, Completion, CompletionRequest, Completions, NotReady, Piece,
-                            ShuttingDown, UnknownModel, failure_message, stats_fields)
+from duo.api.answers import (ApiError, ChatFormat, CompletionFormat, NativeFormat, ResponseFormat, api_error,
+                             server_error)
+from duo.api.bodies import (ApplyTemplateBody, ChatBody, CompletionBody, DetokenizeBody, GenerationBody,
+                            NativeCompletionBody, TokenizeBody, document_bodies, parse_body, template_messages)
+from duo.api.completion import (ClientError, Completion, CompletionRequest, Completions, Piece, ShuttingDown,
+                                failure_message)
 from duo.api.metrics import CONTENT_TYPE, Metrics
-from duo.api.tools import CallFormat, CallParser, FunctionBody, ToolCall
 from duo.model import ModelError
 from duo.runtime import WRITE_TIMEOUT_S, HttpServer, WriteTimeout, within, write_within
 
@@ -39,38 +37,7 @@ BODY_READ_TIMEOUT_S = 30.0
 MAX_HTTP_CONNECTIONS = 256
 # nginx's "client closed request": logged for requests whose client left before the answer.
 CLIENT_CLOSED = 499
-
-
-class ApiError(Exception):
-    """An error answered in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
-
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status, self.type, self.param, self.code, self.headers = status, type, param, code, headers
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": str(self), "type": self.type, "param": self.param, "code": self.code}}
-
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
-
-
-def server_error(message: str) -> ApiError:
-    return ApiError(500, message, type="server_error")
-
-
-def api_error(error: ClientError | QueueFull) -> ApiError:
-    if isinstance(error, UnknownModel):
-        return ApiError(404, str(error), param=error.param, code=error.code)
-    if isinstance(error, BadRequest):
-        return ApiError(400, str(error), param=error.param, code=error.code)
-    if isinstance(error, QueueFull):
-        return ApiError(503, str(error), type="server_error", code="queue_full", headers={"Retry-After": "1"})
-    if isinstance(error, ShuttingDown):
-        return ApiError(503, str(error), type="server_error", code="shutting_down")
-    assert isinstance(error, NotReady), error  # the last kind of ClientError
-    return ApiError(503, str(error), type="server_error", code="model_loading", headers={"Retry-After": "1"})
+NATIVE_PATHS = frozenset({"/completion", "/completions", "/tokenize", "/detokenize", "/apply-template", "/props"})
 
 
 def validation_message(error: RequestValidationError) -> ApiError:
@@ -103,7 +70,7 @@ class BodyLimit:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
-        if self.expected and scope["path"].startswith("/v1/") and not hmac.compare_digest(
+        if self.expected and _needs_key(scope["path"]) and not hmac.compare_digest(
                 headers.get(b"authorization", b""), self.expected):
             return await _wrong_key().response()(scope, receive, send)
         length, max_bytes = headers.get(b"content-length", b"0"), self.limit()
@@ -186,12 +153,6 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     return task.result()
 
 
-def usage(piece: Piece) -> dict[str, Any]:
-    prompt, completion = piece.stats.prompt_tokens, piece.stats.generated_tokens
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": piece.stats.cached_prompt_tokens}}
-
-
 class OpenAIApi:
     """The routes, bound to the target's Completions."""
 
@@ -235,12 +196,58 @@ class OpenAIApi:
                                     ChatFormat(self._name(body), functions,
                                                self.completions.call_format() if functions else None))
 
+    # llama-server's native endpoints, as scripts written for llama.cpp call them.
+    async def native_completion(self, request: Request) -> Response:
+        body = await parse_body(await request.body(), NativeCompletionBody, self.completions.max_items())
+        output = NativeFormat(self._name(body))
+        if body.warm_up:  # nothing to generate: the answer an editor's warm-up waits for
+            body.check_supported()  # its fields are checked all the same
+            return JSONResponse({"content": "", "tokens": [], "stop": True, "model": output.model,
+                                 "stop_type": "limit", "tokens_predicted": 0})
+        return await self._generate(body, body.to_request, request, output)
+
+    async def tokenize(self, request: Request) -> dict[str, Any]:
+        body = await parse_body(await request.body(), TokenizeBody, self.completions.max_items())
+        body.check_fields()
+        model = self.completions.loaded_model()
+        tokens = await self.completions.tokenizing(model.tokenize, body.content, add_special=body.add_special,
+                                                   parse_special=body.parse_special)
+        if not body.with_pieces:
+            return {"tokens": tokens}
+        return {"tokens": [{"id": token, "piece": _piece(model.token_piece(token, special=True))} for token in tokens]}
+
+    async def detokenize(self, request: Request) -> dict[str, Any]:
+        body = await parse_body(await request.body(), DetokenizeBody, self.completions.max_items())
+        body.check_fields()
+        model = self.completions.loaded_model()
+        if not all(0 <= token < model.n_vocab for token in body.tokens):
+            raise ApiError(400, f"token ids must be between 0 and {model.n_vocab - 1}", param="tokens")
+        text = await self.completions.tokenizing(model.detokenize, body.tokens)
+        return {"content": text.decode(errors="replace")}
+
+    async def apply_template(self, request: Request) -> dict[str, Any]:
+        body = await parse_body(await request.body(), ApplyTemplateBody, self.completions.max_items())
+        body.check_fields()
+        model = self.completions.loaded_model()
+        tools = [tool.model_dump(exclude_none=True) for tool in body.tools or []]
+        return {"prompt": await self.completions.tokenizing(model.chat_prompt, template_messages(body.messages),
+                                                            tools)}
+
+    def props(self) -> dict[str, Any]:
+        completions = self.completions
+        model = completions.loaded_model()
+        return {"model_alias": completions.names[0], "model_path": str(model.path),
+                "total_slots": completions.admission.parallel, "chat_template": model.chat_template(),
+                "default_generation_settings": {"n_ctx": completions.context_size},
+                "modalities": {"vision": False, "audio": False}, "build_info": "duo",
+                "duo": {"draft": completions.draft_state}}
+
     def _name(self, body: GenerationBody) -> str:
         self.completions.check_model(body.model)
         return body.model or self.completions.names[0]
 
     async def _generate(self, body: GenerationBody, to_request: Callable[[], CompletionRequest], request: Request,
-                        output: "ResponseFormat") -> Response:
+                        output: ResponseFormat | NativeFormat) -> Response:
         try:
             completion = await unless_disconnected(request, self.completions.start(to_request()))
         except ClientGone:
@@ -264,121 +271,6 @@ async def collect(completion: Completion) -> list[Piece]:
     return [piece async for piece in completion]
 
 
-class ResponseFormat(ABC):
-    """How one endpoint shapes its answer: whole (a JSON object) or as server-sent event chunks."""
-
-    object_name = ""
-    chunk_object_name = ""
-    id_prefix = ""
-
-    def __init__(self, model: str) -> None:
-        self.model = model
-        self.id = f"{self.id_prefix}-{uuid.uuid4().hex}"
-        self.created = int(time.time())
-
-    def whole(self, pieces: list[Piece]) -> dict[str, Any]:
-        last = pieces[-1]
-        text = "".join(piece.text for piece in pieces)
-        return {**self._envelope(self.object_name), "choices": [self.whole_choice(text, last.finish_reason)],
-                "usage": usage(last), "duo_stats": stats_fields(last.stats, last.draft_connected)}
-
-    async def events(self, completion: Completion, include_usage: bool) -> AsyncIterator[str]:
-        try:
-            for chunk in self.opening_chunks():
-                yield sse(self._chunk(chunk, include_usage))
-            async for piece in completion:
-                if piece.text or piece.finish_reason:
-                    chunk = self._chunk(self.chunk_choice(piece.text, piece.finish_reason), include_usage)
-                    if piece.finish_reason:
-                        chunk["duo_stats"] = stats_fields(piece.stats, piece.draft_connected)
-                    yield sse(chunk)
-                if piece.finish_reason and include_usage:
-                    yield sse({**self._envelope(self.chunk_object_name), "choices": [], "usage": usage(piece)})
-        except ShuttingDown as error:
-            yield sse(api_error(error).body())
-        except Exception as error:  # this request's own failure: an error event, then [DONE] as always
-            yield sse(server_error(failure_message(error)).body())
-        yield "data: [DONE]\n\n"
-
-    def _chunk(self, choice: dict[str, Any], include_usage: bool) -> dict[str, Any]:
-        chunk = {**self._envelope(self.chunk_object_name), "choices": [choice]}
-        if include_usage:
-            chunk["usage"] = None  # as OpenAI: only the extra last chunk carries usage
-        return chunk
-
-    def _envelope(self, object_name: str) -> dict[str, Any]:
-        return {"id": self.id, "object": object_name, "created": self.created, "model": self.model}
-
-    def opening_chunks(self) -> list[dict[str, Any]]:
-        return []
-
-    @abstractmethod
-    def whole_choice(self, text: str, finish_reason: str | None) -> dict[str, Any]: ...
-
-    @abstractmethod
-    def chunk_choice(self, text: str, finish_reason: str | None) -> dict[str, Any]: ...
-
-
-class CompletionFormat(ResponseFormat):
-    object_name = chunk_object_name = "text_completion"
-    id_prefix = "cmpl"
-
-    def whole_choice(self, text: str, finish_reason: str | None) -> dict[str, Any]:
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-
-    chunk_choice = whole_choice
-
-
-class ChatFormat(ResponseFormat):
-    """Chat answers; with `functions` the model may call, its calls come out of the text as tool_calls
-    (duo.api.tools), finish_reason "tool_calls"."""
-
-    object_name = "chat.completion"
-    chunk_object_name = "chat.completion.chunk"
-    id_prefix = "chatcmpl"
-
-    def __init__(self, model: str, functions: list[FunctionBody] | None = None,
-                 format_: CallFormat | None = None) -> None:
-        super().__init__(model)
-        self.parser = CallParser(functions, format_) if functions and format_ else None
-        self.calls = 0
-
-    def opening_chunks(self) -> list[dict[str, Any]]:
-        return [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]
-
-    def whole_choice(self, text: str, finish_reason: str | None) -> dict[str, Any]:
-        content, calls, finish_reason = self._split(text, finish_reason)
-        message: dict[str, Any] = {"role": "assistant", "content": content or (None if calls else "")}
-        if calls:
-            message["tool_calls"] = [call.message() for call in calls]
-        return {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
-
-    def chunk_choice(self, text: str, finish_reason: str | None) -> dict[str, Any]:
-        first = self.calls
-        content, calls, finish_reason = self._split(text, finish_reason)
-        delta: dict[str, Any] = {"content": content} if content else {}
-        if calls:  # each call whole in one delta: the SDK assembles deltas by index
-            delta["tool_calls"] = [{"index": first + i, **call.message()} for i, call in enumerate(calls)]
-        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-
-    def _split(self, text: str, finish_reason: str | None) -> tuple[str, list[ToolCall], str | None]:
-        """The text's content and the calls it completes; at the end, "tool_calls" where the model called any."""
-        if self.parser is None:
-            return text, [], finish_reason
-        content, calls = self.parser.feed(text)
-        if finish_reason:
-            rest, last = self.parser.finish()
-            content, calls = content + rest, calls + last
-        self.calls += len(calls)
-        if finish_reason:
-            finish_reason = "tool_calls" if self.calls else finish_reason
-        return content, calls, finish_reason
-
-
-def sse(data: dict[str, Any]) -> str:
-    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
-
-
 def create_app(completions: Completions, metrics: Metrics, api_key: str | None, *,
                write_timeout: float = WRITE_TIMEOUT_S) -> ASGIApp:
     """The FastAPI app; /v1/* needs `Authorization: Bearer <api_key>` when a key is set, /health and /metrics never.
@@ -394,9 +286,23 @@ def create_app(completions: Completions, metrics: Metrics, api_key: str | None, 
     v1.add_api_route("/completions", api.completion, methods=["POST"])
     v1.add_api_route("/chat/completions", api.chat, methods=["POST"])
     app.include_router(v1)
-    document_bodies(app, {"/v1/completions": CompletionBody, "/v1/chat/completions": ChatBody})
+    app.add_api_route("/completion", api.native_completion, methods=["POST"])
+    app.add_api_route("/completions", api.native_completion, methods=["POST"])
+    app.add_api_route("/tokenize", api.tokenize, methods=["POST"])
+    app.add_api_route("/detokenize", api.detokenize, methods=["POST"])
+    app.add_api_route("/apply-template", api.apply_template, methods=["POST"])
+    app.add_api_route("/props", api.props, methods=["GET"])
+    document_bodies(app, {"/v1/completions": CompletionBody, "/v1/chat/completions": ChatBody,
+                          "/completion": NativeCompletionBody, "/completions": NativeCompletionBody,
+                          "/tokenize": TokenizeBody, "/detokenize": DetokenizeBody,
+                          "/apply-template": ApplyTemplateBody})
     add_error_handlers(app)
     return BodyLimit(app, completions.max_body_bytes, api_key)
+
+
+def _needs_key(path: str) -> bool:
+    """/v1/* and llama-server's native endpoints need the API key; /health, /metrics and /openapi.json do not."""
+    return path.startswith("/v1/") or path in NATIVE_PATHS
 
 
 def _wrong_key() -> ApiError:
@@ -436,3 +342,11 @@ def http_server(app: ASGIApp, *, tls_cert: str | None, tls_key: str | None, debu
     config = uvicorn.Config(app, lifespan="off", log_config=None, access_log=debug, ssl_certfile=tls_cert,
                             ssl_keyfile=tls_key, timeout_graceful_shutdown=2, limit_concurrency=MAX_HTTP_CONNECTIONS)
     return HttpServer(config)
+
+
+def _piece(text: bytes) -> str | list[int]:
+    """A token's text for /tokenize's pieces: the string, or its bytes where they are not whole UTF-8 (as llama-server)."""
+    try:
+        return text.decode()
+    except UnicodeDecodeError:
+        return list(text)

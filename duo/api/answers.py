@@ -1,0 +1,222 @@
+"""What the HTTP API answers: OpenAI's shapes (errors, completions, chat, their server-sent chunks) and
+llama-server's native /completion."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi.responses import JSONResponse
+
+from duo.api.admission import QueueFull
+from duo.api.completion import (BadRequest, ClientError, Completion, NotReady, Piece, ShuttingDown, UnknownModel,
+                                failure_message, stats_fields)
+from duo.api.tools import CallFormat, CallParser, FunctionBody, ToolCall
+from duo.target.request import GenerationStats
+
+
+class ApiError(Exception):
+    """An error answered in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.type, self.param, self.code, self.headers = status, type, param, code, headers
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": str(self), "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def server_error(message: str) -> ApiError:
+    return ApiError(500, message, type="server_error")
+
+
+def api_error(error: ClientError | QueueFull) -> ApiError:
+    if isinstance(error, UnknownModel):
+        return ApiError(404, str(error), param=error.param, code=error.code)
+    if isinstance(error, BadRequest):
+        return ApiError(400, str(error), param=error.param, code=error.code)
+    if isinstance(error, QueueFull):
+        return ApiError(503, str(error), type="server_error", code="queue_full", headers={"Retry-After": "1"})
+    if isinstance(error, ShuttingDown):
+        return ApiError(503, str(error), type="server_error", code="shutting_down")
+    assert isinstance(error, NotReady), error  # the last kind of ClientError
+    return ApiError(503, str(error), type="server_error", code="model_loading", headers={"Retry-After": "1"})
+
+
+def usage(piece: Piece) -> dict[str, Any]:
+    prompt, completion = piece.stats.prompt_tokens, piece.stats.generated_tokens
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": piece.stats.cached_prompt_tokens}}
+
+
+class ResponseFormat(ABC):
+    """How one endpoint shapes its answer: whole (a JSON object) or as server-sent event chunks."""
+
+    object_name = ""
+    chunk_object_name = ""
+    id_prefix = ""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.id = f"{self.id_prefix}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+
+    def whole(self, pieces: list[Piece]) -> dict[str, Any]:
+        last = pieces[-1]
+        text = "".join(piece.text for piece in pieces)
+        return {**self._envelope(self.object_name), "choices": [self.whole_choice(text, last.finish_reason)],
+                "usage": usage(last), "duo_stats": stats_fields(last.stats, last.draft_connected)}
+
+    async def events(self, completion: Completion, include_usage: bool) -> AsyncIterator[str]:
+        try:
+            for chunk in self.opening_chunks():
+                yield sse(self._chunk(chunk, include_usage))
+            async for piece in completion:
+                if piece.text or piece.finish_reason:
+                    chunk = self._chunk(self.chunk_choice(piece.text, piece.finish_reason), include_usage)
+                    if piece.finish_reason:
+                        chunk["duo_stats"] = stats_fields(piece.stats, piece.draft_connected)
+                    yield sse(chunk)
+                if piece.finish_reason and include_usage:
+                    yield sse({**self._envelope(self.chunk_object_name), "choices": [], "usage": usage(piece)})
+        except ShuttingDown as error:
+            yield sse(api_error(error).body())
+        except Exception as error:  # this request's own failure: an error event, then [DONE] as always
+            yield sse(server_error(failure_message(error)).body())
+        yield "data: [DONE]\n\n"
+
+    def _chunk(self, choice: dict[str, Any], include_usage: bool) -> dict[str, Any]:
+        chunk = {**self._envelope(self.chunk_object_name), "choices": [choice]}
+        if include_usage:
+            chunk["usage"] = None  # as OpenAI: only the extra last chunk carries usage
+        return chunk
+
+    def _envelope(self, object_name: str) -> dict[str, Any]:
+        return {"id": self.id, "object": object_name, "created": self.created, "model": self.model}
+
+    def opening_chunks(self) -> list[dict[str, Any]]:
+        return []
+
+    @abstractmethod
+    def whole_choice(self, text: str, finish_reason: str | None) -> dict[str, Any]: ...
+
+    @abstractmethod
+    def chunk_choice(self, text: str, finish_reason: str | None) -> dict[str, Any]: ...
+
+
+class CompletionFormat(ResponseFormat):
+    object_name = chunk_object_name = "text_completion"
+    id_prefix = "cmpl"
+
+    def whole_choice(self, text: str, finish_reason: str | None) -> dict[str, Any]:
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+
+    chunk_choice = whole_choice
+
+
+class ChatFormat(ResponseFormat):
+    """Chat answers; with `functions` the model may call, its calls come out of the text as tool_calls
+    (duo.api.tools), finish_reason "tool_calls"."""
+
+    object_name = "chat.completion"
+    chunk_object_name = "chat.completion.chunk"
+    id_prefix = "chatcmpl"
+
+    def __init__(self, model: str, functions: list[FunctionBody] | None = None,
+                 format_: CallFormat | None = None) -> None:
+        super().__init__(model)
+        self.parser = CallParser(functions, format_) if functions and format_ else None
+        self.calls = 0
+
+    def opening_chunks(self) -> list[dict[str, Any]]:
+        return [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]
+
+    def whole_choice(self, text: str, finish_reason: str | None) -> dict[str, Any]:
+        content, calls, finish_reason = self._split(text, finish_reason)
+        message: dict[str, Any] = {"role": "assistant", "content": content or (None if calls else "")}
+        if calls:
+            message["tool_calls"] = [call.message() for call in calls]
+        return {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
+
+    def chunk_choice(self, text: str, finish_reason: str | None) -> dict[str, Any]:
+        first = self.calls
+        content, calls, finish_reason = self._split(text, finish_reason)
+        delta: dict[str, Any] = {"content": content} if content else {}
+        if calls:  # each call whole in one delta: the SDK assembles deltas by index
+            delta["tool_calls"] = [{"index": first + i, **call.message()} for i, call in enumerate(calls)]
+        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+
+    def _split(self, text: str, finish_reason: str | None) -> tuple[str, list[ToolCall], str | None]:
+        """The text's content and the calls it completes; at the end, "tool_calls" where the model called any."""
+        if self.parser is None:
+            return text, [], finish_reason
+        content, calls = self.parser.feed(text)
+        if finish_reason:
+            rest, last = self.parser.finish()
+            content, calls = content + rest, calls + last
+        self.calls += len(calls)
+        if finish_reason:
+            finish_reason = "tool_calls" if self.calls else finish_reason
+        return content, calls, finish_reason
+
+
+def sse(data: dict[str, Any]) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+class NativeFormat:
+    """llama-server's /completion answer: `content`, `tokens`, `stop`, `stop_type`, `timings` (with its names,
+    draft_n and draft_n_accepted included); streamed as one JSON object per event, the last with stop true, and no
+    [DONE] (llama-server sends none on its native endpoints)."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+
+    def whole(self, pieces: list[Piece]) -> dict[str, Any]:
+        return {**self._final(pieces[-1]), "content": "".join(piece.text for piece in pieces),
+                "tokens": [token for piece in pieces for token in piece.token_ids]}
+
+    async def events(self, completion: Completion, include_usage: bool) -> AsyncIterator[str]:
+        """`include_usage` does not apply: every answer carries its timings."""
+        try:
+            async for piece in completion:
+                if piece.finish_reason:
+                    yield sse({**self._final(piece), "content": piece.text, "tokens": piece.token_ids})
+                elif piece.text or piece.token_ids:
+                    yield sse({"content": piece.text, "tokens": piece.token_ids, "stop": False})
+        except ShuttingDown as error:
+            yield sse(api_error(error).body())
+        except Exception as error:  # this request's own failure: an error event, and the stream ends
+            yield sse(server_error(failure_message(error)).body())
+
+    def _final(self, last: Piece) -> dict[str, Any]:
+        stats = last.stats
+        return {"stop": True, "model": self.model, "stop_type": last.stop_type, "stopping_word": "",
+                "tokens_predicted": stats.generated_tokens, "tokens_evaluated": stats.prompt_tokens,
+                "tokens_cached": stats.cached_prompt_tokens, "truncated": False, "timings": timings(stats),
+                "duo_stats": stats_fields(stats, last.draft_connected)}
+
+
+def timings(stats: GenerationStats) -> dict[str, float | int]:
+    """llama-server's timings: the prompt's part up to the first token (its queueing included), then decoding;
+    draft_n is the drafts duo verified (llama-server counts those its draft made)."""
+    ended = stats.finished_at or time.monotonic()
+    prompt_s = (stats.first_token_at or ended) - stats.arrived
+    predicted_s = ended - (stats.first_token_at or ended)
+    prompt_n = stats.prompt_tokens - stats.cached_prompt_tokens
+    predicted_n = max(stats.generated_tokens - 1, 0)  # the first token closes the prompt's part
+    return {"prompt_n": prompt_n, "prompt_ms": 1000 * prompt_s,
+            "prompt_per_token_ms": 1000 * prompt_s / prompt_n if prompt_n else 0.0,
+            "prompt_per_second": prompt_n / prompt_s if prompt_s > 0 else 0.0,
+            "predicted_n": stats.generated_tokens, "predicted_ms": 1000 * predicted_s,
+            "predicted_per_token_ms": 1000 * predicted_s / predicted_n if predicted_n else 0.0,
+            "predicted_per_second": predicted_n / predicted_s if predicted_s > 0 else 0.0,
+            "draft_n": stats.draft_tokens_verified, "draft_n_accepted": stats.draft_tokens_accepted}
