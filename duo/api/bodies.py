@@ -51,6 +51,10 @@ class ResponseFormat(BaseModel):
 # slot and progress options); every other field is honoured or refused with a 400 naming it, never dropped.
 IGNORED_FIELDS = frozenset({"user", "store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier",
                             "id_slot", "timings_per_token", "return_progress"})
+# llama-server's sampling fields at the value that turns them off: sent so (llama.cpp scripts often send every
+# field), they change nothing and are honoured; any other value is refused by name.
+OFF_VALUES = {"repeat_penalty": 1.0, "typical_p": 1.0, "mirostat": 0, "tfs_z": 1.0, "dry_multiplier": 0.0,
+              "xtc_probability": 0.0, "n_probs": 0, "min_keep": 0}
 
 
 class Fenced(BaseModel):
@@ -60,8 +64,9 @@ class Fenced(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     def check_fields(self, where: str = "") -> None:
-        for name in self.model_extra or {}:
-            if name not in IGNORED_FIELDS:
+        for name, value in (self.model_extra or {}).items():
+            off = OFF_VALUES.get(name)
+            if name not in IGNORED_FIELDS and not (off is not None and value == off and not isinstance(value, bool)):
                 raise BadRequest(f"{where}{name} is not supported by duo-target; leave it out",
                                  param=f"{where}{name}")
 
