@@ -12,6 +12,7 @@ how a chain is walked and then taken back to what was committed.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 import threading
 import warnings
 import weakref
@@ -34,6 +35,16 @@ KINDS = ("json_schema", "gbnf", "lark", "regex")
 # break and up to 20 spaces or tabs of indentation. Unbounded whitespace (llguidance's default) lets a model that
 # hesitates fill its whole answer with blank lines, which small models do.
 JSON_OPTIONS = {"whitespace_pattern": r"(?: |\n[ \t]{0,20})?"}
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    """A grammar as the client sent it: `kind` one of duo.constraint.KINDS; `param` the field that held it, named
+    in errors."""
+
+    kind: str
+    source: str | dict[str, Any]
+    param: str
 
 
 class GrammarError(ValueError):

@@ -8,6 +8,7 @@ import numpy as np
 
 from duo._proto import duo_pb2 as pb
 from duo.model import Vocab
+from duo.penalties import Penalties
 from duo.sampling import SamplingParams, SparseDist
 
 PROTOCOL = "duo/3"  # 2: branches; 3: coupled sampling (OpenSession.verification)
@@ -30,12 +31,22 @@ class ChainChunk:
     paused: bool = False  # the draft stopped this chain after these tokens, until the next commit
 
 
-def sampling_to_pb(params: SamplingParams, seed: int | None) -> pb.SamplingParams:
+def sampling_to_pb(params: SamplingParams, seed: int | None, penalties: Penalties = Penalties()) -> pb.SamplingParams:
     message = pb.SamplingParams(temperature=params.temperature, top_k=params.top_k,
-                                top_p=params.top_p, min_p=params.min_p)
+                                top_p=params.top_p, min_p=params.min_p, presence_penalty=penalties.presence,
+                                frequency_penalty=penalties.frequency, repeat_penalty=penalties.repeat,
+                                repeat_last_n=penalties.repeat_last_n, logit_bias=dict(penalties.bias))
     if seed is not None:
         message.seed = seed
     return message
+
+
+def penalties_from_pb(message: pb.SamplingParams) -> Penalties:
+    """The penalties (unchecked: Penalties.validate); repeat_penalty 0 and an unset repeat_last_n are the defaults."""
+    return Penalties(presence=float(message.presence_penalty), frequency=float(message.frequency_penalty),
+                     repeat=float(message.repeat_penalty) or 1.0,
+                     repeat_last_n=message.repeat_last_n if message.HasField("repeat_last_n") else Penalties.repeat_last_n,
+                     bias=tuple(sorted((int(token), float(value)) for token, value in message.logit_bias.items())))
 
 
 def sampling_from_pb(message: pb.SamplingParams) -> tuple[SamplingParams, int | None]:

@@ -89,15 +89,24 @@ def _follows_path_but_at_near_ties(model: Model, prompt: str | list[int], got: l
         context.close()
 
 
-def leaves_constrained_greedy_path_only_at_a_near_tie(model: Model, prompt: list[int], got: list[int], n_tokens: int,
-                                                      cursor: Cursor) -> bool:
-    """leaves_greedy_path_only_at_a_near_tie under a grammar: each position's logits are masked by `cursor` after
-    the answer's own tokens before it (duo.constraint), as the target masks what it verifies."""
+def leaves_transformed_greedy_path_only_at_a_near_tie(model: Model, prompt: list[int], got: list[int], n_tokens: int,
+                                                      transform: Callable[[np.ndarray, list[int]], np.ndarray]) -> bool:
+    """leaves_greedy_path_only_at_a_near_tie where each position's logits are first transformed, after the answer's
+    own tokens before it (a grammar's mask, penalties), as the target transforms what it verifies."""
     def greedy(logits: np.ndarray, position: int) -> tuple[int, list[int]]:
-        cursor.move_to(got[:position - len(prompt)])
-        masked = cursor.mask(logits.copy())
-        best = int(np.argmax(masked))
-        close = np.flatnonzero(masked >= masked[best] - NEAR_TIE)
+        row = transform(logits.copy(), got[:position - len(prompt)])
+        best = int(np.argmax(row))
+        close = np.flatnonzero(row >= row[best] - NEAR_TIE)
         return best, [int(token) for token in close if token != best]
 
     return _follows_path_but_at_near_ties(model, prompt, got, n_tokens, greedy)
+
+
+def leaves_constrained_greedy_path_only_at_a_near_tie(model: Model, prompt: list[int], got: list[int], n_tokens: int,
+                                                      cursor: Cursor) -> bool:
+    """... under a grammar: each position masked by `cursor` after the answer's tokens before it (duo.constraint)."""
+    def masked(row: np.ndarray, output: list[int]) -> np.ndarray:
+        cursor.move_to(output)
+        return cursor.mask(row)
+
+    return leaves_transformed_greedy_path_only_at_a_near_tie(model, prompt, got, n_tokens, masked)

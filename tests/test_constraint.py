@@ -220,7 +220,7 @@ def test_the_draft_draws_inside_the_grammar_on_its_chain_and_its_branches(target
     prompt = target_model.tokenize(PROMPT_TEXT)
     session = DraftSession(session_id=1, chain=list(prompt), committed=len(prompt), params=SamplingParams(),
                            rng=np.random.default_rng(0), max_ahead=8, p_min=0.0, slot=Slot(0, 1), n_ctx=256,
-                           cursor=cursor_for(target_model, "json_schema", PERSON), grammar_start=len(prompt))
+                           cursor=cursor_for(target_model, "json_schema", PERSON), output_start=len(prompt))
     the = target_model.tokenize(" the", add_special=False)[0]
     favour_the = np.zeros(target_model.n_vocab, dtype=np.float32)
     favour_the[the] = 50.0  # what the unconstrained draft would draft, and the grammar forbids
@@ -257,7 +257,7 @@ def test_a_drafted_chain_that_ends_the_grammar_pauses_rather_than_failing_the_se
     end = target_model.tokenize("<|im_end|>", add_special=False)
     session = DraftSession(session_id=1, chain=prompt + answer + end, committed=len(prompt), params=SamplingParams(),
                            rng=np.random.default_rng(0), max_ahead=8, p_min=0.0, slot=Slot(0, None), n_ctx=256,
-                           cursor=cursor_for(target_model, "regex", "yes"), grammar_start=len(prompt))
+                           cursor=cursor_for(target_model, "regex", "yes"), output_start=len(prompt))
     # A branch ending at the end of generation that the target took as its chain: the next work is past the end.
     step = draw_step(Work(session, session.chain, epoch=0, commits=0, chain_len=len(session.chain)),
                      np.zeros(target_model.n_vocab, dtype=np.float32))

@@ -86,7 +86,7 @@ def test_props_say_the_model_the_context_and_the_draft(served_duo, tiny_target):
 def test_a_native_field_duo_does_not_honour_is_refused_by_name_unless_it_is_off(served_alone):
     response = post(served_alone, "/completion", {"prompt": PROMPT, "n_predict": 4, "mirostat": 2})
     assert response.status_code == 400 and response.json()["error"]["param"] == "mirostat"
-    response = post(served_alone, "/completion", {"prompt": PROMPT, "n_predict": 4, "repeat_penalty": 1.1})
-    assert response.status_code == 400 and response.json()["error"]["param"] == "repeat_penalty"
+    response = post(served_alone, "/completion", {"prompt": PROMPT, "n_predict": 4, "typical_p": 0.9})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "typical_p"
     off = {"mirostat": 0, "repeat_penalty": 1.0, "typical_p": 1, "n_probs": 0}  # as llama.cpp scripts send them
     assert post(served_alone, "/completion", {"prompt": PROMPT, "n_predict": 4, **off}).status_code == 200

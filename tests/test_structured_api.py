@@ -94,12 +94,12 @@ def test_a_grammar_that_cannot_compile_is_a_400_and_the_server_goes_on(served_sy
 
 
 @pytest.mark.parametrize("path, body, param", [
-    ("/v1/chat/completions", {"messages": MESSAGES, "repeat_penalty": 1.1}, "repeat_penalty"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "dry_multiplier": 0.8}, "dry_multiplier"),
     ("/v1/completions", {"prompt": "hi", "typical_p": 0.9}, "typical_p"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi", "audio": {"id": "a1"}}]},
      "messages[0].audio"),
     ("/v1/chat/completions", {"messages": MESSAGES, "reasoning_effort": "high"}, "reasoning_effort"),
-], ids=["llama-server's repeat_penalty", "llama-server's typical_p", "a message's audio", "reasoning_effort"])
+], ids=["llama-server's dry_multiplier", "llama-server's typical_p", "a message's audio", "reasoning_effort"])
 def test_a_field_duo_does_not_honour_is_a_400_naming_it_never_dropped(served_alone, path, body, param):
     response = post(served_alone, path, {"max_tokens": 4, **body})
     assert response.status_code == 400, response.text

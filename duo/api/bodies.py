@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from typing import Any, Literal, TypeVar
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from duo.api.completion import BadRequest, CompletionRequest, GrammarSpec, too_long
+from duo.api.completion import BadRequest, CompletionRequest, too_long
+from duo.constraint import GrammarSpec
 from duo.api.tools import FunctionBody, ToolBody, ToolChoice, ToolError, template_message, tool_use
+from duo.penalties import Penalties
 from duo.sampling import SamplingParams
 
 
@@ -53,7 +56,7 @@ IGNORED_FIELDS = frozenset({"user", "store", "metadata", "service_tier", "prompt
                             "id_slot", "timings_per_token", "return_progress"})
 # llama-server's sampling fields at the value that turns them off: sent so (llama.cpp scripts often send every
 # field), they change nothing and are honoured; any other value is refused by name.
-OFF_VALUES = {"repeat_penalty": 1.0, "typical_p": 1.0, "mirostat": 0, "tfs_z": 1.0, "dry_multiplier": 0.0,
+OFF_VALUES = {"typical_p": 1.0, "mirostat": 0, "tfs_z": 1.0, "dry_multiplier": 0.0,
               "xtc_probability": 0.0, "n_probs": 0, "min_keep": 0}
 
 
@@ -88,7 +91,10 @@ class GenerationBody(Fenced):
     stream_options: StreamOptions | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    repeat_penalty: float | None = None  # llama-server's
+    repeat_last_n: int | None = None     # llama-server's: -1 the whole output
+    # OpenAI's {"token id": bias}; llama-server's [[token id, bias or false], ...] too (false: never)
+    logit_bias: dict[str, float | bool] | list[list[int | float | bool]] | None = None
     user: str | None = None
     cache_prompt: bool = True         # llama-server's: false shares no prompt prefix with other requests
     response_format: ResponseFormat | None = None
@@ -100,11 +106,6 @@ class GenerationBody(Fenced):
         self.check_fields()
         if self.n not in (None, 1):
             raise BadRequest(f"n must be 1 (one completion per request), got {self.n}", param="n")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name):
-                raise BadRequest(f"{name} is not supported; leave it out or set it to 0", param=name)
-        if self.logit_bias:
-            raise BadRequest("logit_bias is not supported", param="logit_bias")
 
     @property
     def include_usage(self) -> bool:
@@ -122,13 +123,38 @@ class GenerationBody(Fenced):
         default = type(self).model_fields[names[0]].default if names else None
         return default or 0
 
+    def penalties(self) -> Penalties:
+        """The request's logit transforms (checked against the vocabulary when the request is prepared)."""
+        return Penalties(presence=self.presence_penalty or 0.0, frequency=self.frequency_penalty or 0.0,
+                         repeat=1.0 if self.repeat_penalty is None else self.repeat_penalty,
+                         repeat_last_n=Penalties.repeat_last_n if self.repeat_last_n is None else self.repeat_last_n,
+                         bias=self._biases())
+
+    def _biases(self) -> tuple[tuple[int, float], ...]:
+        pairs = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias or []
+        biases = {}
+        for pair in pairs:
+            token, value = pair if len(pair) == 2 else (None, None)
+            try:
+                token = int(token)
+            except (TypeError, ValueError):
+                raise BadRequest(f"logit_bias takes token ids and their biases (or false), got {list(pair)!r}: "
+                                 "tokenize text first (POST /tokenize)", param="logit_bias") from None
+            if isinstance(value, bool) and value is False:
+                value = -math.inf
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise BadRequest(f"logit_bias values are numbers (or false: never), got {value!r}", param="logit_bias")
+            biases[token] = float(value)
+        return tuple(sorted(biases.items()))
+
     def completion_request(self, *, max_tokens: int | None, **prompt: Any) -> CompletionRequest:
         params = SamplingParams(temperature=1.0 if self.temperature is None else self.temperature,
                                 top_k=self.top_k or 0, top_p=1.0 if self.top_p is None else self.top_p,
                                 min_p=self.min_p or 0.0)
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return CompletionRequest(max_tokens=max_tokens or 0, params=params, seed=self.seed, stop=stop,
-                                 cache_prompt=self.cache_prompt, grammar=self.grammar_spec(), **prompt)
+                                 cache_prompt=self.cache_prompt, grammar=self.grammar_spec(),
+                                 penalties=self.penalties(), **prompt)
 
     def grammar_spec(self) -> GrammarSpec | None:
         """The one grammar the output must match, from whichever field holds it; BadRequest for two."""

@@ -18,8 +18,9 @@ from duo.api.chat import chat_tokens
 from duo.api.metrics import Metrics
 from duo.api.stop import StopMatcher
 from duo.api.tools import CallFormat, ToolError, ToolUse, call_format, call_grammar
-from duo.constraint import Cursor, GrammarError, grammar_of
+from duo.constraint import Cursor, GrammarError, GrammarSpec, grammar_of
 from duo.model import Model, ModelError
+from duo.penalties import Penalties
 from duo.sampling import SamplingParams
 from duo.target.generation import Target
 from duo.target.request import GenerationStats, Request
@@ -69,17 +70,8 @@ class CompletionRequest:
     cache_prompt: bool = True                  # false: no prompt prefix shared with other requests
     grammar: GrammarSpec | None = None         # the output must match it (duo.constraint)
     tool_use: ToolUse | None = None            # chat: the tools the template renders, and whether a call is due
+    penalties: Penalties = Penalties()         # presence, frequency and repeat penalties, logit_bias
     arrived: float = field(default_factory=time.monotonic)
-
-
-@dataclass(frozen=True)
-class GrammarSpec:
-    """A grammar as the client sent it: `kind` one of duo.constraint.KINDS; `param` the field that held it, named
-    in errors."""
-
-    kind: str
-    source: str | Mapping
-    param: str
 
 
 @dataclass(frozen=True)
@@ -229,6 +221,7 @@ class Completions:
         self._loaded()  # NotReady while the model loads
         try:
             request.params.validate()
+            request.penalties.validate(self._loaded().model.n_vocab)
         except ValueError as error:
             raise BadRequest(str(error)) from error
         if request.max_tokens < 0:
@@ -243,7 +236,7 @@ class Completions:
         self._check_prompt(tokens)
         grammar, cursor = self._compiled(spec) if spec else ("", None)
         return Request(prompt_tokens=tokens, params=request.params, seed=request.seed, max_tokens=request.max_tokens,
-                       cache_prompt=request.cache_prompt, grammar=grammar, constraint=cursor,
+                       cache_prompt=request.cache_prompt, grammar=grammar, constraint=cursor, penalties=request.penalties,
                        arrived=request.arrived)
 
     def _tool_grammar(self, request: CompletionRequest) -> GrammarSpec | None:

@@ -15,8 +15,9 @@ from duo import wire
 from duo._proto import duo_pb2 as pb
 from duo._proto import duo_pb2_grpc as pb_grpc
 from duo.api.admission import QueueFull
-from duo.api.completion import (BadRequest, ClientError, CompletionRequest, Completions, GrammarSpec, NotReady, Piece, ShuttingDown,
+from duo.api.completion import (BadRequest, ClientError, CompletionRequest, Completions, NotReady, Piece, ShuttingDown,
                                 failure_message, stats_fields)
+from duo.constraint import GrammarSpec
 from duo.runtime import MAX_CLIENT_RPCS, WRITE_TIMEOUT_S, WriteTimeout, client_server_options, write_within
 
 log = logging.getLogger("duo.grpc_api")

@@ -212,6 +212,8 @@ def draw_step(work: Work, logits: np.ndarray) -> Step:
     """Draw the work's token from its logits, or pause the chain where the draft is too unsure (p_min)."""
     session = work.session
     try:
+        if session.penalties.active:
+            session.penalties.apply(logits, work.tokens[session.output_start:])
         if session.cursor is not None and not constrain(work, logits):
             return Step(paused=True)
         if work.fork is None and not proposes(logits, session.p_min):
@@ -229,8 +231,8 @@ def constrain(work: Work, logits: np.ndarray) -> bool:
     if work.fork is not None and session.branch_cursor is None:
         session.branch_cursor = session.cursor.copy()
     cursor = session.cursor if work.fork is None else session.branch_cursor
-    if not cursor.move_to(work.tokens[session.grammar_start:]):
-        at = session.grammar_start + len(cursor.tokens)
+    if not cursor.move_to(work.tokens[session.output_start:]):
+        at = session.output_start + len(cursor.tokens)
         if work.tokens[at] in cursor.ends:
             return False
         raise GrammarError(f"the session's {'chain' if work.fork is None else f'branch at {work.fork}'} breaks its "

@@ -127,16 +127,13 @@ class Drafter:
             rng=np.random.default_rng(None if seed is None else [seed, 1]),  # not the target's
             max_ahead=message.max_ahead, p_min=message.p_min, slot=slot, n_ctx=self.n_ctx,
             coupled_seed=seed if coupled else None, max_branches=self.max_branches, branch_len=self.branch_len,
-            cursor=cursor, grammar_start=message.grammar_start)
+            cursor=cursor, output_start=message.output_start, penalties=wire.penalties_from_pb(message.sampling))
 
     async def _grammar_cursor(self, message: pb.OpenSession) -> Cursor | None:
         """The session's grammar compiled for the draft's vocabulary (off the event loop: up to ~100 ms, and the
         vocabulary's first build ~1.5 s), so that it drafts inside it; None for free text."""
         if not message.grammar:
             return None
-        if message.grammar_start > len(message.committed):
-            raise InvalidEvent(f"grammar_start {message.grammar_start} is beyond the {len(message.committed)} "
-                               "committed tokens")
         try:
             return await asyncio.to_thread(Cursor.compile, self.model, message.grammar)
         except GrammarError as error:
@@ -153,9 +150,13 @@ class Drafter:
         if not 0 <= message.p_min <= 1:
             raise InvalidEvent(f"p_min must be between 0 and 1, got {message.p_min}")
         self._check_max_ahead(message.max_ahead)
+        if message.output_start > len(message.committed):
+            raise InvalidEvent(f"output_start {message.output_start} is beyond the {len(message.committed)} "
+                               "committed tokens")
         params, seed = wire.sampling_from_pb(message.sampling)
         try:
             params.validate()
+            wire.penalties_from_pb(message.sampling).validate(self.n_vocab)
         except ValueError as error:
             raise InvalidEvent(str(error)) from error
         if message.verification not in (pb.RESIDUAL, pb.COUPLED):

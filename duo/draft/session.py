@@ -8,6 +8,7 @@ from typing import Sequence
 import numpy as np
 
 from duo.constraint import Cursor
+from duo.penalties import Penalties
 from duo.draft.branches import Branch, Doubt, branch_length, doubt_of
 from duo.draft.value import Calibration, Horizon, Round, ranked_rounds
 from duo.model import common_prefix_length
@@ -56,11 +57,13 @@ class DraftSession:
     kv_tokens: list[int] = field(default_factory=list)
     branch_kv: list[int] = field(default_factory=list)
     branch_shared: int = 0
-    # The output's grammar (duo.constraint), from position grammar_start on: what the chain draws is masked with
-    # `cursor`, what branches draw with a copy of it (each walks its own sequence). Model thread only.
+    # The output starts at position output_start. Its grammar (duo.constraint): what the chain draws is masked with
+    # `cursor`, what branches draw with a copy of it (each walks its own sequence; model thread only). Its
+    # penalties transform what it draws from, after the output before each position (duo.penalties).
     cursor: Cursor | None = None
     branch_cursor: Cursor | None = None
-    grammar_start: int = 0
+    output_start: int = 0
+    penalties: Penalties = Penalties()
 
     @property
     def rejection_sampled(self) -> bool:

@@ -13,13 +13,14 @@ import asyncio
 import logging
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
 from duo.constraint import Cursor, mask_rows
 from duo.costs import StepCosts
+from duo.penalties import Penalties, penalize_rows
 from duo.model import Context, ModelError, Part, common_prefix_length
 from duo.runtime import ModelWorker, within
 from duo.sampling import SamplingParams, SparseDist, Verdict, verify
@@ -70,6 +71,8 @@ class VerifyWork:
     rng: np.random.Generator
     coupled_seed: int | None
     constraint: Constraint | None = None
+    penalties: Penalties = Penalties()  # applied to each row after `output` (the tokens generated) and the drafts
+    output: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -321,6 +324,8 @@ def _decode_and_verify(context: Context,
             results.append(len(item.part.tokens))
             continue
         try:
+            if work.penalties.active:  # p is the target's after the output each row follows
+                penalize_rows(work.penalties, work.output, item.part.tokens[1:], logits)
             if work.constraint is not None:  # p becomes the constrained target distribution, row by row
                 mask_rows(work.constraint.cursor, work.constraint.generated, item.part.tokens[1:], logits)
             verdict = verify(item.drafts, item.dists, logits, work.params, work.rng, work.coupled_seed, work.pos + 1)

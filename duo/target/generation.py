@@ -82,10 +82,10 @@ class Generation:
         self.draft_refused = False
         self.told = len(self.committed)
         return pb.OpenSession(session_id=self.session_id, committed=self.committed,
-                              sampling=wire.sampling_to_pb(self.request.params, self.seed),
+                              sampling=wire.sampling_to_pb(self.request.params, self.seed, self.request.penalties),
                               max_ahead=self.max_ahead, p_min=self.settings.draft_p_min,
                               verification=pb.COUPLED if self.verification == COUPLED else pb.RESIDUAL,
-                              grammar=self.request.grammar, grammar_start=len(self.request.prompt_tokens))
+                              grammar=self.request.grammar, output_start=len(self.request.prompt_tokens))
 
     def on_chunk(self, chunk: ChainChunk) -> None:
         """Chain tokens the link has checked against this session's bounds."""
@@ -151,7 +151,9 @@ class Generation:
         return VerifyWork(seq=seq, pos=len(self.committed) - 1, last=self.committed[-1], pending=pending,
                           dists=dists[:len(pending)], limit=limit, draft_min=self.settings.draft_min, policy=policy,
                           params=self.request.params, rng=self.rng,
-                          coupled_seed=self.seed if self.verification == COUPLED else None, constraint=constraint)
+                          coupled_seed=self.seed if self.verification == COUPLED else None, constraint=constraint,
+                          penalties=self.request.penalties,
+                          output=self.committed[len(self.request.prompt_tokens):] if self.request.penalties.active else [])
 
     def commit(self, verdict: Verdict, n_verified: int, batch_size: int) -> Step:
         """Append the verdict's tokens, stopping at an end of generation or the token limit."""

@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 
 from duo.constraint import Cursor
+from duo.penalties import Penalties
 from duo.sampling import COUPLED, GREEDY, RESIDUAL, SamplingParams
 
 
@@ -88,6 +89,7 @@ class Request:
     # its vocabulary (duo.constraint); None: free text. The generation owns the cursor.
     grammar: str = ""
     constraint: Cursor | None = None
+    penalties: Penalties = Penalties()  # transforms of each position's logits by the output before it
 
 
 def verification_of(request: Request, unseeded: str) -> str:

@@ -1,0 +1,120 @@
+"""Presence, frequency and repeat penalties and logit_bias, exact along the chain: each verified row is transformed
+after the output before it (committed tokens and the drafts before that row), on the target and on the draft."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import numpy as np
+import pytest
+
+from duo import wire
+from duo.penalties import Penalties
+from duo.runtime import ModelWorker
+from duo.sampling import SamplingParams
+from duo.target.generation import Target
+from duo.target.request import Request, SpecSettings, StepRecord
+from greedy import leaves_transformed_greedy_path_only_at_a_near_tie
+from test_constraint import ScriptedDraft
+from test_http_api import post
+
+PROMPT_TEXT = "Once upon a time"
+
+
+def test_the_transforms_follow_llama_cpp_and_openai():
+    logits = np.array([2.0, -1.0, 0.5, 3.0, 0.0], dtype=np.float32)
+    output = [0, 1, 0, 4]
+    repeat = Penalties(repeat=2.0, repeat_last_n=2).apply(logits.copy(), output)  # the window: [0, 4]
+    assert repeat.tolist() == [1.0, -1.0, 0.5, 3.0, 0.0]  # 2 / 2; 0 * 2; token 1 is out of the window
+    counted = Penalties(presence=0.5, frequency=0.25).apply(logits.copy(), output)
+    assert counted.tolist() == pytest.approx([2.0 - 0.5 - 0.5, -1.0 - 0.75, 0.5, 3.0, 0.0 - 0.75])
+    biased = Penalties(bias=((3, -math.inf), (2, 2.0))).apply(logits.copy(), [])
+    assert biased[3] == -np.inf and biased[2] == 2.5 and int(np.argmax(biased)) == 2
+    assert not Penalties().active and not Penalties(repeat=1.3, repeat_last_n=0).active
+
+
+def test_penalties_travel_to_the_draft_whole():
+    penalties = Penalties(presence=0.5, frequency=-0.25, repeat=1.25, repeat_last_n=-1, bias=((7, -math.inf), (9, 2.0)))
+    message = wire.sampling_to_pb(SamplingParams(), None, penalties)
+    assert wire.penalties_from_pb(message) == penalties
+    assert wire.penalties_from_pb(wire.sampling_to_pb(SamplingParams(), None)) == Penalties()
+
+
+def answer(model, prompt: list[int], penalties: Penalties, link=None, n: int = 24) -> tuple[list[int], list]:
+    async def run():
+        target = Target(model, ModelWorker(), link, n_ctx=256, settings=SpecSettings(draft_max=8, adaptive=False))
+        records: list[StepRecord] = []
+        target.observers.append(type("R", (), {"on_step": lambda self, r: records.append(r)})())
+        request = Request(prompt, SamplingParams(), max_tokens=n, penalties=penalties)
+        return [t async for step, _ in target.generate(request) for t in step.tokens], records
+
+    return asyncio.run(run())
+
+
+def test_greedy_output_under_penalties_is_the_targets_own_and_a_right_draft_only_speeds_it(target_model):
+    prompt = target_model.tokenize(PROMPT_TEXT)
+    plain, _ = answer(target_model, prompt, Penalties())
+    banned = plain[0]
+    penalties = Penalties(repeat=1.5, repeat_last_n=16, presence=0.5, bias=((banned, -math.inf),))
+    alone, _ = answer(target_model, prompt, penalties)
+    assert alone != plain and banned not in alone  # the transforms change what the target says
+    assert len(set(alone)) > len(set(plain))  # repeating costs: more distinct words
+
+    def right(committed: list[int]) -> list[int]:
+        done = len(committed) - len(prompt)
+        return alone[done:done + 8]
+
+    tokens, records = answer(target_model, prompt, penalties, ScriptedDraft(right))
+    assert leaves_transformed_greedy_path_only_at_a_near_tie(target_model, prompt, tokens, 24, penalties.apply)
+    assert sum(r.n_accepted for r in records) > len(alone) / 2
+
+
+def test_a_verifier_that_ignores_the_drafts_history_is_caught(target_model, monkeypatch):
+    """Mutation: rows transformed after the committed output alone (not the drafts before them) leave the path."""
+    from duo.target import batching
+
+    prompt = target_model.tokenize(PROMPT_TEXT)
+    penalties = Penalties(repeat=3.0, repeat_last_n=-1, frequency=1.0)
+    alone, _ = answer(target_model, prompt, penalties)
+
+    def right(committed: list[int]) -> list[int]:
+        done = len(committed) - len(prompt)
+        return alone[done:done + 8]
+
+    monkeypatch.setattr(batching, "penalize_rows",
+                        lambda p, output, drafts, rows: [p.apply(row, output) for row in rows])
+    tokens, _ = answer(target_model, prompt, penalties, ScriptedDraft(right))
+    assert not leaves_transformed_greedy_path_only_at_a_near_tie(target_model, prompt, tokens, 24, penalties.apply)
+
+
+def test_the_draft_applies_the_penalties_to_what_it_draws(target_model):
+    from duo.draft.batch import Work, draw_step
+    from duo.draft.session import DraftSession, Slot
+
+    prompt = target_model.tokenize(PROMPT_TEXT)
+    favourite = np.zeros(target_model.n_vocab, dtype=np.float32)
+    favourite[100], favourite[200] = 5.0, 4.0
+    session = DraftSession(session_id=1, chain=list(prompt), committed=len(prompt), params=SamplingParams(),
+                           rng=np.random.default_rng(0), max_ahead=8, p_min=0.0, slot=Slot(0, None), n_ctx=256,
+                           output_start=len(prompt), penalties=Penalties(presence=2.0))
+    tokens = prompt + [100]  # token 100 is in the output: its 5.0 becomes 3.0, below 200's 4.0
+    assert draw_step(Work(session, tokens, epoch=0, commits=0, chain_len=len(tokens)), favourite.copy()).drawn[0] == 200
+    assert draw_step(Work(session, prompt, epoch=0, commits=0, chain_len=len(prompt)), favourite.copy()).drawn[0] == 100
+
+
+def test_openai_and_llama_server_penalty_fields_are_honoured_over_http(served_sync, target_model):
+    base = {"prompt": PROMPT_TEXT, "max_tokens": 16, "temperature": 0}
+    plain = post(served_sync, "/v1/completions", base).json()["choices"][0]["text"]
+    first = target_model.tokenize(plain, add_special=False)[0]
+    for bias in ({str(first): -100}, [[first, False]]):
+        body = post(served_sync, "/v1/completions", {**base, "logit_bias": bias}).json()
+        assert first not in target_model.tokenize(body["choices"][0]["text"], add_special=False)
+    penalized = post(served_sync, "/completion", {"prompt": PROMPT_TEXT, "n_predict": 16, "temperature": 0,
+                                                  "repeat_penalty": 1.5, "repeat_last_n": 16,
+                                                  "presence_penalty": 0.5, "frequency_penalty": 0.5}).json()
+    assert penalized["content"] != plain and penalized["timings"]["draft_n_accepted"] > 0
+    for field, value in (("presence_penalty", 3), ("repeat_penalty", 0), ("logit_bias", {"-1": 1}),
+                         ("logit_bias", [["hello", 1]])):
+        response = post(served_sync, "/v1/completions", {**base, field: value})
+        assert response.status_code == 400 and field.split("_")[0] in response.json()["error"]["message"], response.text
