@@ -196,6 +196,17 @@ class Verdict:
 
     n_accepted: int  # how many draft tokens were accepted (a prefix of the chain)
     tokens: list[int]  # the accepted draft tokens, then at most one recovered or bonus token
+    # Where asked: each token's log-probability and the top alternatives' (log_probs), from its row.
+    logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
+
+
+def log_probs(row: np.ndarray, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:
+    """log p(token) under softmax(row), the distribution before temperature and truncation, and the `top` most
+    probable ids with theirs (OpenAI's and llama-server's logprobs)."""
+    shifted = row.astype(np.float64) - row.max()
+    log_z = math.log(np.exp(shifted).sum())
+    best = _leading_ids(row, top) if top else []
+    return float(shifted[token] - log_z), [(int(i), float(shifted[i] - log_z)) for i in best]
 
 
 def verify(

@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from duo.api.admission import QueueFull
 from duo.api.completion import (BadRequest, ClientError, Completion, NotReady, Piece, ShuttingDown, UnknownModel,
                                 failure_message, stats_fields)
+from duo.api.logprobs import chat_logprobs, completion_logprobs, native_probabilities
 from duo.api.tools import CallFormat, CallParser, FunctionBody, ToolCall
 from duo.target.request import GenerationStats
 
@@ -72,16 +73,24 @@ class ResponseFormat(ABC):
     def whole(self, pieces: list[Piece]) -> dict[str, Any]:
         last = pieces[-1]
         text = "".join(piece.text for piece in pieces)
-        return {**self._envelope(self.object_name), "choices": [self.whole_choice(text, last.finish_reason)],
+        choice = self.whole_choice(text, last.finish_reason)
+        if last.logprobs is not None:
+            choice["logprobs"] = self.shown_logprobs([entry for piece in pieces for entry in piece.logprobs or []], 0)
+        return {**self._envelope(self.object_name), "choices": [choice],
                 "usage": usage(last), "duo_stats": stats_fields(last.stats, last.draft_connected)}
 
     async def events(self, completion: Completion, include_usage: bool) -> AsyncIterator[str]:
         try:
             for chunk in self.opening_chunks():
                 yield sse(self._chunk(chunk, include_usage))
+            shown = 0  # characters of text sent so far
             async for piece in completion:
-                if piece.text or piece.finish_reason:
-                    chunk = self._chunk(self.chunk_choice(piece.text, piece.finish_reason), include_usage)
+                if piece.text or piece.finish_reason or piece.logprobs:
+                    choice = self.chunk_choice(piece.text, piece.finish_reason)
+                    if piece.logprobs is not None:
+                        choice["logprobs"] = self.shown_logprobs(piece.logprobs, shown)
+                    shown += len(piece.text)
+                    chunk = self._chunk(choice, include_usage)
                     if piece.finish_reason:
                         chunk["duo_stats"] = stats_fields(piece.stats, piece.draft_connected)
                     yield sse(chunk)
@@ -106,6 +115,10 @@ class ResponseFormat(ABC):
         return []
 
     @abstractmethod
+    def shown_logprobs(self, entries: list[dict[str, Any]], offset: int) -> Any:
+        """Tokens' logprobs (duo.api.logprobs.described) in this answer's shape; `offset`: text sent before them."""
+
+    @abstractmethod
     def whole_choice(self, text: str, finish_reason: str | None) -> dict[str, Any]: ...
 
     @abstractmethod
@@ -120,6 +133,9 @@ class CompletionFormat(ResponseFormat):
         return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
 
     chunk_choice = whole_choice
+
+    def shown_logprobs(self, entries: list[dict[str, Any]], offset: int) -> Any:
+        return completion_logprobs(entries, offset)
 
 
 class ChatFormat(ResponseFormat):
@@ -138,6 +154,9 @@ class ChatFormat(ResponseFormat):
 
     def opening_chunks(self) -> list[dict[str, Any]]:
         return [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]
+
+    def shown_logprobs(self, entries: list[dict[str, Any]], offset: int) -> Any:
+        return chat_logprobs(entries)
 
     def whole_choice(self, text: str, finish_reason: str | None) -> dict[str, Any]:
         content, calls, finish_reason = self._split(text, finish_reason)
@@ -181,17 +200,23 @@ class NativeFormat:
         self.model = model
 
     def whole(self, pieces: list[Piece]) -> dict[str, Any]:
-        return {**self._final(pieces[-1]), "content": "".join(piece.text for piece in pieces),
-                "tokens": [token for piece in pieces for token in piece.token_ids]}
+        answer = {**self._final(pieces[-1]), "content": "".join(piece.text for piece in pieces),
+                  "tokens": [token for piece in pieces for token in piece.token_ids]}
+        if pieces[-1].logprobs is not None:
+            answer["completion_probabilities"] = native_probabilities([e for p in pieces for e in p.logprobs or []])
+        return answer
 
     async def events(self, completion: Completion, include_usage: bool) -> AsyncIterator[str]:
         """`include_usage` does not apply: every answer carries its timings."""
         try:
             async for piece in completion:
+                event = {"content": piece.text, "tokens": piece.token_ids, "stop": False}
+                if piece.logprobs is not None:
+                    event["completion_probabilities"] = native_probabilities(piece.logprobs)
                 if piece.finish_reason:
-                    yield sse({**self._final(piece), "content": piece.text, "tokens": piece.token_ids})
+                    yield sse({**event, **self._final(piece)})
                 elif piece.text or piece.token_ids:
-                    yield sse({"content": piece.text, "tokens": piece.token_ids, "stop": False})
+                    yield sse(event)
         except ShuttingDown as error:
             yield sse(api_error(error).body())
         except Exception as error:  # this request's own failure: an error event, and the stream ends

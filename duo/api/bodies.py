@@ -52,12 +52,13 @@ class ResponseFormat(BaseModel):
 
 # Fields that change nothing duo returns, so ignoring them is exact (OpenAI's bookkeeping and routing, llama-server's
 # slot and progress options); every other field is honoured or refused with a 400 naming it, never dropped.
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs
 IGNORED_FIELDS = frozenset({"user", "store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier",
                             "id_slot", "timings_per_token", "return_progress"})
 # llama-server's sampling fields at the value that turns them off: sent so (llama.cpp scripts often send every
 # field), they change nothing and are honoured; any other value is refused by name.
 OFF_VALUES = {"typical_p": 1.0, "mirostat": 0, "tfs_z": 1.0, "dry_multiplier": 0.0,
-              "xtc_probability": 0.0, "n_probs": 0, "min_keep": 0}
+              "xtc_probability": 0.0, "min_keep": 0}
 
 
 class Fenced(BaseModel):
@@ -91,6 +92,7 @@ class GenerationBody(Fenced):
     stream_options: StreamOptions | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    n_probs: int = Field(default=0, ge=0, le=MAX_TOP_LOGPROBS)  # llama-server's: > 0 reports logprobs
     repeat_penalty: float | None = None  # llama-server's
     repeat_last_n: int | None = None     # llama-server's: -1 the whole output
     # OpenAI's {"token id": bias}; llama-server's [[token id, bias or false], ...] too (false: never)
@@ -154,7 +156,11 @@ class GenerationBody(Fenced):
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return CompletionRequest(max_tokens=max_tokens or 0, params=params, seed=self.seed, stop=stop,
                                  cache_prompt=self.cache_prompt, grammar=self.grammar_spec(),
-                                 penalties=self.penalties(), **prompt)
+                                 penalties=self.penalties(), logprobs=self.logprob_count(), **prompt)
+
+    def logprob_count(self) -> int:
+        """How many alternatives each token's logprobs show (-1: no logprobs): llama-server's n_probs here."""
+        return self.n_probs if self.n_probs else -1
 
     def grammar_spec(self) -> GrammarSpec | None:
         """The one grammar the output must match, from whichever field holds it; BadRequest for two."""
@@ -176,18 +182,19 @@ class CompletionBody(GenerationBody):
     echo: bool | None = False
     suffix: str | None = None
     best_of: int | None = None
-    logprobs: int | None = None
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)  # legacy: the alternatives per token
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.logprobs is not None:
-            raise BadRequest("logprobs are not supported", param="logprobs")
         if self.echo:
             raise BadRequest("echo is not supported", param="echo")
         if self.suffix:
             raise BadRequest("suffix is not supported", param="suffix")
         if self.best_of not in (None, 1):
             raise BadRequest(f"best_of must be 1, got {self.best_of}", param="best_of")
+
+    def logprob_count(self) -> int:
+        return self.logprobs if self.logprobs is not None else super().logprob_count()
 
     def to_request(self) -> CompletionRequest:
         self.check_supported()
@@ -243,15 +250,15 @@ class ChatBody(GenerationBody):
     messages: list[ChatMessageBody]
     max_completion_tokens: int | None = Field(default=None, ge=-1)  # the newer name of max_tokens
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     tools: list[ToolBody] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.logprobs or self.top_logprobs is not None:
-            raise BadRequest("logprobs are not supported", param="logprobs")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise BadRequest("top_logprobs needs logprobs: true", param="top_logprobs")
 
     def to_request(self) -> CompletionRequest:
         self.check_supported()
@@ -265,6 +272,9 @@ class ChatBody(GenerationBody):
         return self.completion_request(max_tokens=self.token_limit("max_completion_tokens", "max_tokens"),
                                        messages=messages,
                                        tool_use=use)
+
+    def logprob_count(self) -> int:
+        return (self.top_logprobs or 0) if self.logprobs else super().logprob_count()
 
     def callable_functions(self) -> list[FunctionBody]:
         """The functions whose calls the answer parses out of the model's text (none: all of it is content)."""

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from duo.api.admission import Admission, Slot
 from duo.api.chat import chat_tokens
+from duo.api.logprobs import described
 from duo.api.metrics import Metrics
 from duo.api.stop import StopMatcher
 from duo.api.tools import CallFormat, ToolError, ToolUse, call_format, call_grammar
@@ -71,6 +72,7 @@ class CompletionRequest:
     grammar: GrammarSpec | None = None         # the output must match it (duo.constraint)
     tool_use: ToolUse | None = None            # chat: the tools the template renders, and whether a call is due
     penalties: Penalties = Penalties()         # presence, frequency and repeat penalties, logit_bias
+    logprobs: int = -1                         # >= 0: each token's logprob and this many alternatives'
     arrived: float = field(default_factory=time.monotonic)
 
 
@@ -84,6 +86,7 @@ class Piece:
     stats: GenerationStats
     draft_connected: bool
     stop_type: str = ""  # on the last piece, as llama-server says it: "eos", "word" (a stop string) or "limit"
+    logprobs: list[dict[str, Any]] | None = None  # where asked, per token (duo.api.logprobs.described)
 
 
 def stats_fields(stats: GenerationStats, draft_connected: bool) -> dict[str, float | int | bool | str | list[int]]:
@@ -237,6 +240,7 @@ class Completions:
         grammar, cursor = self._compiled(spec) if spec else ("", None)
         return Request(prompt_tokens=tokens, params=request.params, seed=request.seed, max_tokens=request.max_tokens,
                        cache_prompt=request.cache_prompt, grammar=grammar, constraint=cursor, penalties=request.penalties,
+                       logprobs=request.logprobs,
                        arrived=request.arrived)
 
     def _tool_grammar(self, request: CompletionRequest) -> GrammarSpec | None:
@@ -345,7 +349,8 @@ class Completions:
                     if finish and not stopped:
                         text += stops.flush()
                     why = "word" if stopped else {"stop": "eos", "length": "limit"}.get(finish or "", "")
-                    yield Piece(text, step.tokens, finish, stats, self.draft_connected, why)
+                    logprobs = described(target.model, step.tokens, step.logprobs) if step.logprobs is not None else None
+                    yield Piece(text, step.tokens, finish, stats, self.draft_connected, why, logprobs)
                     if finish:
                         # Leaving `aclosing` closes target.generate now, which frees the sessions at once.
                         return

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Protocol, Sequence
 
 import numpy as np
@@ -23,7 +23,7 @@ from duo.costs import StepCosts
 from duo.penalties import Penalties, penalize_rows
 from duo.model import Context, ModelError, Part, common_prefix_length
 from duo.runtime import ModelWorker, within
-from duo.sampling import SamplingParams, SparseDist, Verdict, verify
+from duo.sampling import SamplingParams, SparseDist, Verdict, log_probs, verify
 from duo.target.policy import AdaptivePolicy, choose_together
 
 log = logging.getLogger("duo.target")
@@ -73,6 +73,7 @@ class VerifyWork:
     constraint: Constraint | None = None
     penalties: Penalties = Penalties()  # applied to each row after `output` (the tokens generated) and the drafts
     output: list[int] = field(default_factory=list)
+    logprobs: int = -1  # >= 0: each committed token's log-probability and this many alternatives' (-1: none)
 
 
 @dataclass(frozen=True)
@@ -329,6 +330,9 @@ def _decode_and_verify(context: Context,
             if work.constraint is not None:  # p becomes the constrained target distribution, row by row
                 mask_rows(work.constraint.cursor, work.constraint.generated, item.part.tokens[1:], logits)
             verdict = verify(item.drafts, item.dists, logits, work.params, work.rng, work.coupled_seed, work.pos + 1)
+            if work.logprobs >= 0:  # from the rows as verified: after the penalties and the grammar
+                verdict = replace(verdict, logprobs=[log_probs(row, token, work.logprobs)
+                                                     for row, token in zip(logits, verdict.tokens)])
             # Cache entries are right up to the last accepted draft that was in the batch.
             context.rollback(work.pos + 1 + min(verdict.n_accepted, len(item.part.tokens) - 1), work.seq)
             results.append(verdict)

@@ -152,7 +152,7 @@ class Generation:
                           dists=dists[:len(pending)], limit=limit, draft_min=self.settings.draft_min, policy=policy,
                           params=self.request.params, rng=self.rng,
                           coupled_seed=self.seed if self.verification == COUPLED else None, constraint=constraint,
-                          penalties=self.request.penalties,
+                          penalties=self.request.penalties, logprobs=self.request.logprobs,
                           output=self.committed[len(self.request.prompt_tokens):] if self.request.penalties.active else [])
 
     def commit(self, verdict: Verdict, n_verified: int, batch_size: int) -> Step:
@@ -179,7 +179,7 @@ class Generation:
         self.stats.draft_tokens_verified += n_verified
         self.stats.draft_tokens_accepted += min(verdict.n_accepted, len(tokens))
         self.stats.draft_rejections += verdict.n_accepted < n_verified
-        return Step(tokens, finish)
+        return Step(tokens, finish, verdict.logprobs[:len(tokens)] if verdict.logprobs is not None else None)
 
 
 class Target:

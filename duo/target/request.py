@@ -90,6 +90,7 @@ class Request:
     grammar: str = ""
     constraint: Cursor | None = None
     penalties: Penalties = Penalties()  # transforms of each position's logits by the output before it
+    logprobs: int = -1  # >= 0: report each token's log-probability and this many alternatives'
 
 
 def verification_of(request: Request, unseeded: str) -> str:
@@ -106,6 +107,7 @@ class Step:
 
     tokens: list[int]
     finish_reason: str | None = None
+    logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None  # per token, where the request asked
 
 
 @dataclass(frozen=True)
