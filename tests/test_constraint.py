@@ -10,12 +10,12 @@ import json
 import numpy as np
 import pytest
 
-from duo.constraint import Cursor, GrammarError, grammar_of, mask_rows
+from duo.constraint import Cursor, GrammarError, grammar_of
 from duo.model import Part
 from duo.runtime import ModelWorker
-from duo.sampling import SamplingParams, SparseDist, coupled_ranking, distribution
+from duo.sampling import SamplingParams, coupled_ranking, distribution
 from duo.target import batching
-from duo.target.batching import Constraint, VerifyWork, _decode_and_verify, _Planned
+from duo.target.batching import VerifyWork, _decode_and_verify, _Planned
 from duo.target.generation import Generation, Target
 from duo.target.request import Request, SpecSettings, StepRecord
 from duo.wire import ChainChunk
@@ -113,7 +113,7 @@ def sampled_first_tokens(model, verification: str) -> tuple[np.ndarray, np.ndarr
         drafted = (int(coupled_ranking(q, seed, 11)[0][0]) if seed is not None
                    else int(rng.choice(q.ids, p=q.probs)))
         work = VerifyWork(seq=0, pos=10, last=1, pending=[drafted], dists=[q], limit=1, draft_min=0, policy=None,
-                          params=params, rng=rng, coupled_seed=seed, constraint=Constraint(cursor, []))
+                          params=params, rng=rng, coupled_seed=seed, cursor=cursor)
         part = Part(0, 10, [1, drafted], range(2))
         [verdict], _ = _decode_and_verify(FixedContext(row), [_Planned(work, None, part, [drafted], [q])])
         counts[verdict.tokens[0]] += 1

@@ -212,10 +212,12 @@ def draw_step(work: Work, logits: np.ndarray) -> Step:
     """Draw the work's token from its logits, or pause the chain where the draft is too unsure (p_min)."""
     session = work.session
     try:
-        if session.penalties.active:
-            session.penalties.apply(logits, work.tokens[session.output_start:])
-        if session.cursor is not None and not constrain(work, logits):
-            return Step(paused=True)
+        if session.penalties.active or session.cursor is not None:
+            output = work.tokens[session.output_start:]  # what the output's penalties and grammar look at
+            if session.penalties.active:
+                session.penalties.apply(logits, output)
+            if session.cursor is not None and not constrain(work, output, logits):
+                return Step(paused=True)
         if work.fork is None and not proposes(logits, session.p_min):
             return Step(paused=True)
         return Step(drawn=draw(session, logits, len(work.tokens)))
@@ -223,15 +225,15 @@ def draw_step(work: Work, logits: np.ndarray) -> Step:
         return Step(error=error)
 
 
-def constrain(work: Work, logits: np.ndarray) -> bool:
-    """Mask `logits` (in place) with the session's grammar after the work's tokens, so that the draft drafts only
+def constrain(work: Work, output: list[int], logits: np.ndarray) -> bool:
+    """Mask `logits` (in place) with the session's grammar after the work's `output`, so that the draft drafts only
     what the target's mask allows: a draft outside it would only be rejected. False where the tokens end with an
     end of generation (a branch the target took as its chain can): nothing follows it, the chain pauses."""
     session = work.session
     if work.fork is not None and session.branch_cursor is None:
         session.branch_cursor = session.cursor.copy()
     cursor = session.cursor if work.fork is None else session.branch_cursor
-    if not cursor.move_to(work.tokens[session.output_start:]):
+    if not cursor.move_to(output):
         at = session.output_start + len(cursor.tokens)
         if work.tokens[at] in cursor.ends:
             return False

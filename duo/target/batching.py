@@ -45,15 +45,6 @@ class CallObserver(Protocol):
     def on_call(self, requests: int, tokens: int) -> None: ...
 
 
-@dataclass(frozen=True)
-class Constraint:
-    """A constrained request's grammar cursor and its generated tokens: each verified row is masked with the
-    cursor after them and the drafts before that row (duo.constraint.mask_rows)."""
-
-    cursor: Cursor
-    generated: list[int]
-
-
 @dataclass
 class VerifyWork:
     """A request's verify step: decode [its newest committed token, the first k drafts] at the end of
@@ -70,9 +61,11 @@ class VerifyWork:
     params: SamplingParams
     rng: np.random.Generator
     coupled_seed: int | None
-    constraint: Constraint | None = None
-    penalties: Penalties = Penalties()  # applied to each row after `output` (the tokens generated) and the drafts
+    # The tokens generated so far (where a grammar or penalties need them): row i of the step follows them and
+    # the first i drafts, and is masked by the grammar's cursor there, and transformed by the penalties.
     output: list[int] = field(default_factory=list)
+    cursor: Cursor | None = None
+    penalties: Penalties = Penalties()
     logprobs: int = -1  # >= 0: each committed token's log-probability and this many alternatives' (-1: none)
 
 
@@ -327,8 +320,8 @@ def _decode_and_verify(context: Context,
         try:
             if work.penalties.active:  # p is the target's after the output each row follows
                 penalize_rows(work.penalties, work.output, item.part.tokens[1:], logits)
-            if work.constraint is not None:  # p becomes the constrained target distribution, row by row
-                mask_rows(work.constraint.cursor, work.constraint.generated, item.part.tokens[1:], logits)
+            if work.cursor is not None:  # p becomes the constrained target distribution, row by row
+                mask_rows(work.cursor, work.output, item.part.tokens[1:], logits)
             verdict = verify(item.drafts, item.dists, logits, work.params, work.rng, work.coupled_seed, work.pos + 1)
             if work.logprobs >= 0:  # from the rows as verified: after the penalties and the grammar
                 verdict = replace(verdict, logprobs=[log_probs(row, token, work.logprobs)

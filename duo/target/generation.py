@@ -18,7 +18,7 @@ from duo.costs import StepCosts
 from duo.model import Model, ModelError
 from duo.runtime import ModelWorker, within
 from duo.sampling import COUPLED, GREEDY, RESIDUAL, SparseDist, Verdict
-from duo.target.batching import CallObserver, Constraint, PrefillWork, StepBatcher, VerifyWork, one_token_seconds
+from duo.target.batching import CallObserver, PrefillWork, StepBatcher, VerifyWork, one_token_seconds
 from duo.target.chain import DraftChain
 from duo.target.link import DraftLink
 from duo.target.policy import Acceptance, AdaptivePolicy, DraftTiming
@@ -133,10 +133,11 @@ class Generation:
         pending, dists = self.chain.pending()
         if self.verification == RESIDUAL and None in dists:
             pending = pending[:dists.index(None)]  # rejection sampling needs the q each token came from
-        constraint = None
+        # What the output's grammar and penalties look at: the tokens generated so far.
+        needed = self.cursor is not None or self.request.penalties.active
+        output = self.committed[len(self.request.prompt_tokens):] if needed else []
         if self.cursor is not None:
-            generated = self.committed[len(self.request.prompt_tokens):]
-            self.cursor.move_to(generated)
+            self.cursor.move_to(output)
             # A draft the grammar forbids would be rejected: no verify row is spent on it, nor on what follows.
             pending = pending[:self.cursor.valid_prefix(pending)]
             if not pending:
@@ -146,14 +147,12 @@ class Generation:
                 # allowed, so the target may still say otherwise.
                 pending = self.cursor.forced()
                 dists = [SparseDist(np.array([token]), np.array([1.0])) for token in pending]
-            constraint = Constraint(self.cursor, generated)
         limit = max(0, min(len(pending), self.settings.draft_max, room - 1))
         return VerifyWork(seq=seq, pos=len(self.committed) - 1, last=self.committed[-1], pending=pending,
                           dists=dists[:len(pending)], limit=limit, draft_min=self.settings.draft_min, policy=policy,
                           params=self.request.params, rng=self.rng,
-                          coupled_seed=self.seed if self.verification == COUPLED else None, constraint=constraint,
-                          penalties=self.request.penalties, logprobs=self.request.logprobs,
-                          output=self.committed[len(self.request.prompt_tokens):] if self.request.penalties.active else [])
+                          coupled_seed=self.seed if self.verification == COUPLED else None, output=output,
+                          cursor=self.cursor, penalties=self.request.penalties, logprobs=self.request.logprobs)
 
     def commit(self, verdict: Verdict, n_verified: int, batch_size: int) -> Step:
         """Append the verdict's tokens, stopping at an end of generation or the token limit."""
