@@ -12,10 +12,10 @@ how a chain is walked and then taken back to what was committed.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 import threading
 import warnings
 import weakref
+from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
 import numpy as np
@@ -62,7 +62,7 @@ class VocabModel(Protocol):
 
 def grammar_of(kind: str, source: str | dict[str, Any]) -> str:
     """llguidance's grammar (a JSON string) for `source` of `kind` (one of KINDS); GrammarError when the source
-    is not even of that kind (a schema that is not JSON). Whether it compiles, Constraint.compile says."""
+    is not even of that kind (a schema that is not JSON). Whether it compiles, Cursor.compile says."""
     if kind not in KINDS:
         raise GrammarError(f"unknown grammar kind {kind!r}; one of {', '.join(KINDS)}")
     try:

@@ -115,6 +115,7 @@ class Model:
             raise ModelError(f"cannot load {path}: {error} (is it a GGUF model file?)") from error
         self._vocab: Vocab | None = None
         self._chat_formatter: Any = None  # llama_cpp's Jinja2ChatFormatter
+        self._chat_template: str | None = None
 
     @property
     def n_layer(self) -> int:
@@ -179,7 +180,10 @@ class Model:
             size = -n
 
     def chat_template(self) -> str:
-        return self._model.metadata().get("tokenizer.chat_template") or ""
+        """The GGUF's chat template ("" for none), read once: each tool request asks for it twice."""
+        if self._chat_template is None:
+            self._chat_template = self._model.metadata().get("tokenizer.chat_template") or ""
+        return self._chat_template
 
     def chat_prompt(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] = ()) -> str:
         """Render chat messages (and the tools the model may call) with the GGUF's own chat template, ready for the

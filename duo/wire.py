@@ -43,9 +43,9 @@ def sampling_to_pb(params: SamplingParams, seed: int | None, penalties: Penaltie
 
 def penalties_from_pb(message: pb.SamplingParams) -> Penalties:
     """The penalties (unchecked: Penalties.validate); repeat_penalty 0 and an unset repeat_last_n are the defaults."""
+    window = message.repeat_last_n if message.HasField("repeat_last_n") else Penalties.repeat_last_n
     return Penalties(presence=float(message.presence_penalty), frequency=float(message.frequency_penalty),
-                     repeat=float(message.repeat_penalty) or 1.0,
-                     repeat_last_n=message.repeat_last_n if message.HasField("repeat_last_n") else Penalties.repeat_last_n,
+                     repeat=float(message.repeat_penalty) or 1.0, repeat_last_n=window,
                      bias=tuple(sorted((int(token), float(value)) for token, value in message.logit_bias.items())))
 
 

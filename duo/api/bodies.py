@@ -50,9 +50,9 @@ class ResponseFormat(BaseModel):
         return GrammarSpec("json_schema", self.json_schema.schema_, "response_format.json_schema.schema")
 
 
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs
 # Fields that change nothing duo returns, so ignoring them is exact (OpenAI's bookkeeping and routing, llama-server's
 # slot and progress options); every other field is honoured or refused with a 400 naming it, never dropped.
-MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs
 IGNORED_FIELDS = frozenset({"user", "store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier",
                             "id_slot", "timings_per_token", "return_progress"})
 # llama-server's sampling fields at the value that turns them off: sent so (llama.cpp scripts often send every
@@ -142,7 +142,7 @@ class GenerationBody(Fenced):
             except (TypeError, ValueError):
                 raise BadRequest(f"logit_bias takes token ids and their biases (or false), got {list(pair)!r}: "
                                  "tokenize text first (POST /tokenize)", param="logit_bias") from None
-            if isinstance(value, bool) and value is False:
+            if value is False:
                 value = -math.inf
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise BadRequest(f"logit_bias values are numbers (or false: never), got {value!r}", param="logit_bias")
@@ -270,8 +270,7 @@ class ChatBody(GenerationBody):
             raise BadRequest(str(error), param=error.param) from error
         messages = template_messages(self.messages)
         return self.completion_request(max_tokens=self.token_limit("max_completion_tokens", "max_tokens"),
-                                       messages=messages,
-                                       tool_use=use)
+                                       messages=messages, tool_use=use)
 
     def logprob_count(self) -> int:
         return (self.top_logprobs or 0) if self.logprobs else super().logprob_count()

@@ -239,8 +239,8 @@ class Completions:
         self._check_prompt(tokens)
         grammar, cursor = self._compiled(spec) if spec else ("", None)
         return Request(prompt_tokens=tokens, params=request.params, seed=request.seed, max_tokens=request.max_tokens,
-                       cache_prompt=request.cache_prompt, grammar=grammar, constraint=cursor, penalties=request.penalties,
-                       logprobs=request.logprobs,
+                       cache_prompt=request.cache_prompt, grammar=grammar, constraint=cursor,
+                       penalties=request.penalties, logprobs=request.logprobs,
                        arrived=request.arrived)
 
     def _tool_grammar(self, request: CompletionRequest) -> GrammarSpec | None:
@@ -324,8 +324,8 @@ class Completions:
             raise too_long(f"the prompt is far longer than the context of {self.context_size} tokens")
 
     async def tokenizing(self, work: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """work(*args, **kwargs) on a thread (tokenizing, rendering a template), admitted among such calls (QueueFull when
-        their line is full); NotReady while the model loads."""
+        """work(*args, **kwargs) on a thread (tokenizing, rendering a template), admitted among such calls
+        (QueueFull when their line is full); NotReady while the model loads."""
         self._open_for_requests()
         self._loaded()
         slot = await self.tokenizing_admission.acquire()
@@ -349,7 +349,7 @@ class Completions:
                     if finish and not stopped:
                         text += stops.flush()
                     why = "word" if stopped else {"stop": "eos", "length": "limit"}.get(finish or "", "")
-                    logprobs = described(target.model, step.tokens, step.logprobs) if step.logprobs is not None else None
+                    logprobs = None if step.logprobs is None else described(target.model, step.tokens, step.logprobs)
                     yield Piece(text, step.tokens, finish, stats, self.draft_connected, why, logprobs)
                     if finish:
                         # Leaving `aclosing` closes target.generate now, which frees the sessions at once.

@@ -345,7 +345,8 @@ def http_server(app: ASGIApp, *, tls_cert: str | None, tls_key: str | None, debu
 
 
 def _piece(text: bytes) -> str | list[int]:
-    """A token's text for /tokenize's pieces: the string, or its bytes where they are not whole UTF-8 (as llama-server)."""
+    """A token's text for /tokenize's pieces: the string, or its bytes where they are not whole UTF-8 (as
+    llama-server)."""
     try:
         return text.decode()
     except UnicodeDecodeError:

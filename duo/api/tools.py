@@ -129,7 +129,7 @@ def tool_use(tools: Sequence[ToolBody] | None, choice: ToolChoice | None, parall
 
 
 def called_functions(tools: Sequence[ToolBody], choice: ToolChoice | None) -> list[FunctionBody]:
-    """The functions the model may call: none for `none`, one for a named choice (BadRequest if not offered)."""
+    """The functions the model may call: none for `none`, one for a named choice (ToolError if not offered)."""
     if choice == "none":
         return []
     if isinstance(choice, NamedToolChoice):

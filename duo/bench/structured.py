@@ -7,7 +7,8 @@ import json
 from typing import Any
 
 _FUNCTIONS = {"type": "array", "items": {
-    "type": "object", "properties": {"name": {"type": "string"}, "arguments": {"type": "array", "items": {"type": "string"}},
+    "type": "object", "properties": {"name": {"type": "string"},
+                                     "arguments": {"type": "array", "items": {"type": "string"}},
                                      "returns": {"type": "string"}, "summary": {"type": "string"}},
     "required": ["name", "arguments", "returns", "summary"], "additionalProperties": False}}
 MODULE = {"type": "object", "properties": {"name": {"type": "string"}, "language": {"type": "string"},
