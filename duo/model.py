@@ -157,6 +157,12 @@ class Model:
     def end_of_generation_ids(self) -> list[int]:
         return [token for token in range(self.n_vocab) if self.is_end_of_generation(token)]
 
+    def special_token(self, name: str) -> int | None:
+        """The vocabulary's `name` token (eot, eos, fim_pre, fim_suf, fim_mid, fim_pad, fim_rep, fim_sep); None where
+        it has none (llama.cpp also finds FIM tokens by their text: Qwen's <|fim_prefix|>, CodeLlama's <PRE>, ...)."""
+        token = getattr(llama(), f"llama_vocab_{name}")(self._model.vocab)
+        return None if token < 0 else int(token)
+
     def llama_vocab(self) -> Any:
         """The native llama_vocab pointer (for llguidance's tokenizer: duo.constraint)."""
         return self._model.vocab

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from duo.infill_sampler import infill
 from duo.noise import lowest_bits_below, uniforms, uniforms_of, vocabulary_bits
 from duo.sampling_params import SamplingParams
 
@@ -43,17 +44,21 @@ class SparseDist:
 
 
 def distribution(logits: np.ndarray, params: SamplingParams) -> SparseDist:
-    """What `params` samples from: greedy one-hot, or temperature -> top-k -> top-p -> min-p.
+    """What `params` samples from: greedy one-hot, or temperature -> top-k -> top-p -> min-p, then llama.cpp's
+    infill transform where the request asks for it (duo.infill_sampler; a lone token stays as it is).
 
-    Every truncation keeps a prefix of the tokens ranked by logit (ties: lower id
-    first) and renormalises, so the result is that prefix and at least one token.
-    With no truncation at all (the usual OpenAI-client request: a temperature and nothing
-    else) nothing needs ranking, so the support stays in id order and costs one softmax.
-    Measured on a 151936-token vocabulary (numpy 2.4, one AMD EPYC core, medians):
-    top_k=40 0.16 ms; top_p=0.95 on a peaked distribution 0.45 ms; min_p=0.1 0.4 ms;
-    no truncation ~1 ms. The slow case is top_p over a flat distribution whose nucleus is
-    most of the vocabulary (5-9 ms: two candidate rounds, then the full sort).
+    Every truncation keeps a prefix of the tokens ranked by logit (ties: lower id first) and renormalises, so
+    the result is that prefix and at least one token. With no truncation at all (the usual OpenAI-client
+    request: a temperature and nothing else) nothing needs ranking: the support stays in id order, one softmax.
+    On 151936 tokens (one AMD EPYC core, medians): top_k=40 0.16 ms; top_p=0.95, peaked 0.45 ms; min_p=0.1 0.4
+    ms; none ~1 ms; top_p over a flat distribution (a nucleus of most of the vocabulary) 5-9 ms.
     """
+    dist = _truncated(logits, params)
+    return dist if params.infill is None or dist.ids.size == 1 else SparseDist(*infill(dist.ids, dist.probs,
+                                                                                        params.infill))
+
+
+def _truncated(logits: np.ndarray, params: SamplingParams) -> SparseDist:
     params.validate()
     logits = np.asarray(logits)
     if logits.ndim != 1 or logits.size == 0:
@@ -235,10 +240,8 @@ def _check_rows(draft_tokens: Sequence[int], target_logits: np.ndarray) -> np.nd
     target_logits = np.asarray(target_logits)
     n = len(draft_tokens)
     if target_logits.ndim != 2 or target_logits.shape[0] not in (n, n + 1):
-        raise ValueError(
-            f"target_logits must have shape [{n} or {n + 1}, n_vocab] for {n} draft tokens, "
-            f"got {target_logits.shape}"
-        )
+        raise ValueError(f"target_logits must have shape [{n} or {n + 1}, n_vocab] for {n} draft tokens, "
+                         f"got {target_logits.shape}")
     return target_logits
 
 
@@ -293,9 +296,7 @@ def verify_stochastic(
     """
     target_logits = _check_rows(draft_tokens, target_logits)
     if len(draft_dists) != len(draft_tokens):
-        raise ValueError(
-            f"got {len(draft_dists)} draft distributions for {len(draft_tokens)} draft tokens"
-        )
+        raise ValueError(f"got {len(draft_dists)} draft distributions for {len(draft_tokens)} draft tokens")
     tokens: list[int] = []
     for row, drafted, q in zip(target_logits, draft_tokens, draft_dists):
         q_x, p = _prob_of(q, drafted), None
@@ -348,7 +349,7 @@ def _near_top(logits: np.ndarray, params: SamplingParams) -> tuple[float, np.nda
     """Where nothing truncates (temperature alone): the top logit, and which tokens lie within
     _RACE_CUT * T of it (every other token weighs less than _TAIL_WEIGHT); None for greedy or truncated
     sampling, whose support distribution() finds."""
-    if params.greedy or 0 < params.top_k < logits.size or params.top_p < 1 or params.min_p > 0:
+    if params.greedy or 0 < params.top_k < logits.size or params.top_p < 1 or params.min_p > 0 or params.infill:
         return None
     params.validate()
     top = logits.max()

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from duo.infill_sampler import MAX_CANDIDATES, InfillVocab
+
 # The wire's limits (proto/duo.proto's SamplingParams: float and int32 fields).
 _INT32_MAX = 2**31 - 1
 _FLOAT32_TINY = float(np.finfo(np.float32).tiny)  # the smallest normal float32, ~1.2e-38
@@ -25,6 +27,7 @@ class SamplingParams:
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1 = off
     min_p: float = 0.0  # 0 = off
+    infill: InfillVocab | None = None  # llama.cpp's infill sampler last (duo.infill_sampler): the vocabulary it reads
 
     @property
     def greedy(self) -> bool:
@@ -52,6 +55,9 @@ class SamplingParams:
         if not (_is_real(m) and 0 <= m < 1 and _float32(m) < 1):
             raise ValueError(f"min_p must be in [0, 1) (0 = off; at most {_FLOAT32_BELOW_ONE:.8f}: closer "
                              f"to 1 is 1 in float32), got {m!r}")
+        if self.infill is not None and not (0 < k <= MAX_CANDIDATES or t == 0):
+            raise ValueError(f"the infill sampler needs top_k from 1 to {MAX_CANDIDATES} before it (it compares "
+                             f"every pair of candidates; editors send 40), got top_k {k}")
 
 
 def _float32(x: float) -> float:

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from duo._proto import duo_pb2 as pb
-from duo.model import Vocab
+from duo.infill_sampler import infill_vocab
+from duo.model import Model, Vocab
 from duo.penalties import Penalties
 from duo.sampling import SamplingParams, SparseDist
 
@@ -35,7 +36,8 @@ def sampling_to_pb(params: SamplingParams, seed: int | None, penalties: Penaltie
     message = pb.SamplingParams(temperature=params.temperature, top_k=params.top_k,
                                 top_p=params.top_p, min_p=params.min_p, presence_penalty=penalties.presence,
                                 frequency_penalty=penalties.frequency, repeat_penalty=penalties.repeat,
-                                repeat_last_n=penalties.repeat_last_n, logit_bias=dict(penalties.bias))
+                                repeat_last_n=penalties.repeat_last_n, logit_bias=dict(penalties.bias),
+                                infill=params.infill is not None)
     if seed is not None:
         message.seed = seed
     return message
@@ -49,10 +51,14 @@ def penalties_from_pb(message: pb.SamplingParams) -> Penalties:
                      bias=tuple(sorted((int(token), float(value)) for token, value in message.logit_bias.items())))
 
 
-def sampling_from_pb(message: pb.SamplingParams) -> tuple[SamplingParams, int | None]:
-    """The params and the seed (None when unset); top_p 0 means an unset field, i.e. 1."""
+def sampling_from_pb(message: pb.SamplingParams, model: Model | None) -> tuple[SamplingParams, int | None]:
+    """The params and the seed (None when unset); top_p 0 means an unset field, i.e. 1. `model`: the receiving
+    side's, whose vocabulary the infill sampler reads where the message asks for it (None: it cannot)."""
+    if message.infill and model is None:
+        raise ValueError("the infill sampler needs the model's vocabulary")
     params = SamplingParams(temperature=float(message.temperature), top_k=int(message.top_k),
-                            top_p=float(message.top_p) or 1.0, min_p=float(message.min_p))
+                            top_p=float(message.top_p) or 1.0, min_p=float(message.min_p),
+                            infill=infill_vocab(model) if message.infill else None)
     return params, (message.seed if message.HasField("seed") else None)
 
 

@@ -181,7 +181,6 @@ def test_a_new_request_wants_drafts_from_its_first_step():
 
 def test_the_reason_shows_in_a_requests_stats_line_and_in_the_targets_log_line():
     from duo._proto import duo_pb2 as pb
-    from duo.api.completion import request_line
     from duo.cli.generate import format_stats
     from duo.target.request import GenerationStats
 
@@ -193,7 +192,7 @@ def test_the_reason_shows_in_a_requests_stats_line_and_in_the_targets_log_line()
     assert format_stats(pb.Stats(generated_tokens=5, verify_steps=5, speculation=reason)).endswith(
         f"; speculation {reason}]")
     stats = GenerationStats(generated_tokens=5, verify_steps=5, speculation=reason)
-    assert request_line(stats, "stop").endswith(f"speculation {reason}")
+    assert stats.log_line("stop").endswith(f"speculation {reason}")
 
 
 def test_a_trial_that_clearly_loses_is_cut_short_but_an_established_regime_is_judged_on_whole_periods():

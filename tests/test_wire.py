@@ -12,13 +12,13 @@ N_VOCAB = 100
 
 def test_sampling_params_and_seed_survive_the_wire():
     params = SamplingParams(temperature=0.7, top_k=40, top_p=0.9, min_p=0.05)
-    back, seed = wire.sampling_from_pb(wire.sampling_to_pb(params, 42))
+    back, seed = wire.sampling_from_pb(wire.sampling_to_pb(params, 42), None)
     assert seed == 42 and back.top_k == 40 and back.temperature == pytest.approx(0.7)
-    assert wire.sampling_from_pb(wire.sampling_to_pb(params, None))[1] is None
+    assert wire.sampling_from_pb(wire.sampling_to_pb(params, None), None)[1] is None
 
 
 def test_an_unset_top_p_means_no_nucleus_cut():
-    assert wire.sampling_from_pb(pb.SamplingParams(temperature=1.0))[0].top_p == 1.0
+    assert wire.sampling_from_pb(pb.SamplingParams(temperature=1.0), None)[0].top_p == 1.0
 
 
 def test_a_draft_distribution_is_renormalised_after_float32_rounding():

@@ -41,7 +41,7 @@ class Vocab(_message.Message):
     def __init__(self, vocab_type: _Optional[int] = ..., bos: _Optional[int] = ..., eos: _Optional[int] = ..., add_bos: _Optional[bool] = ..., add_eos: _Optional[bool] = ..., token_texts: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
-    __slots__ = ("temperature", "top_k", "top_p", "min_p", "seed", "presence_penalty", "frequency_penalty", "repeat_penalty", "repeat_last_n", "logit_bias")
+    __slots__ = ("temperature", "top_k", "top_p", "min_p", "seed", "presence_penalty", "frequency_penalty", "repeat_penalty", "repeat_last_n", "logit_bias", "infill")
     class LogitBiasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -59,6 +59,7 @@ class SamplingParams(_message.Message):
     REPEAT_PENALTY_FIELD_NUMBER: _ClassVar[int]
     REPEAT_LAST_N_FIELD_NUMBER: _ClassVar[int]
     LOGIT_BIAS_FIELD_NUMBER: _ClassVar[int]
+    INFILL_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_k: int
     top_p: float
@@ -69,7 +70,8 @@ class SamplingParams(_message.Message):
     repeat_penalty: float
     repeat_last_n: int
     logit_bias: _containers.ScalarMap[int, float]
-    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repeat_penalty: _Optional[float] = ..., repeat_last_n: _Optional[int] = ..., logit_bias: _Optional[_Mapping[int, float]] = ...) -> None: ...
+    infill: bool
+    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repeat_penalty: _Optional[float] = ..., repeat_last_n: _Optional[int] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., infill: _Optional[bool] = ...) -> None: ...
 
 class TargetEvent(_message.Message):
     __slots__ = ("open", "commit", "steer", "close")

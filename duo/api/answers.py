@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 
 from duo.api.admission import QueueFull
 from duo.api.completion import (BadRequest, ClientError, Completion, NotReady, Piece, ShuttingDown, UnknownModel,
-                                failure_message, stats_fields)
+                                failure_message)
 from duo.api.logprobs import chat_logprobs, completion_logprobs, native_probabilities
 from duo.api.tools import CallFormat, CallParser, FunctionBody, ToolCall
 from duo.target.request import GenerationStats
@@ -77,7 +77,7 @@ class ResponseFormat(ABC):
         if last.logprobs is not None:
             choice["logprobs"] = self.shown_logprobs([entry for piece in pieces for entry in piece.logprobs or []], 0)
         return {**self._envelope(self.object_name), "choices": [choice],
-                "usage": usage(last), "duo_stats": stats_fields(last.stats, last.draft_connected)}
+                "usage": usage(last), "duo_stats": last.stats.fields(last.draft_connected)}
 
     async def events(self, completion: Completion, include_usage: bool) -> AsyncIterator[str]:
         try:
@@ -92,7 +92,7 @@ class ResponseFormat(ABC):
                     shown += len(piece.text)
                     chunk = self._chunk(choice, include_usage)
                     if piece.finish_reason:
-                        chunk["duo_stats"] = stats_fields(piece.stats, piece.draft_connected)
+                        chunk["duo_stats"] = piece.stats.fields(piece.draft_connected)
                     yield sse(chunk)
                 if piece.finish_reason and include_usage:
                     yield sse({**self._envelope(self.chunk_object_name), "choices": [], "usage": usage(piece)})
@@ -196,15 +196,30 @@ class NativeFormat:
     draft_n and draft_n_accepted included); streamed as one JSON object per event, the last with stop true, and no
     [DONE] (llama-server sends none on its native endpoints)."""
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, response_fields: list[str] | None = None) -> None:
         self.model = model
+        self.response_fields = response_fields
+
+    def fields(self, answer: dict[str, Any]) -> dict[str, Any]:
+        """The answer's fields the client asked for in response_fields (all without it), each under its path
+        ("timings/predicted_n": a nested one); a path to nothing is left out, as llama-server leaves it."""
+        if self.response_fields is None:
+            return answer
+        picked = {}
+        for path in self.response_fields:
+            value: Any = answer
+            for key in path.split("/"):
+                value = value.get(key, _MISSING) if isinstance(value, dict) else _MISSING
+            if value is not _MISSING:
+                picked[path] = value
+        return picked
 
     def whole(self, pieces: list[Piece]) -> dict[str, Any]:
         answer = {**self._final(pieces[-1]), "content": "".join(piece.text for piece in pieces),
                   "tokens": [token for piece in pieces for token in piece.token_ids]}
         if pieces[-1].logprobs is not None:
             answer["completion_probabilities"] = native_probabilities([e for p in pieces for e in p.logprobs or []])
-        return answer
+        return self.fields(answer)
 
     async def events(self, completion: Completion, include_usage: bool) -> AsyncIterator[str]:
         """`include_usage` does not apply: every answer carries its timings."""
@@ -214,7 +229,7 @@ class NativeFormat:
                 if piece.logprobs is not None:
                     event["completion_probabilities"] = native_probabilities(piece.logprobs)
                 if piece.finish_reason:
-                    yield sse({**event, **self._final(piece)})
+                    yield sse(self.fields({**event, **self._final(piece)}))
                 elif piece.text or piece.token_ids:
                     yield sse(event)
         except ShuttingDown as error:
@@ -227,7 +242,10 @@ class NativeFormat:
         return {"stop": True, "model": self.model, "stop_type": last.stop_type, "stopping_word": "",
                 "tokens_predicted": stats.generated_tokens, "tokens_evaluated": stats.prompt_tokens,
                 "tokens_cached": stats.cached_prompt_tokens, "truncated": False, "timings": timings(stats),
-                "duo_stats": stats_fields(stats, last.draft_connected)}
+                "duo_stats": stats.fields(last.draft_connected)}
+
+
+_MISSING = object()
 
 
 def timings(stats: GenerationStats) -> dict[str, float | int]:

@@ -13,6 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from duo.api.completion import BadRequest, CompletionRequest, too_long
+from duo.api.infill import FimInput
 from duo.constraint import GrammarSpec
 from duo.api.tools import FunctionBody, ToolBody, ToolChoice, ToolError, template_message, tool_use
 from duo.penalties import Penalties
@@ -59,6 +60,13 @@ IGNORED_FIELDS = frozenset({"user", "store", "metadata", "service_tier", "prompt
 # field), they change nothing and are honoured; any other value is refused by name.
 OFF_VALUES = {"typical_p": 1.0, "mirostat": 0, "tfs_z": 1.0, "dry_multiplier": 0.0,
               "xtc_probability": 0.0, "min_keep": 0}
+# llama-server's `samplers`: names (and their one-letter codes, for the string form) of the samplers a request turns
+# on; those it leaves out are off (temperature: 1). duo applies them in its own order (duo.sampling.distribution:
+# temperature first, as OpenAI and vLLM; llama.cpp's default chain takes it last, which differs only where a
+# temperature other than 1 meets top-p or min-p). typ_p, xtc, dry and top_n_sigma are off in duo whatever the list.
+SAMPLERS = {"top_k": "k", "top-k": "k", "top_p": "p", "top-p": "p", "nucleus": "p", "min_p": "m", "min-p": "m",
+            "temperature": "t", "temp": "t", "infill": "i", "penalties": "e", "typ_p": "y", "typical_p": "y",
+            "typical-p": "y", "typ-p": "y", "typ": "y", "xtc": "x", "dry": "d", "top_n_sigma": "s"}
 
 
 class Fenced(BaseModel):
@@ -102,6 +110,7 @@ class GenerationBody(Fenced):
     response_format: ResponseFormat | None = None
     grammar: str | None = None        # llama-server's: a GBNF grammar the output must match
     json_schema: dict[str, Any] | None = None  # llama-server's: a JSON schema the output must match
+    samplers: list[str] | str | None = None  # llama-server's: which samplers are on (SAMPLERS)
 
     def check_supported(self) -> None:
         """Refuse, naming the field, what duo cannot do rather than silently ignoring it."""
@@ -150,13 +159,30 @@ class GenerationBody(Fenced):
         return tuple(sorted(biases.items()))
 
     def completion_request(self, *, max_tokens: int | None, **prompt: Any) -> CompletionRequest:
-        params = SamplingParams(temperature=1.0 if self.temperature is None else self.temperature,
-                                top_k=self.top_k or 0, top_p=1.0 if self.top_p is None else self.top_p,
-                                min_p=self.min_p or 0.0)
+        on = self.samplers_on()
+        # Left out of `samplers`, temperature does not scale (1), unless the client asked for greedy outright.
+        temperature = 1.0 if self.temperature is None or ("t" not in on and self.temperature != 0) \
+            else self.temperature
+        params = SamplingParams(temperature=temperature, top_k=(self.top_k or 0) if "k" in on else 0,
+                                top_p=1.0 if self.top_p is None or "p" not in on else self.top_p,
+                                min_p=(self.min_p or 0.0) if "m" in on else 0.0)
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return CompletionRequest(max_tokens=max_tokens or 0, params=params, seed=self.seed, stop=stop,
                                  cache_prompt=self.cache_prompt, grammar=self.grammar_spec(),
-                                 penalties=self.penalties(), logprobs=self.logprob_count(), **prompt)
+                                 penalties=self.penalties() if "e" in on else Penalties(),
+                                 logprobs=self.logprob_count(), infill_sampler="i" in on, **prompt)
+
+    def samplers_on(self) -> str:
+        """The codes (SAMPLERS) of the samplers the request turns on: all of duo's but infill without `samplers`."""
+        if self.samplers is None:
+            return "kpmte"
+        names = self.samplers
+        codes = list(names) if isinstance(names, str) else [SAMPLERS.get(name) for name in names]
+        unknown = [name for name, code in zip(names, codes) if code not in SAMPLERS.values()]
+        if unknown:
+            raise BadRequest(f"unknown sampler {unknown[0]!r} in samplers; duo knows {', '.join(SAMPLERS)} "
+                             f"(or their letters {''.join(sorted(set(SAMPLERS.values())))})", param="samplers")
+        return "".join(codes)
 
     def logprob_count(self) -> int:
         """How many alternatives each token's logprobs show (-1: no logprobs): llama-server's n_probs here."""
@@ -188,8 +214,6 @@ class CompletionBody(GenerationBody):
         super().check_supported()
         if self.echo:
             raise BadRequest("echo is not supported", param="echo")
-        if self.suffix:
-            raise BadRequest("suffix is not supported", param="suffix")
         if self.best_of not in (None, 1):
             raise BadRequest(f"best_of must be 1, got {self.best_of}", param="best_of")
 
@@ -203,6 +227,10 @@ class CompletionBody(GenerationBody):
             if len(prompt) != 1:
                 raise BadRequest(f"send one prompt per request, got {len(prompt)}", param="prompt")
             prompt = prompt[0]
+        if self.suffix:  # the text after the hole: the model's fill-in-the-middle prompt (duo.api.infill)
+            if not isinstance(prompt, str):
+                raise BadRequest("suffix needs the prompt as text (the code before the hole)", param="suffix")
+            return self.completion_request(max_tokens=self.token_limit("max_tokens"), fim=FimInput(prompt, self.suffix))
         if isinstance(prompt, list):
             return self.completion_request(max_tokens=self.token_limit("max_tokens"), prompt_tokens=prompt)
         return self.completion_request(max_tokens=self.token_limit("max_tokens"), prompt=prompt)
@@ -344,9 +372,19 @@ def document_bodies(app: FastAPI, bodies: dict[str, type[BaseModel]]) -> None:
 
 
 class NativeCompletionBody(GenerationBody):
-    """llama-server's POST /completion: a raw prompt (text or token ids), n_predict."""
+    """llama-server's POST /completion: a raw prompt (text or token ids), n_predict, its code-completion stop rules
+    (duo.api.infill.FimStops) and response_fields (the answer's fields to send, "timings/prompt_n" for nested ones,
+    each under its path)."""
 
     prompt: str | list[int]
+    n_indent: int = Field(default=0, ge=0)
+    t_max_predict_ms: int = 0  # <= 0: no time limit
+    t_max_prompt_ms: int = 0   # accepted and not enforced, as llama-server leaves it (a prompt is read whole)
+    response_fields: list[str] | None = None
+
+    def native_request(self, **prompt: Any) -> CompletionRequest:
+        return self.completion_request(max_tokens=self.token_limit("max_tokens"), n_indent=self.n_indent,
+                                       t_max_predict_ms=self.t_max_predict_ms, **prompt)
 
     @property
     def warm_up(self) -> bool:
@@ -355,8 +393,32 @@ class NativeCompletionBody(GenerationBody):
 
     def to_request(self) -> CompletionRequest:
         self.check_supported()
-        prompt = {"prompt_tokens": self.prompt} if isinstance(self.prompt, list) else {"prompt": self.prompt}
-        return self.completion_request(max_tokens=self.token_limit("max_tokens"), **prompt)
+        return self.native_request(**{"prompt_tokens" if isinstance(self.prompt, list) else "prompt": self.prompt})
+
+
+class InputChunk(BaseModel):
+    """One of /infill's input_extra: llama-server reads a chunk's filename and text; clients add bookkeeping of
+    their own (llama.vim: when it picked the chunk), which changes no answer and is ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+    filename: str = "tmp"
+    text: str = ""
+
+
+class InfillBody(NativeCompletionBody):
+    """llama-server's POST /infill: the text before the hole (`prompt`: the cursor's line so far, after it), after
+    it, and chunks of other files; the prompt is the model's FIM layout of them (duo.api.infill)."""
+
+    prompt: str | list[int] = ""
+    input_prefix: str = ""
+    input_suffix: str = ""
+    input_extra: list[InputChunk] = Field(default_factory=list)
+
+    def to_request(self) -> CompletionRequest:
+        self.check_supported()
+        extra = tuple((chunk.filename, chunk.text) for chunk in self.input_extra)
+        prompt = tuple(self.prompt) if isinstance(self.prompt, list) else self.prompt
+        return self.native_request(fim=FimInput(self.input_prefix, self.input_suffix, extra, prompt))
 
 
 class TokenizeBody(Fenced):

@@ -9,17 +9,19 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from contextlib import aclosing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, TypeVar
 
 from duo.api.admission import Admission, Slot
 from duo.api.chat import chat_tokens
+from duo.api.infill import FimInput, FimStops, NoFim, fim_tokens, stops_for
 from duo.api.logprobs import described
 from duo.api.metrics import Metrics
 from duo.api.stop import StopMatcher
 from duo.api.tools import CallFormat, ToolError, ToolUse, call_format, call_grammar
 from duo.constraint import Cursor, GrammarError, GrammarSpec, grammar_of
+from duo.infill_sampler import infill_vocab
 from duo.model import Model, ModelError
 from duo.penalties import Penalties
 from duo.sampling import SamplingParams
@@ -73,6 +75,10 @@ class CompletionRequest:
     tool_use: ToolUse | None = None            # chat: the tools the template renders, and whether a call is due
     penalties: Penalties = Penalties()         # presence, frequency and repeat penalties, logit_bias
     logprobs: int = -1                         # >= 0: each token's logprob and this many alternatives'
+    fim: FimInput | None = None                # fill-in-the-middle: the prompt is built around the hole
+    infill_sampler: bool = False               # llama.cpp's infill sampler after the truncations
+    n_indent: int = 0                          # llama-server's code-completion stop rules (duo.api.infill)
+    t_max_predict_ms: int = 0
     arrived: float = field(default_factory=time.monotonic)
 
 
@@ -87,33 +93,6 @@ class Piece:
     draft_connected: bool
     stop_type: str = ""  # on the last piece, as llama-server says it: "eos", "word" (a stop string) or "limit"
     logprobs: list[dict[str, Any]] | None = None  # where asked, per token (duo.api.logprobs.described)
-
-
-def stats_fields(stats: GenerationStats, draft_connected: bool) -> dict[str, float | int | bool | str | list[int]]:
-    """A request's stats under the names of proto/duo.proto's Stats message (also used in HTTP's duo_stats)."""
-    return {"prompt_tokens": stats.prompt_tokens, "cached_prompt_tokens": stats.cached_prompt_tokens,
-            "generated_tokens": stats.generated_tokens,
-            "draft_tokens_received": stats.draft_tokens_received,
-            "draft_tokens_verified": stats.draft_tokens_verified,
-            "draft_tokens_accepted": stats.draft_tokens_accepted, "verify_steps": stats.verify_steps,
-            "tokens_per_second": stats.tokens_per_second, "time_to_first_token_s": stats.time_to_first_token or 0.0,
-            "draft_connected": draft_connected, "batch_sizes": list(stats.batch_sizes),
-            "draft_rejections": stats.draft_rejections, "branch_hits": stats.branch_hits, "waits": stats.waits,
-            "wait_seconds": stats.wait_seconds, "verification": stats.verification, "seed": stats.seed,
-            "speculation": stats.speculation}
-
-
-def request_line(stats: GenerationStats, finish: str) -> str:
-    """One finished request's line for the target's log, as llama-server prints its timings; `finish`: its
-    finish reason, or why it has none."""
-    ttft = stats.time_to_first_token
-    drafts = (f"accepted {stats.draft_tokens_accepted}/{stats.draft_tokens_verified} drafts"
-              if stats.draft_tokens_verified else "no drafts verified")
-    speculation = f", speculation {stats.speculation}" if stats.speculation else ""
-    return (f"request done ({finish}): {stats.generated_tokens} tokens at "
-            f"{stats.tokens_per_second:.2f} tok/s, first token after "
-            f"{'-' if ttft is None else f'{ttft:.2f} s'}, {drafts} in {stats.verify_steps} steps, "
-            f"prompt {stats.prompt_tokens} tokens ({stats.cached_prompt_tokens} cached){speculation}")
 
 
 class Completion:
@@ -221,10 +200,11 @@ class Completions:
 
     def prepare(self, request: CompletionRequest) -> Request:
         """The target's Request, or BadRequest saying what to fix."""
-        self._loaded()  # NotReady while the model loads
+        model = self._loaded().model  # NotReady while the model loads
+        params = replace(request.params, infill=infill_vocab(model)) if request.infill_sampler else request.params
         try:
-            request.params.validate()
-            request.penalties.validate(self._loaded().model.n_vocab)
+            params.validate()
+            request.penalties.validate(model.n_vocab)
         except ValueError as error:
             raise BadRequest(str(error)) from error
         if request.max_tokens < 0:
@@ -233,15 +213,21 @@ class Completions:
             raise BadRequest(f"seed must be between 0 and 2^64 - 1, got {request.seed}", param="seed")
         check_stops(request.stop)
         spec = self._tool_grammar(request) if request.tool_use else request.grammar
-        tokens = (list(request.prompt_tokens) if request.prompt_tokens is not None
-                  else self.tokenize(request.prompt, request.messages,
-                                     request.tool_use.offered if request.tool_use else ()))
+        tokens = (self._fim_tokens(request) if request.fim else list(request.prompt_tokens)
+                  if request.prompt_tokens is not None else self.tokenize(
+                      request.prompt, request.messages, request.tool_use.offered if request.tool_use else ()))
         self._check_prompt(tokens)
         grammar, cursor = self._compiled(spec) if spec else ("", None)
-        return Request(prompt_tokens=tokens, params=request.params, seed=request.seed, max_tokens=request.max_tokens,
+        return Request(prompt_tokens=tokens, params=params, seed=request.seed, max_tokens=request.max_tokens,
                        cache_prompt=request.cache_prompt, grammar=grammar, constraint=cursor,
                        penalties=request.penalties, logprobs=request.logprobs,
                        arrived=request.arrived)
+
+    def _fim_tokens(self, request: CompletionRequest) -> list[int]:
+        try:
+            return fim_tokens(self._loaded().model, request.fim, self.context_size, request.max_tokens)
+        except NoFim as error:
+            raise BadRequest(str(error), param="input_prefix", code="infill_not_supported") from error
 
     def _tool_grammar(self, request: CompletionRequest) -> GrammarSpec | None:
         """The request's grammar where it has tools: the call's, when one is due (tool_choice required or a named
@@ -305,7 +291,8 @@ class Completions:
         except BaseException:
             slot.release()
             raise
-        return Completion(self._pieces(target, prepared, StopMatcher(request.stop)), slot)
+        stops = stops_for(request.stop, request.n_indent, request.t_max_predict_ms, request.fim)
+        return Completion(self._pieces(target, prepared, stops), slot)
 
     def check_size(self, request: CompletionRequest) -> None:
         """BadRequest for a prompt that cannot fit the context, found in one pass over what the client sent:
@@ -334,7 +321,8 @@ class Completions:
         finally:
             slot.release()
 
-    async def _pieces(self, target: Target, request: Request, stops: StopMatcher) -> AsyncGenerator[Piece, None]:
+    async def _pieces(self, target: Target, request: Request,
+                      stops: StopMatcher | FimStops) -> AsyncGenerator[Piece, None]:
         # Characters may span tokens: the decoder holds back bytes until they complete a character.
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         stats = GenerationStats(prompt_tokens=len(request.prompt_tokens), arrived=request.arrived)
@@ -348,7 +336,7 @@ class Completions:
                     finish = "stop" if stopped else step.finish_reason
                     if finish and not stopped:
                         text += stops.flush()
-                    why = "word" if stopped else {"stop": "eos", "length": "limit"}.get(finish or "", "")
+                    why = stops.why if stopped else {"stop": "eos", "length": "limit"}.get(finish or "", "")
                     logprobs = None if step.logprobs is None else described(target.model, step.tokens, step.logprobs)
                     yield Piece(text, step.tokens, finish, stats, self.draft_connected, why, logprobs)
                     if finish:
@@ -359,7 +347,7 @@ class Completions:
             raise
         finally:
             self.metrics.request_finished(stats, finish)
-            log.info("%s", request_line(stats, finish or why_not))
+            log.info("%s", stats.log_line(finish or why_not))
 
     async def drain(self, grace: float) -> None:
         """Stop taking requests; let the running and waiting ones finish within `grace` seconds, then end

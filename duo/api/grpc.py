@@ -16,7 +16,7 @@ from duo._proto import duo_pb2 as pb
 from duo._proto import duo_pb2_grpc as pb_grpc
 from duo.api.admission import QueueFull
 from duo.api.completion import (BadRequest, ClientError, CompletionRequest, Completions, NotReady, Piece, ShuttingDown,
-                                failure_message, stats_fields)
+                                failure_message)
 from duo.constraint import GrammarSpec
 from duo.runtime import MAX_CLIENT_RPCS, WRITE_TIMEOUT_S, WriteTimeout, client_server_options, write_within
 
@@ -41,13 +41,14 @@ class TargetServicer(pb_grpc.TargetServicer):
         self.write_timeout = write_timeout
 
     async def Generate(self, message: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> None:
-        params, seed = wire.sampling_from_pb(message.sampling)
-        request = CompletionRequest(prompt=message.prompt, messages=messages_from_pb(message.messages),
-                                    max_tokens=message.max_tokens, params=params, seed=seed, stop=list(message.stop),
-                                    cache_prompt=not message.HasField("cache_prompt") or message.cache_prompt,
-                                    grammar=GrammarSpec(message.grammar.kind, message.grammar.source, "grammar")
-                                    if message.HasField("grammar") else None)
         try:
+            params, seed = wire.sampling_from_pb(message.sampling, self.completions.loaded_model())
+            request = CompletionRequest(prompt=message.prompt, messages=messages_from_pb(message.messages),
+                                        max_tokens=message.max_tokens, params=params, seed=seed,
+                                        stop=list(message.stop),
+                                        cache_prompt=not message.HasField("cache_prompt") or message.cache_prompt,
+                                        grammar=GrammarSpec(message.grammar.kind, message.grammar.source, "grammar")
+                                        if message.HasField("grammar") else None)
             completion = await self.completions.start(request)
         except (ClientError, QueueFull) as error:
             await abort_for(context, error)
@@ -91,7 +92,7 @@ class TargetServicer(pb_grpc.TargetServicer):
 
 def response_of(piece: Piece) -> pb.GenerateResponse:
     return pb.GenerateResponse(text=piece.text, token_ids=piece.token_ids, finish_reason=piece.finish_reason or "",
-                               stats=pb.Stats(**stats_fields(piece.stats, piece.draft_connected)))
+                               stats=pb.Stats(**piece.stats.fields(piece.draft_connected)))
 
 
 def messages_from_pb(messages: list[pb.ChatMessage]) -> list[dict[str, str]]:

@@ -20,7 +20,8 @@ from duo.api.admission import QueueFull
 from duo.api.answers import (ApiError, ChatFormat, CompletionFormat, NativeFormat, ResponseFormat, api_error,
                              server_error)
 from duo.api.bodies import (ApplyTemplateBody, ChatBody, CompletionBody, DetokenizeBody, GenerationBody,
-                            NativeCompletionBody, TokenizeBody, document_bodies, parse_body, template_messages)
+                            InfillBody, NativeCompletionBody, TokenizeBody, document_bodies, parse_body,
+                            template_messages)
 from duo.api.completion import (ClientError, Completion, CompletionRequest, Completions, Piece, ShuttingDown,
                                 failure_message)
 from duo.api.metrics import CONTENT_TYPE, Metrics
@@ -37,7 +38,8 @@ BODY_READ_TIMEOUT_S = 30.0
 MAX_HTTP_CONNECTIONS = 256
 # nginx's "client closed request": logged for requests whose client left before the answer.
 CLIENT_CLOSED = 499
-NATIVE_PATHS = frozenset({"/completion", "/completions", "/tokenize", "/detokenize", "/apply-template", "/props"})
+NATIVE_PATHS = frozenset({"/completion", "/completions", "/infill", "/tokenize", "/detokenize", "/apply-template",
+                          "/props"})
 
 
 def validation_message(error: RequestValidationError) -> ApiError:
@@ -198,12 +200,18 @@ class OpenAIApi:
 
     # llama-server's native endpoints, as scripts written for llama.cpp call them.
     async def native_completion(self, request: Request) -> Response:
-        body = await parse_body(await request.body(), NativeCompletionBody, self.completions.max_items())
-        output = NativeFormat(self._name(body))
+        return await self._native(request, NativeCompletionBody)
+
+    async def infill(self, request: Request) -> Response:
+        return await self._native(request, InfillBody)
+
+    async def _native(self, request: Request, kind: type[NativeCompletionBody]) -> Response:
+        body = await parse_body(await request.body(), kind, self.completions.max_items())
+        output = NativeFormat(self._name(body), body.response_fields)
         if body.warm_up:  # nothing to generate: the answer an editor's warm-up waits for
             body.check_supported()  # its fields are checked all the same
-            return JSONResponse({"content": "", "tokens": [], "stop": True, "model": output.model,
-                                 "stop_type": "limit", "tokens_predicted": 0})
+            return JSONResponse(output.fields({"content": "", "tokens": [], "stop": True, "model": output.model,
+                                               "stop_type": "limit", "tokens_predicted": 0}))
         return await self._generate(body, body.to_request, request, output)
 
     async def tokenize(self, request: Request) -> dict[str, Any]:
@@ -288,12 +296,14 @@ def create_app(completions: Completions, metrics: Metrics, api_key: str | None, 
     app.include_router(v1)
     app.add_api_route("/completion", api.native_completion, methods=["POST"])
     app.add_api_route("/completions", api.native_completion, methods=["POST"])
+    app.add_api_route("/infill", api.infill, methods=["POST"])
     app.add_api_route("/tokenize", api.tokenize, methods=["POST"])
     app.add_api_route("/detokenize", api.detokenize, methods=["POST"])
     app.add_api_route("/apply-template", api.apply_template, methods=["POST"])
     app.add_api_route("/props", api.props, methods=["GET"])
     document_bodies(app, {"/v1/completions": CompletionBody, "/v1/chat/completions": ChatBody,
                           "/completion": NativeCompletionBody, "/completions": NativeCompletionBody,
+                          "/infill": InfillBody,
                           "/tokenize": TokenizeBody, "/detokenize": DetokenizeBody,
                           "/apply-template": ApplyTemplateBody})
     add_error_handlers(app)

@@ -14,6 +14,8 @@ class StopMatcher:
     ("", True): the text ends before the stop string, which is not returned.
     """
 
+    why = "word"  # what stopped it, as llama-server's stop_type says: a stop string
+
     def __init__(self, stops: Sequence[str]) -> None:
         if any(not stop for stop in stops):
             raise ValueError("stop strings must not be empty")

@@ -153,7 +153,7 @@ class Drafter:
         if message.output_start > len(message.committed):
             raise InvalidEvent(f"output_start {message.output_start} is beyond the {len(message.committed)} "
                                "committed tokens")
-        params, seed = wire.sampling_from_pb(message.sampling)
+        params, seed = wire.sampling_from_pb(message.sampling, self.model)
         try:
             params.validate()
             wire.penalties_from_pb(message.sampling).validate(self.n_vocab)

@@ -76,6 +76,29 @@ class GenerationStats:
         """Seconds from arrival to the first token; None before it."""
         return None if self.first_token_at is None else self.first_token_at - self.arrived
 
+    def fields(self, draft_connected: bool) -> dict[str, float | int | bool | str | list[int]]:
+        """The stats under the names of proto/duo.proto's Stats message (also HTTP's duo_stats)."""
+        return {"prompt_tokens": self.prompt_tokens, "cached_prompt_tokens": self.cached_prompt_tokens,
+                "generated_tokens": self.generated_tokens, "draft_tokens_received": self.draft_tokens_received,
+                "draft_tokens_verified": self.draft_tokens_verified,
+                "draft_tokens_accepted": self.draft_tokens_accepted, "verify_steps": self.verify_steps,
+                "tokens_per_second": self.tokens_per_second,
+                "time_to_first_token_s": self.time_to_first_token or 0.0, "draft_connected": draft_connected,
+                "batch_sizes": list(self.batch_sizes), "draft_rejections": self.draft_rejections,
+                "branch_hits": self.branch_hits, "waits": self.waits, "wait_seconds": self.wait_seconds,
+                "verification": self.verification, "seed": self.seed, "speculation": self.speculation}
+
+    def log_line(self, finish: str) -> str:
+        """The finished request's line for the target's log, as llama-server prints its timings; `finish`: its
+        finish reason, or why it has none."""
+        ttft = self.time_to_first_token
+        drafts = (f"accepted {self.draft_tokens_accepted}/{self.draft_tokens_verified} drafts"
+                  if self.draft_tokens_verified else "no drafts verified")
+        speculation = f", speculation {self.speculation}" if self.speculation else ""
+        return (f"request done ({finish}): {self.generated_tokens} tokens at {self.tokens_per_second:.2f} tok/s, "
+                f"first token after {'-' if ttft is None else f'{ttft:.2f} s'}, {drafts} in {self.verify_steps} "
+                f"steps, prompt {self.prompt_tokens} tokens ({self.cached_prompt_tokens} cached){speculation}")
+
 
 @dataclass(frozen=True)
 class Request:
