@@ -236,3 +236,11 @@ def test_infill_refuses_what_it_cannot_honour_by_name(served_alone):
     assert tokens_and_suffix.status_code == 400 and tokens_and_suffix.json()["error"]["param"] == "suffix"
     unknown_field = post(served_alone, "/infill", {"input_prefix": "x", "spm_infill": True})
     assert unknown_field.status_code == 400 and unknown_field.json()["error"]["param"] == "spm_infill"
+
+
+def test_the_catalog_says_which_models_fill_in_the_middle_and_copies_keep_it():
+    from duo.models.catalog import CATALOG, DEFAULT_DRAFT, DEFAULT_TARGET
+
+    assert CATALOG[DEFAULT_TARGET].fim and CATALOG[DEFAULT_DRAFT].fim  # Qwen2.5-Coder: what editors use
+    assert not CATALOG["smollm2-135m-instruct"].fim
+    assert all(spec.fim == CATALOG[spec.derived_from].fim for spec in CATALOG.values() if spec.derived_from)

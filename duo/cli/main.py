@@ -69,18 +69,20 @@ def cmd_models_list(args: argparse.Namespace) -> int:
             out.append(d)
         print(json.dumps(out, indent=2))
         return 0
-    table = [("NAME", "ROLE", "SIZE", "PRESENT", "PATH")]
+    table = [("NAME", "ROLE", "SIZE", "FIM", "PRESENT", "PATH")]
     for info in rows:
         name = info.name + (" *" if info.name in (hub.DEFAULT_TARGET, hub.DEFAULT_DRAFT) else "")
         if info.size is None:
             size = "-"
         else:
             size = human_size(info.size) if info.present else f"~{human_size(info.size)}"  # ~: expected size
-        table.append((name, _role(info), size, "yes" if info.present else "no", str(info.path)))
+        table.append((name, _role(info), size, "yes" if info.fim else "no", "yes" if info.present else "no",
+                      str(info.path)))
     widths = [max(len(row[c]) for row in table) for c in range(len(table[0]) - 1)]
     for row in table:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
     print(f"\n* default target/draft pair; get it with `{PROG} models pull` (models live in {hub.duo_home()})")
+    print("FIM: trained to fill in the middle (POST /infill, suffix on /v1/completions: what editors send)")
     return 0
 
 

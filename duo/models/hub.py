@@ -149,6 +149,7 @@ def list_models(catalog: Mapping[str, ModelSpec] | None = None) -> list[ModelInf
                 derived_from=spec.derived_from,
                 description=spec.description,
                 sha256=stamp["sha256"] if stamp else spec.sha256,
+                fim=spec.fim,
             )
         )
     return rows
