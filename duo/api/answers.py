@@ -76,7 +76,7 @@ class ResponseFormat(ABC):
         choice = self.whole_choice(text, last.finish_reason)
         if last.logprobs is not None:
             choice["logprobs"] = self.shown_logprobs([entry for piece in pieces for entry in piece.logprobs or []], 0)
-        return {**self._envelope(self.object_name), "choices": [choice],
+        return {**self.envelope(self.object_name), "choices": [choice],
                 "usage": usage(last), "duo_stats": last.stats.fields(last.draft_connected)}
 
     async def events(self, completion: Completion, include_usage: bool) -> AsyncIterator[str]:
@@ -95,7 +95,7 @@ class ResponseFormat(ABC):
                         chunk["duo_stats"] = piece.stats.fields(piece.draft_connected)
                     yield sse(chunk)
                 if piece.finish_reason and include_usage:
-                    yield sse({**self._envelope(self.chunk_object_name), "choices": [], "usage": usage(piece)})
+                    yield sse({**self.envelope(self.chunk_object_name), "choices": [], "usage": usage(piece)})
         except ShuttingDown as error:
             yield sse(api_error(error).body())
         except Exception as error:  # this request's own failure: an error event, then [DONE] as always
@@ -103,12 +103,12 @@ class ResponseFormat(ABC):
         yield "data: [DONE]\n\n"
 
     def _chunk(self, choice: dict[str, Any], include_usage: bool) -> dict[str, Any]:
-        chunk = {**self._envelope(self.chunk_object_name), "choices": [choice]}
+        chunk = {**self.envelope(self.chunk_object_name), "choices": [choice]}
         if include_usage:
             chunk["usage"] = None  # as OpenAI: only the extra last chunk carries usage
         return chunk
 
-    def _envelope(self, object_name: str) -> dict[str, Any]:
+    def envelope(self, object_name: str) -> dict[str, Any]:
         return {"id": self.id, "object": object_name, "created": self.created, "model": self.model}
 
     def opening_chunks(self) -> list[dict[str, Any]]:

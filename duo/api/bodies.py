@@ -96,6 +96,7 @@ class GenerationBody(Fenced):
     seed: int | None = None
     stop: str | list[str] | None = None
     n: int | None = None
+    n_cmpl: int | None = None  # llama-server's name for n
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     presence_penalty: float | None = None
@@ -115,8 +116,16 @@ class GenerationBody(Fenced):
     def check_supported(self) -> None:
         """Refuse, naming the field, what duo cannot do rather than silently ignoring it."""
         self.check_fields()
-        if self.n not in (None, 1):
-            raise BadRequest(f"n must be 1 (one completion per request), got {self.n}", param="n")
+
+    def choice_count(self, parallel: int) -> int:
+        """How many choices to generate (n, or n_cmpl): at most duo-target's --parallel, each a request of its own."""
+        if self.n is not None and self.n_cmpl is not None and self.n != self.n_cmpl:
+            raise BadRequest(f"n ({self.n}) and n_cmpl ({self.n_cmpl}) differ: send one of them", param="n_cmpl")
+        n = self.n if self.n is not None else self.n_cmpl if self.n_cmpl is not None else 1
+        if not 1 <= n <= parallel:
+            raise BadRequest(f"n must be between 1 and {parallel} (duo-target's --parallel: each choice runs as a "
+                             f"request of its own), got {n}", param="n" if self.n is not None else "n_cmpl")
+        return n
 
     @property
     def include_usage(self) -> bool:
@@ -214,8 +223,9 @@ class CompletionBody(GenerationBody):
         super().check_supported()
         if self.echo:
             raise BadRequest("echo is not supported", param="echo")
-        if self.best_of not in (None, 1):
-            raise BadRequest(f"best_of must be 1, got {self.best_of}", param="best_of")
+        if self.best_of not in (None, self.n or 1):
+            raise BadRequest(f"best_of must equal n ({self.n or 1}): duo returns every choice it generates, it does "
+                             f"not rank them; got {self.best_of}", param="best_of")
 
     def logprob_count(self) -> int:
         return self.logprobs if self.logprobs is not None else super().logprob_count()
@@ -369,76 +379,3 @@ def document_bodies(app: FastAPI, bodies: dict[str, type[BaseModel]]) -> None:
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
-
-
-class NativeCompletionBody(GenerationBody):
-    """llama-server's POST /completion: a raw prompt (text or token ids), n_predict, its code-completion stop rules
-    (duo.api.infill.FimStops) and response_fields (the answer's fields to send, "timings/prompt_n" for nested ones,
-    each under its path)."""
-
-    prompt: str | list[int]
-    n_indent: int = Field(default=0, ge=0)
-    t_max_predict_ms: int = 0  # <= 0: no time limit
-    t_max_prompt_ms: int = 0   # accepted and not enforced, as llama-server leaves it (a prompt is read whole)
-    response_fields: list[str] | None = None
-
-    def native_request(self, **prompt: Any) -> CompletionRequest:
-        return self.completion_request(max_tokens=self.token_limit("max_tokens"), n_indent=self.n_indent,
-                                       t_max_predict_ms=self.t_max_predict_ms, **prompt)
-
-    @property
-    def warm_up(self) -> bool:
-        """n_predict 0 (what editors send to warm the cache): answered at once, with nothing generated."""
-        return self.n_predict == 0 and "max_tokens" not in self.model_fields_set
-
-    def to_request(self) -> CompletionRequest:
-        self.check_supported()
-        return self.native_request(**{"prompt_tokens" if isinstance(self.prompt, list) else "prompt": self.prompt})
-
-
-class InputChunk(BaseModel):
-    """One of /infill's input_extra: llama-server reads a chunk's filename and text; clients add bookkeeping of
-    their own (llama.vim: when it picked the chunk), which changes no answer and is ignored."""
-
-    model_config = ConfigDict(extra="ignore")
-    filename: str = "tmp"
-    text: str = ""
-
-
-class InfillBody(NativeCompletionBody):
-    """llama-server's POST /infill: the text before the hole (`prompt`: the cursor's line so far, after it), after
-    it, and chunks of other files; the prompt is the model's FIM layout of them (duo.api.infill)."""
-
-    prompt: str | list[int] = ""
-    input_prefix: str = ""
-    input_suffix: str = ""
-    input_extra: list[InputChunk] = Field(default_factory=list)
-
-    def to_request(self) -> CompletionRequest:
-        self.check_supported()
-        extra = tuple((chunk.filename, chunk.text) for chunk in self.input_extra)
-        prompt = tuple(self.prompt) if isinstance(self.prompt, list) else self.prompt
-        return self.native_request(fim=FimInput(self.input_prefix, self.input_suffix, extra, prompt))
-
-
-class TokenizeBody(Fenced):
-    """llama-server's POST /tokenize."""
-
-    content: str
-    add_special: bool = False
-    parse_special: bool = True
-    with_pieces: bool = False
-
-
-class DetokenizeBody(Fenced):
-    """llama-server's POST /detokenize."""
-
-    tokens: list[int]
-
-
-class ApplyTemplateBody(Fenced):
-    """llama-server's POST /apply-template: the chat as the model's template renders it, not generated from."""
-
-    messages: list[ChatMessageBody]
-    tools: list[ToolBody] | None = None
-

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import hmac
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -17,11 +18,12 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from duo.api.admission import QueueFull
+from duo.api.choices import (Choice, Choices, choice_requests, merged_events, start_choices,
+                             whole_answer)
 from duo.api.answers import (ApiError, ChatFormat, CompletionFormat, NativeFormat, ResponseFormat, api_error,
                              server_error)
-from duo.api.bodies import (ApplyTemplateBody, ChatBody, CompletionBody, DetokenizeBody, GenerationBody,
-                            InfillBody, NativeCompletionBody, TokenizeBody, document_bodies, parse_body,
-                            template_messages)
+from duo.api.bodies import ChatBody, CompletionBody, GenerationBody, document_bodies, parse_body, template_messages
+from duo.api.native import ApplyTemplateBody, DetokenizeBody, InfillBody, NativeCompletionBody, TokenizeBody
 from duo.api.completion import (ClientError, Completion, CompletionRequest, Completions, Piece, ShuttingDown,
                                 failure_message)
 from duo.api.metrics import CONTENT_TYPE, Metrics
@@ -107,7 +109,7 @@ class EventStream(StreamingResponse):
     the request's running place and its sessions on the target and the draft. A client that takes no
     event for `write_timeout` seconds (its socket buffers stayed full) is dropped."""
 
-    def __init__(self, events: AsyncIterator[str], completion: Completion, *, write_timeout: float,
+    def __init__(self, events: AsyncIterator[str], completion: Completion | Choices, *, write_timeout: float,
                  on_timeout: Callable[[], None]) -> None:
         super().__init__(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         self.completion = completion
@@ -256,26 +258,33 @@ class OpenAIApi:
 
     async def _generate(self, body: GenerationBody, to_request: Callable[[], CompletionRequest], request: Request,
                         output: ResponseFormat | NativeFormat) -> Response:
+        n = body.choice_count(self.completions.admission.parallel)
+        formats = [output] + [copy.deepcopy(output) for _ in range(n - 1)]  # each choice's own, one answer's id
         try:
-            completion = await unless_disconnected(request, self.completions.start(to_request()))
+            completion: Completion | Choices = await unless_disconnected(request, self.completions.start(
+                to_request()) if n == 1 else start_choices(self.completions, choice_requests(to_request(), n)))
         except ClientGone:
             return Response(status_code=CLIENT_CLOSED)
         if body.stream:
-            return EventStream(output.events(completion, body.include_usage), completion,
-                               write_timeout=self.write_timeout, on_timeout=self.metrics.client_write_timeouts.inc)
+            events = output.events(completion, body.include_usage) if isinstance(completion, Completion) \
+                else merged_events(formats, completion, body.include_usage)
+            return EventStream(events, completion, write_timeout=self.write_timeout,
+                               on_timeout=self.metrics.client_write_timeouts.inc)
         async with aclosing(completion):
             try:
-                pieces = await unless_disconnected(request, collect(completion))
+                pieces = await unless_disconnected(request, collect(completion) if isinstance(completion, Completion)
+                                                   else asyncio.gather(*map(collect, completion.choices)))
             except ClientGone:
                 return Response(status_code=CLIENT_CLOSED)
             except ShuttingDown as error:
                 return api_error(error).response()
             except Exception as error:  # this request's own failure: it alone ends, in OpenAI's shape
                 return server_error(failure_message(error)).response()
-        return JSONResponse(output.whole(pieces))
+        return JSONResponse(output.whole(pieces) if isinstance(completion, Completion)
+                            else whole_answer(formats, pieces))
 
 
-async def collect(completion: Completion) -> list[Piece]:
+async def collect(completion: Completion | Choice) -> list[Piece]:
     return [piece async for piece in completion]
 
 

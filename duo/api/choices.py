@@ -1,0 +1,142 @@
+"""Several choices for one prompt (OpenAI's `n`, llama-server's `n_cmpl`): one completion per choice, each speculated
+like any request, the prompt's cells decoded once and shared, their answers merged into one."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
+from typing import Any
+
+from duo.api.answers import NativeFormat, ResponseFormat, sse
+from duo.api.completion import Completion, CompletionRequest, Completions, Piece
+
+DONE = "data: [DONE]\n\n"
+
+
+class Choices:
+    """The running choices of one request; aclose() closes them all (each frees its place and its sessions)."""
+
+    def __init__(self, choices: Sequence[Choice]) -> None:
+        self.choices = list(choices)
+
+    async def aclose(self) -> None:
+        for choice in self.choices:
+            await choice.aclose()
+
+
+class Choice:
+    """A completion whose first piece may have been read already (to know its prompt is decoded)."""
+
+    def __init__(self, completion: Completion) -> None:
+        self.completion = completion
+        self.head: list[Piece] = []
+
+    async def read_head(self) -> None:
+        async for piece in self.completion:
+            self.head.append(piece)
+            return
+
+    def __aiter__(self) -> AsyncIterator[Piece]:
+        return self._pieces()
+
+    async def _pieces(self) -> AsyncIterator[Piece]:
+        while self.head:
+            yield self.head.pop(0)
+        async for piece in self.completion:
+            yield piece
+
+    async def aclose(self) -> None:
+        await self.completion.aclose()
+
+
+def choice_requests(request: CompletionRequest, n: int) -> list[CompletionRequest]:
+    """The request of each choice: a seed gives choice i the seed + i (each differs, all reproducible)."""
+    if request.seed is None:
+        return [request] * n
+    return [replace(request, seed=(request.seed + i) % 2**64) for i in range(n)]
+
+
+async def start_choices(completions: Completions, requests: Sequence[CompletionRequest]) -> Choices:
+    """Start every choice. The first decodes the prompt; the others start once it has given its first token: the
+    prompt is then in its cells, which each of them adopts (duo.model.Context.adopt_prefix) instead of decoding it
+    again. QueueFull or a ClientError as Completions.start raises them, with every choice started closed."""
+    started = Choices([Choice(await completions.start(requests[0]))])
+    try:
+        await started.choices[0].read_head()
+        for request in requests[1:]:
+            started.choices.append(Choice(await completions.start(request)))
+    except BaseException:
+        await started.aclose()
+        raise
+    return started
+
+
+def whole_answer(formats: Sequence[ResponseFormat | NativeFormat], pieces: Sequence[list[Piece]]) -> Any:
+    """The answers of all choices as one: OpenAI's choices (index i), usage summed, duo_stats a list (one per
+    choice); llama-server's native answer is an array of its answers, each with its index."""
+    answers = [output.whole(choice) for output, choice in zip(formats, pieces)]
+    if isinstance(formats[0], NativeFormat):
+        return [{**answer, "index": i} for i, answer in enumerate(answers)]
+    return {**answers[0], "choices": [{**answer["choices"][0], "index": i} for i, answer in enumerate(answers)],
+            "usage": summed_usage([answer["usage"] for answer in answers]),
+            "duo_stats": [answer["duo_stats"] for answer in answers]}
+
+
+def summed_usage(usages: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One prompt, read once, and every choice's tokens."""
+    completion = sum(usage["completion_tokens"] for usage in usages)
+    first = usages[0]
+    return {**first, "completion_tokens": completion, "total_tokens": first["prompt_tokens"] + completion}
+
+
+async def merged_events(formats: Sequence[ResponseFormat | NativeFormat], choices: Choices,
+                        include_usage: bool) -> AsyncIterator[str]:
+    """Every choice's events as they come, each marked with its choice's index; OpenAI's stream then ends with one
+    usage chunk (where asked) and one [DONE]."""
+    native = isinstance(formats[0], NativeFormat)
+    usages = []
+    streams = [output.events(choice, include_usage) for output, choice in zip(formats, choices.choices)]
+    async for i, event in merge(streams):
+        if event == DONE:
+            continue
+        data = json.loads(event.removeprefix("data: "))
+        if native and "error" not in data:
+            data["index"] = i
+        elif data.get("choices") == [] and "usage" in data:
+            usages.append(data["usage"])
+            continue
+        for choice in data.get("choices", []):
+            choice["index"] = i
+        yield sse(data)
+    if usages:
+        yield sse({**formats[0].envelope(formats[0].chunk_object_name), "choices": [], "usage": summed_usage(usages)})
+    if not native:
+        yield DONE
+
+
+async def merge(streams: Sequence[AsyncIterator[str]]) -> AsyncIterator[tuple[int, str]]:
+    """The items of all `streams` as each comes, with the index of its stream; closing this closes them all."""
+    queue: asyncio.Queue[tuple[int, str | None]] = asyncio.Queue()
+
+    async def pump(i: int, stream: AsyncIterator[str]) -> None:
+        try:
+            async for item in stream:
+                queue.put_nowait((i, item))
+        finally:
+            queue.put_nowait((i, None))
+
+    tasks = [asyncio.ensure_future(pump(i, stream)) for i, stream in enumerate(streams)]
+    try:
+        live = len(tasks)
+        while live:
+            i, item = await queue.get()
+            if item is None:
+                live -= 1
+            else:
+                yield i, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

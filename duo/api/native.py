@@ -1,0 +1,86 @@
+"""The request bodies of llama-server's native endpoints (/completion, /infill, /tokenize, /detokenize,
+/apply-template), as scripts and editors written for llama.cpp send them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from duo.api.bodies import ChatMessageBody, Fenced, GenerationBody
+from duo.api.completion import CompletionRequest
+from duo.api.infill import FimInput
+from duo.api.tools import ToolBody
+
+
+class NativeCompletionBody(GenerationBody):
+    """llama-server's POST /completion: a raw prompt (text or token ids), n_predict, its code-completion stop rules
+    (duo.api.infill.FimStops) and response_fields (the answer's fields to send, "timings/prompt_n" for nested ones,
+    each under its path)."""
+
+    prompt: str | list[int]
+    n_indent: int = Field(default=0, ge=0)
+    t_max_predict_ms: int = 0  # <= 0: no time limit
+    t_max_prompt_ms: int = 0   # accepted and not enforced, as llama-server leaves it (a prompt is read whole)
+    response_fields: list[str] | None = None
+
+    def native_request(self, **prompt: Any) -> CompletionRequest:
+        return self.completion_request(max_tokens=self.token_limit("max_tokens"), n_indent=self.n_indent,
+                                       t_max_predict_ms=self.t_max_predict_ms, **prompt)
+
+    @property
+    def warm_up(self) -> bool:
+        """n_predict 0 (what editors send to warm the cache): answered at once, with nothing generated."""
+        return self.n_predict == 0 and "max_tokens" not in self.model_fields_set
+
+    def to_request(self) -> CompletionRequest:
+        self.check_supported()
+        return self.native_request(**{"prompt_tokens" if isinstance(self.prompt, list) else "prompt": self.prompt})
+
+
+class InputChunk(BaseModel):
+    """One of /infill's input_extra: llama-server reads a chunk's filename and text; clients add bookkeeping of
+    their own (llama.vim: when it picked the chunk), which changes no answer and is ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+    filename: str = "tmp"
+    text: str = ""
+
+
+class InfillBody(NativeCompletionBody):
+    """llama-server's POST /infill: the text before the hole (`prompt`: the cursor's line so far, after it), after
+    it, and chunks of other files; the prompt is the model's FIM layout of them (duo.api.infill)."""
+
+    prompt: str | list[int] = ""
+    input_prefix: str = ""
+    input_suffix: str = ""
+    input_extra: list[InputChunk] = Field(default_factory=list)
+
+    def to_request(self) -> CompletionRequest:
+        self.check_supported()
+        extra = tuple((chunk.filename, chunk.text) for chunk in self.input_extra)
+        prompt = tuple(self.prompt) if isinstance(self.prompt, list) else self.prompt
+        return self.native_request(fim=FimInput(self.input_prefix, self.input_suffix, extra, prompt))
+
+
+class TokenizeBody(Fenced):
+    """llama-server's POST /tokenize."""
+
+    content: str
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
+
+
+class DetokenizeBody(Fenced):
+    """llama-server's POST /detokenize."""
+
+    tokens: list[int]
+
+
+class ApplyTemplateBody(Fenced):
+    """llama-server's POST /apply-template: the chat as the model's template renders it, not generated from."""
+
+    messages: list[ChatMessageBody]
+    tools: list[ToolBody] | None = None
+
