@@ -23,15 +23,27 @@ def flag(args: list[str], name: str) -> str | None:
     return args[args.index(name) + 1] if name in args else None
 
 
-def test_peers_add_the_four_modes_and_the_pinned_speculative_one_runs_per_draft_length():
+def test_peers_add_llama_servers_modes_and_the_pinned_speculative_one_runs_per_draft_length():
     args = bench.parse_args(["--modes", "alone-tcores", "duo", "--peers", "--spec-n-max", "4", "8"])
     assert args.modes == ["alone-tcores", "duo", "llama-server", "llama-server-all", "llama-server-spec-n4",
-                          "llama-server-spec-n8", "llama-server-spec-all"]
+                          "llama-server-spec-n8", "llama-server-spec-all", "llama-server-ngram-mod",
+                          "llama-server-ngram-simple", "llama-server-ngram-mod-spec"]
     assert expand_modes(["llama-server-spec"], [16]) == ["llama-server-spec-n16"]
     # llama-server has no link to delay: it runs once, with the modes that run once
     variants = bench.plan_variants(args.modes, [0, 5], None)
     assert [v.label for v in variants] == ["alone-tcores", "llama-server", "llama-server-all", "llama-server-spec-n4",
-                                           "llama-server-spec-n8", "llama-server-spec-all", "duo", "duo +5ms"]
+                                           "llama-server-spec-n8", "llama-server-spec-all", "llama-server-ngram-mod",
+                                           "llama-server-ngram-simple", "llama-server-ngram-mod-spec", "duo",
+                                           "duo +5ms"]
+
+
+def test_the_ngram_modes_ask_llama_server_for_its_context_drafts_alone_or_before_the_draft_model(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    args, allowed = server_args("llama-server-ngram-mod", MODELS, ({2, 3}, {0}), 8080, 1)
+    assert flag(args, "--spec-type") == "ngram-mod" and "--spec-draft-model" not in args and allowed == {2, 3}
+    args, allowed = server_args("llama-server-ngram-mod-spec", MODELS, ({2, 3}, {0}), 8080, 1)
+    assert flag(args, "--spec-type") == "ngram-mod,draft-simple" and args.count("--spec-type") == 1
+    assert flag(args, "--spec-draft-cpu-mask") == "0x1" and allowed == {0, 2, 3}
 
 
 def test_without_peers_the_bench_builds_and_runs_no_llama_server():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -243,7 +244,10 @@ def test_the_target_decodes_alone_while_no_draft_is_listening_says_why_and_specu
         assert f"127.0.0.1:{peer_port}" in unreachable[0] and "--listen 0.0.0.0:PORT" in unreachable[0]
         # One line per finished request, as llama-server prints its timings.
         done = [line for line in target.log().splitlines() if "request done (length): 32 tokens at" in line]
-        assert len(done) == 1 and "first token after" in done[0] and "no drafts verified" in done[0]
+        assert len(done) == 1 and "first token after" in done[0]
+        # No draft model's drafts: none, or only the context lookup's.
+        assert "no drafts verified" in done[0] or re.search(r"accepted (\d+)/(\d+) drafts \(\1/\2 from the context\)",
+                                                            done[0]), done[0]
         draft = start("duo.cli.draft", ["--model", str(tiny_draft)], log_dir, port=peer_port)
         wait_for_draft(target.address)
         assert "connected (model " in target.log()

@@ -209,7 +209,8 @@ def test_while_the_draft_rests_commits_wait_and_then_go_out_in_one_message(targe
 
     prompt, n = [9707, 11, 1879], 14
     link = RecordingLink()
-    target = Target(target_model, ModelWorker(), link, n_ctx=256, settings=SpecSettings())
+    # No lookup: free drafts would commit several tokens a step.
+    target = Target(target_model, ModelWorker(), link, n_ctx=256, settings=SpecSettings(lookup=False))
     target.switch = Switch(speculating=False, steps_left=sw.PROBE_LEAD + 6)  # resting; a trial comes in 11 steps
 
     async def run() -> list[int]:

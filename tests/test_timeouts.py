@@ -28,9 +28,10 @@ CONTEXT_SIZE = 2048
 
 @pytest.fixture(scope="module")
 def one_at_a_time(tiny_target, served_draft, process_logs):
-    """duo-target running one generation at a time, with a short write timeout."""
+    """duo-target running one generation at a time, with a short write timeout (no lookup: its pieces of several
+    tokens would send fewer bytes than the stalled client's buffers hold)."""
     process = start("duo.cli.target", ["--model", str(tiny_target), "--peer", served_draft.address,
-                                           "--draft-max", "4", "--parallel", "1", "--queue-size", "4",
+                                           "--draft-max", "4", "--parallel", "1", "--queue-size", "4", "--no-lookup",
                                            "--ctx-size", str(CONTEXT_SIZE), "--write-timeout", str(WRITE_TIMEOUT_S)],
                     process_logs, http=True)
     wait_for_draft(process.address)

@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DELAY_PROXY = Path(__file__).resolve().parent / "delay_proxy.py"
 T = TypeVar("T")
 # How each mode's duo-target verifies sampled requests without a seed (the bench sends none).
-UNSEEDED = {"duo": "residual", "duo-coupled": "coupled"}
+UNSEEDED = {"duo": "residual", "duo-coupled": "coupled", "duo-nolookup": "residual"}
 
 
 @dataclass(frozen=True)
@@ -186,9 +186,11 @@ def start_variant(variant: Variant, code: Code, models: tuple[Path, Path], cores
         target_args += ["--parallel", str(parallel)]
     if variant.mode == "alone-rpc":
         return _start_alone_rpc(variant, code, address, target_args, target_cores, name, logs)
-    if variant.mode.startswith("alone"):
-        cores_used = target_cores if variant.mode == "alone-tcores" else all_cores
-        return Cluster(variant, address, [spawn(_duo(code.target_module, target_args, cores_used), cores_used,
+    if variant.mode.startswith("alone") or variant.mode == "lookup-tcores":
+        # The target alone is the plain target; lookup-tcores is the same with its context lookup (no draft).
+        cores_used = all_cores if variant.mode == "alone-all" else target_cores
+        alone_args = target_args + ([] if variant.mode == "lookup-tcores" else ["--no-lookup"])
+        return Cluster(variant, address, [spawn(_duo(code.target_module, alone_args, cores_used), cores_used,
                                                 logs / f"{name}.log", code)])
     if variant.mode == "sync-shared":
         target_cores = draft_cores = all_cores
@@ -204,6 +206,8 @@ def start_variant(variant: Variant, code: Code, models: tuple[Path, Path], cores
     extra = ["--sync", str(sync_k)] if variant.mode.startswith("sync") else []
     if variant.mode in UNSEEDED:
         extra += ["--unseeded", UNSEEDED[variant.mode]]
+    if variant.mode == "duo-nolookup":
+        extra += ["--no-lookup"]
     processes.append(spawn(_duo(code.target_module, [*target_args, "--peer", peer, *extra], target_cores),
                            target_cores, logs / f"{name}-target.log", code))
     return Cluster(variant, address, processes, speculative=True)

@@ -10,6 +10,11 @@ Modes (each a user's choice of llama.cpp on the same machine):
                          target's cores, the draft's on the draft's cores (the two-device split duo
                          makes); run once per --spec-n-max, labelled llama-server-spec-n8 etc.
   llama-server-spec-all  both models time-sharing all cores (what one box would run)
+  llama-server-ngram-mod, llama-server-ngram-simple
+                         the context's repeats as drafts (--spec-type ngram-mod / ngram-simple), no draft model
+  llama-server-ngram-mod-spec
+                         ngram-mod, then the draft model where it finds nothing (--spec-type ngram-mod,draft-simple),
+                         pinned as llama-server-spec
 
 Requests are duo's: the same chat prompts, temperature and token count, streamed from
 /v1/chat/completions with the prompt cache off (cache_prompt: false) and plain temperature sampling
@@ -34,7 +39,12 @@ from duo.bench.structured import response_format, split
 from duo.bench.cluster import ROOT, released_together
 from duo.bench.report import Run, Variant
 
-PEER_MODES = ("llama-server", "llama-server-all", "llama-server-spec", "llama-server-spec-all")
+PEER_MODES = ("llama-server", "llama-server-all", "llama-server-spec", "llama-server-spec-all", "llama-server-ngram-mod",
+              "llama-server-ngram-simple", "llama-server-ngram-mod-spec")
+# The n-gram modes: the context's repeats as drafts (llama.cpp's --spec-type ngram-*, its own defaults), alone on the
+# target's cores, or ngram-mod first and the draft model where it finds nothing (llama.cpp tries the types in order).
+NGRAM_TYPES = {"llama-server-ngram-mod": "ngram-mod", "llama-server-ngram-simple": "ngram-simple",
+               "llama-server-ngram-mod-spec": "ngram-mod,draft-simple"}
 SPEC_PINNED = "llama-server-spec"  # expanded into one variant per --spec-n-max
 CONTEXT = 4096  # per slot, as duo-target's default --ctx-size
 
@@ -68,9 +78,12 @@ def server_args(mode: str, models: tuple[Path, Path], cores: tuple[set[int], set
     if not spread:
         mask = cpu_mask(main_cores)
         args += ["--cpu-mask", mask, "--cpu-strict", "1", "--cpu-mask-batch", mask, "--cpu-strict-batch", "1"]
-    if mode.startswith(SPEC_PINNED):
+    with_draft = mode.startswith(SPEC_PINNED) or mode.endswith("-spec")
+    if mode in NGRAM_TYPES:
+        args += ["--spec-type", NGRAM_TYPES[mode]]
+    if with_draft:
         spec_cores = all_cores if spread else draft_cores
-        args += ["--spec-draft-model", str(draft), "--spec-type", "draft-simple",
+        args += ["--spec-draft-model", str(draft), *([] if mode in NGRAM_TYPES else ["--spec-type", "draft-simple"]),
                  "--spec-draft-threads", str(len(spec_cores)), "--spec-draft-threads-batch", str(len(spec_cores))]
         if not spread:
             mask = cpu_mask(draft_cores)
@@ -79,7 +92,7 @@ def server_args(mode: str, models: tuple[Path, Path], cores: tuple[set[int], set
         n_max = mode.rpartition("-n")[2]
         if n_max.isdigit():
             args += ["--spec-draft-n-max", n_max]
-    return args, all_cores if spread else target_cores | (draft_cores if mode.startswith(SPEC_PINNED) else set())
+    return args, all_cores if spread else target_cores | (draft_cores if with_draft else set())
 
 
 def llama_server_binary() -> Path:

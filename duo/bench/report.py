@@ -23,7 +23,7 @@ from duo.bench.pace_bound import pace_bound
 # Modes whose target talks to a draft over the link: these run once per --link-delay-ms.
 # sync-shared puts both models on the same cores, one machine: it runs with a direct link only.
 # alone-rpc splits the target's layers over two RPC servers on its own machine: no link either.
-UNDELAYED_MODES = ("alone-tcores", "alone-all", "sync-shared", "alone-rpc")
+UNDELAYED_MODES = ("alone-tcores", "alone-all", "sync-shared", "alone-rpc", "lookup-tcores")
 # The same duo, its sampled requests verified by coupled sampling rather than residual rejection sampling.
 COUPLED_MODE, RESIDUAL_MODE = "duo-coupled", "duo"
 # The target split over RPC servers, and the same target on the same cores without them.

@@ -120,6 +120,7 @@ from duo.bench.llama_server import (
     start_peer,
     wait_peer_ready,
 )
+from duo.bench.edit import PROMPTS as EDIT_PROMPTS
 from duo.bench.structured import PROMPTS as PROMPTS_FREE
 from duo.bench.structured import STRUCTURED
 from duo.bench.report import UNDELAYED_MODES, Run, Variant, plot, print_table, run_from_stats, summarise
@@ -134,9 +135,12 @@ PROMPTS = {
              "Describe the history of the printing press and its effect on Europe."],
     # Answers that must match a JSON schema (duo.bench.structured), the same schema for every mode.
     "structured": STRUCTURED + PROMPTS_FREE,
+    # Code given and changed: most of the answer is in the prompt (duo.bench.edit).
+    "edit": EDIT_PROMPTS,
 }
 MODES = ("alone-tcores", "alone-all", "sync-split", "sync-shared", "duo", "duo-coupled")  # the default --modes
-OPT_IN_MODES = ("alone-rpc",)  # run only when --modes names them
+# Run only when --modes names them: the target split over RPC; the context lookup alone (no draft) and duo without it.
+OPT_IN_MODES = ("alone-rpc", "lookup-tcores", "duo-nolookup")
 
 
 def plan_variants(modes: list[str], delays: list[float], baseline_mode: str | None) -> list[Variant]:
@@ -270,7 +274,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft", default=hub.DEFAULT_DRAFT, help="draft model: name or path")
     parser.add_argument("--target-cores", type=int, nargs="+", default=[1])
     parser.add_argument("--draft-cores", type=int, nargs="+", default=[0])
-    parser.add_argument("--prompts", choices=["code", "chat", "structured", "all"], default="all",
+    parser.add_argument("--prompts", choices=["code", "chat", "structured", "edit", "all"], default="all",
                         help="all: code and chat; structured: JSON-schema answers, beside the same prompts "
                              "unconstrained (the workload's own baseline)")
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7])

@@ -63,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     spec.add_argument("--sync", type=int, default=0, metavar="K",
                       help="for comparison only: llama.cpp's classic synchronous loop (draft K tokens, then verify "
                            "them, the two models taking turns) instead of duo's; turns the adaptive policy off")
+    spec.add_argument("--no-lookup", dest="lookup", action="store_false",
+                      help="propose no free drafts from the context: by default, where the text repeats an earlier "
+                           "2-4 token n-gram of the prompt or the output, what followed it is verified too (after "
+                           "the draft's chain, or alone without a draft), with its acceptance learnt apart")
     spec.add_argument("--unseeded", choices=[RESIDUAL, COUPLED], default=defaults.unseeded,
                       help="how sampled requests without a seed are verified: residual rejection sampling (the "
                            "draft sends each token's q; the best acceptance measured, see README) or coupled "
@@ -121,13 +125,14 @@ def settings_from(args: argparse.Namespace) -> SpecSettings:
                              f"at most {N_BATCH}; use {flag} {N_BATCH - 1} or less")
     if args.sync:
         return SpecSettings(draft_max=args.sync, draft_min=args.draft_min, draft_p_min=args.draft_p_min,
-                            max_ahead=args.sync, adaptive=False, sync=args.sync, unseeded=args.unseeded)
+                            max_ahead=args.sync, adaptive=False, sync=args.sync, unseeded=args.unseeded,
+                            lookup=args.lookup)
     adaptive = args.draft_max is None and args.max_ahead is None
     draft_max = defaults.draft_max if args.draft_max is None else args.draft_max
     max_ahead = args.max_ahead if args.max_ahead is not None else (
         2 if adaptive else 2 * draft_max)
     return SpecSettings(draft_max=draft_max, draft_min=args.draft_min, draft_p_min=args.draft_p_min,
-                        max_ahead=max(1, max_ahead), adaptive=adaptive, unseeded=args.unseeded)
+                        max_ahead=max(1, max_ahead), adaptive=adaptive, unseeded=args.unseeded, lookup=args.lookup)
 
 
 def api_key_from(args: argparse.Namespace) -> str | None:

@@ -22,6 +22,7 @@ from duo.target.batching import CallObserver, PrefillWork, StepBatcher, VerifyWo
 from duo.target.chain import DraftChain
 from duo.target.link import DraftLink
 from duo.target.policy import Acceptance, AdaptivePolicy, DraftTiming
+from duo.target.lookup import ContextLookup
 from duo.target.request import GenerationStats, Request, SpecSettings, Step, StepRecord, verification_of
 from duo.target.switch import Switch
 from duo.wire import ChainChunk
@@ -75,6 +76,9 @@ class Generation:
         self.draft_refused = False  # the draft ended this session (SessionError) until it is opened again
         self.told = len(self.committed)  # committed tokens the draft has been sent (the open carries the prompt)
         self.cursor = request.constraint  # the output's grammar, walked along what is verified (duo.constraint)
+        self.lookup = ContextLookup(self.committed) if settings.lookup else None
+        self.forced = 0  # of this step's free drafts, those the grammar forces
+        self.split = (0, 0)  # this step's drafts from the model's chain, and from the context lookup
 
     # The draft link calls these.
     def open_message(self) -> pb.OpenSession:
@@ -129,8 +133,10 @@ class Generation:
 
     def verify_work(self, seq: int, room: int, policy: AdaptivePolicy | None) -> VerifyWork:
         """This step's work for the batched call: the pending drafts it may verify (`room`: positions
-        the context has left; the batch never runs past it)."""
+        the context has left; the batch never runs past it), the model's chain first, then free drafts."""
         pending, dists = self.chain.pending()
+        if policy is not None and not policy.switch.speculating:
+            pending, dists = [], []  # the draft rests: its chain waits, free drafts may still pay
         if self.verification == RESIDUAL and None in dists:
             pending = pending[:dists.index(None)]  # rejection sampling needs the q each token came from
         # What the output's grammar and penalties look at: the tokens generated so far.
@@ -140,19 +146,33 @@ class Generation:
             self.cursor.move_to(output)
             # A draft the grammar forbids would be rejected: no verify row is spent on it, nor on what follows.
             pending = pending[:self.cursor.valid_prefix(pending)]
-            if not pending:
-                # Text the grammar forces (`{"name": "` of a schema) is a free draft: no need to wait for the
-                # draft model. It is proposed with certainty (q = 1: residual verification accepts it with
-                # probability p(x), else samples p without it), and other tokenizations of the same text stay
-                # allowed, so the target may still say otherwise.
-                pending = self.cursor.forced()
-                dists = [SparseDist(np.array([token]), np.array([1.0])) for token in pending]
-        limit = max(0, min(len(pending), self.settings.draft_max, room - 1))
+        # k drafts in the batch commit k + 1 tokens at most: the context must hold them all.
+        limit = max(0, min(self.settings.draft_max, room - 2))
+        # Drafts past the batch's `limit` still count: the batch's last row checks the first of them.
+        free = self._free_drafts(pending, limit + 1) if len(pending) <= limit else []
+        self.split = (len(pending), len(free) - self.forced)
+        dists = dists[:len(pending)] + [SparseDist(np.array([token]), np.array([1.0])) for token in free]
+        if policy is not None:
+            policy.free_from = len(pending) if free else None
+        pending = pending + free
         return VerifyWork(seq=seq, pos=len(self.committed) - 1, last=self.committed[-1], pending=pending,
-                          dists=dists[:len(pending)], limit=limit, draft_min=self.settings.draft_min, policy=policy,
+                          dists=dists, limit=min(len(pending), limit), draft_min=self.settings.draft_min,
+                          policy=policy,
                           params=self.request.params, rng=self.rng,
                           coupled_seed=self.seed if self.verification == COUPLED else None, output=output,
                           cursor=self.cursor, penalties=self.request.penalties, logprobs=self.request.logprobs)
+
+    def _free_drafts(self, pending: list[int], limit: int) -> list[int]:
+        """Drafts that cost no drafting, proposed with certainty (q = 1: residual verification accepts one with
+        probability p(x), else samples p without it; another tokenization of the same text stays allowed, so the
+        target may still say otherwise): where the model's chain is empty, the text the grammar forces (`{"name":
+        "` of a schema); after the chain, what the context lookup finds (duo.target.lookup)."""
+        forced = self.cursor.forced() if self.cursor is not None and not pending else []
+        self.forced = len(forced)
+        found = self.lookup.propose(pending + forced, limit - len(pending) - len(forced)) if self.lookup else []
+        if self.cursor is not None and found:
+            found = found[:self.cursor.valid_prefix(pending + forced + found) - len(pending) - len(forced)]
+        return (forced + found)[:limit - len(pending)]
 
     def commit(self, verdict: Verdict, n_verified: int, batch_size: int) -> Step:
         """Append the verdict's tokens, stopping at an end of generation or the token limit."""
@@ -177,6 +197,10 @@ class Generation:
         sizes[batch_size] += 1
         self.stats.draft_tokens_verified += n_verified
         self.stats.draft_tokens_accepted += min(verdict.n_accepted, len(tokens))
+        chain, found = self.split  # the lookup's drafts follow the chain's and the forced ones
+        before = chain + self.forced
+        self.stats.lookup_tokens_verified += max(0, min(n_verified, before + found) - before)
+        self.stats.lookup_tokens_accepted += max(0, min(verdict.n_accepted, len(tokens), before + found) - before)
         self.stats.draft_rejections += verdict.n_accepted < n_verified
         return Step(tokens, finish, verdict.logprobs[:len(tokens)] if verdict.logprobs is not None else None)
 
@@ -199,6 +223,8 @@ class Target:
         # verification mode (they accept differently: greedy, coupled, residual).
         self.costs = StepCosts()
         self.acceptance_by_mode = {mode: Acceptance.prior(settings.draft_max) for mode in (GREEDY, COUPLED, RESIDUAL)}
+        self.free_acceptance_by_mode = {mode: Acceptance.prior(settings.draft_max)
+                                        for mode in (GREEDY, COUPLED, RESIDUAL)}
         # Whether speculation pays here, by what it delivers (duo.target.switch).
         self.switch = Switch()
         self.draft_len = settings.draft_max  # the latest request's preferred draft length (metrics)
@@ -235,8 +261,9 @@ class Target:
             raise ModelError("the prompt is empty")
         generation = Generation(next(self._ids), request, self.model, self.settings, self.draft_timing)
         if self.settings.adaptive:
-            generation.policy = AdaptivePolicy(self.settings.draft_max, self.costs,
-                                               self.acceptance_by_mode[generation.verification], self.switch)
+            mode = generation.verification
+            generation.policy = AdaptivePolicy(self.settings.draft_max, self.costs, self.acceptance_by_mode[mode],
+                                               self.switch, self.free_acceptance_by_mode[mode])
         batcher = await self.batcher()
         n_ctx = batcher.context.n_ctx
         if len(request.prompt_tokens) >= n_ctx:

@@ -96,6 +96,11 @@ class AdaptivePolicy:
     shared: Acceptance | None = None
     acceptance: Acceptance = field(init=False)
     switch: Switch = field(default_factory=Switch)  # whether speculation pays: shared by the target's requests
+    # Free drafts (the context lookup's, the grammar's forced text: duo.target.lookup) are accepted at rates of
+    # their own, learnt apart from the model's; free_from: where this step's pending drafts turn free (None: none).
+    shared_free: Acceptance | None = None
+    free: Acceptance = field(init=False)
+    free_from: int | None = None
     draft_len: int = 0  # the best draft length given enough pending drafts (0 while off): exposed in metrics
     preferred: int = 0  # the same by the cost model alone, whatever the switch says
     _steps: int = 0
@@ -103,6 +108,7 @@ class AdaptivePolicy:
 
     def __post_init__(self) -> None:
         self.acceptance = self.shared.fork() if self.shared else Acceptance.prior(self.max_draft)
+        self.free = self.shared_free.fork() if self.shared_free else Acceptance.prior(self.max_draft)
         # What the draft should run ahead by from the session's start, so that the first step can verify drafts.
         self._prefer(allocate([self], [self.max_draft], self.costs)[0])
 
@@ -120,7 +126,7 @@ class AdaptivePolicy:
         0 while the switch has speculation off (the regime it measures decodes alone)."""
         self._prefer(preferred)
         if not self.switch.speculating:
-            return 0
+            return best if self.free_from == 0 else 0  # resting, free drafts alone may still pay
         self._steps += 1
         self._explore_due |= self._steps % EXPLORE_EVERY == 0
         if self._explore_due and best < limit:
@@ -160,7 +166,7 @@ class AdaptivePolicy:
         m = max(arrived, default=0)
         if m < 2:
             return 1.0 / alone
-        a1 = self.acceptance.rates[0].value
+        a1 = self.rate(0)
         tokens = 1.0 + a1 * self.expected_tokens(m - 1) + (1.0 - a1)
         seconds = alone + a1 * self.costs.batch_seconds(m) + (1.0 - a1) * alone
         return tokens / seconds
@@ -169,9 +175,16 @@ class AdaptivePolicy:
         """E(k): tokens a step verifying k drafts commits on average (the bonus or recovered token included)."""
         expected, survive = 1.0, 1.0
         for position in range(k):
-            survive *= self.acceptance.rates[position].value
+            survive *= self.rate(position)
             expected += survive
         return expected
+
+    def rate(self, position: int) -> float:
+        """The chance that this step's draft at `position` is accepted given those before it were: the model's
+        rate for its chain's drafts, the free drafts' rate (from their own first position) after them."""
+        if self.free_from is None or position < self.free_from:
+            return self.acceptance.rates[position].value
+        return self.free.rates[position - self.free_from].value
 
     def observe(self, batch_size: int, n_verified: int, n_accepted: int, seconds: float) -> None:
         """Learn from one step: its cost (model work only), and which draft positions were accepted."""
@@ -181,9 +194,15 @@ class AdaptivePolicy:
     def observe_acceptance(self, n_verified: int, n_accepted: int) -> None:
         """Learn which draft positions were accepted (a batched step's cost is the whole call's: the
         caller records it in `costs` once)."""
-        self.acceptance.observe(n_verified, n_accepted)
-        if self.shared:
-            self.shared.observe(n_verified, n_accepted)
+        chain = n_verified if self.free_from is None else min(n_verified, self.free_from)
+        if chain:
+            self.acceptance.observe(chain, n_accepted)
+            if self.shared:
+                self.shared.observe(chain, n_accepted)
+        if n_verified > chain and n_accepted >= chain:  # the free drafts were reached
+            self.free.observe(n_verified - chain, n_accepted - chain)
+            if self.shared_free:
+                self.shared_free.observe(n_verified - chain, n_accepted - chain)
 
     def max_ahead(self) -> int:
         """How far ahead of the committed tokens the draft should run.
@@ -224,8 +243,8 @@ def allocate(policies: list[AdaptivePolicy], limits: list[int], costs: StepCosts
         growing = [s for s, policy in enumerate(policies) if ks[s] < min(limits[s], policy.max_draft)]
         if not growing:
             return best
-        s = max(growing, key=lambda s: survive[s] * policies[s].acceptance.rates[ks[s]].value)
-        survive[s] *= policies[s].acceptance.rates[ks[s]].value
+        s = max(growing, key=lambda s: survive[s] * policies[s].rate(ks[s]))
+        survive[s] *= policies[s].rate(ks[s])
         ks[s] += 1
         expected += survive[s]
         tokens += 1
@@ -240,8 +259,11 @@ def choose_together(policies: list[AdaptivePolicy], n_pending: list[int], costs:
     policy's preferred length (draft_len, which steers how far its draft runs ahead) is the one it
     would get if every request had all the drafts it could use."""
     if policies and not any(policy.switch.speculating for policy in policies):
-        # Resting: every step decodes alone, and the plan for the next trial's lead is the last one.
-        return [policy.settle(0, 0, policy.preferred) for policy in policies]
+        # Resting: the draft's chains wait (verify_work sends none) and the plan for the next trial's lead is the
+        # last one; free drafts, which cost no drafting, are verified where the cost model says they pay.
+        chosen = allocate(policies, [n if policy.free_from == 0 else 0 for policy, n in zip(policies, n_pending)],
+                          costs, other_tokens)
+        return [policy.settle(k, 0, policy.preferred) for policy, k in zip(policies, chosen)]
     chosen = allocate(policies, n_pending, costs, other_tokens)
     preferred = allocate(policies, [policy.max_draft for policy in policies], costs, other_tokens)
     return [policy.settle(k, min(n, policy.max_draft), pref)

@@ -30,6 +30,7 @@ class SpecSettings:
     # How sampled requests without a seed are verified (seeded ones are always coupled, so that the
     # seed alone decides the output): COUPLED with a seed the target draws, or RESIDUAL.
     unseeded: str = RESIDUAL
+    lookup: bool = True  # propose what follows a repeated n-gram of the context as free drafts (duo.target.lookup)
 
     @property
     def max_lead(self) -> int:
@@ -53,6 +54,8 @@ class GenerationStats:
     draft_tokens_verified: int = 0
     draft_tokens_accepted: int = 0
     draft_rejections: int = 0  # steps that rejected a draft token
+    lookup_tokens_verified: int = 0  # of the drafts verified, those proposed by the context lookup
+    lookup_tokens_accepted: int = 0
     branch_hits: int = 0       # rejections after which a branch held the committed token
     waits: int = 0             # steps that waited for drafts known to be coming
     wait_seconds: float = 0.0
@@ -86,7 +89,9 @@ class GenerationStats:
                 "time_to_first_token_s": self.time_to_first_token or 0.0, "draft_connected": draft_connected,
                 "batch_sizes": list(self.batch_sizes), "draft_rejections": self.draft_rejections,
                 "branch_hits": self.branch_hits, "waits": self.waits, "wait_seconds": self.wait_seconds,
-                "verification": self.verification, "seed": self.seed, "speculation": self.speculation}
+                "verification": self.verification, "seed": self.seed, "speculation": self.speculation,
+                "lookup_tokens_verified": self.lookup_tokens_verified,
+                "lookup_tokens_accepted": self.lookup_tokens_accepted}
 
     def log_line(self, finish: str) -> str:
         """The finished request's line for the target's log, as llama-server prints its timings; `finish`: its
@@ -94,6 +99,8 @@ class GenerationStats:
         ttft = self.time_to_first_token
         drafts = (f"accepted {self.draft_tokens_accepted}/{self.draft_tokens_verified} drafts"
                   if self.draft_tokens_verified else "no drafts verified")
+        if self.lookup_tokens_verified:
+            drafts += f" ({self.lookup_tokens_accepted}/{self.lookup_tokens_verified} from the context)"
         speculation = f", speculation {self.speculation}" if self.speculation else ""
         return (f"request done ({finish}): {self.generated_tokens} tokens at {self.tokens_per_second:.2f} tok/s, "
                 f"first token after {'-' if ttft is None else f'{ttft:.2f} s'}, {drafts} in {self.verify_steps} "

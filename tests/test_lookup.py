@@ -1,0 +1,91 @@
+"""Free drafts from the context (duo.target.lookup): what they propose, that verifying them is lossless (greedy
+equal to the target alone, sampled output target-distributed with lookup tokens in the chain), that their acceptance
+is learnt apart from the draft model's, and that their memory is bounded by the context."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+from duo.runtime import ModelWorker
+from duo.sampling import SamplingParams, SparseDist, verify_stochastic
+from duo.target.generation import Target
+from duo.target.lookup import MAX_N, MIN_N, ContextLookup
+from duo.target.policy import AdaptivePolicy, choose_together
+from duo.target.request import Request, SpecSettings
+from duo.target.switch import Switch
+from greedy import leaves_greedy_path_only_at_a_near_tie
+from test_sampling import ALPHA, P_TARGET, chi_square_pvalue, first_token_trials, probs_to_logits
+
+
+def test_the_longest_earlier_n_gram_ending_the_text_proposes_what_followed_it():
+    tokens = [1, 2, 3, 4, 5, 9, 9, 2, 3, 7, 8, 1, 2, 3]
+    lookup = ContextLookup(tokens)
+    # [1, 2, 3] occurred at 0..2, followed by 4 5 9; [2, 3] alone last occurred before 7 8: the longer match wins.
+    assert lookup.propose([], 3) == [4, 5, 9]
+    assert lookup.propose([7], 2) == [8, 1]  # drafts extend the text looked up: [3, 7] was followed by 8 1
+    assert lookup.propose([6, 6], 4) == []   # nothing ends like [6, 6]
+    tokens += [4]  # the index follows the committed tokens as they grow
+    assert lookup.propose([], 2) == [5, 9]
+
+
+def test_the_most_recent_occurrence_wins_and_the_index_is_bounded_by_the_context():
+    tokens = [5, 6, 1, 5, 6, 2, 5, 6]
+    assert ContextLookup(tokens).propose([], 1) == [2]
+    long = list(np.random.default_rng(0).integers(0, 50, 5000))
+    lookup = ContextLookup(long)
+    lookup.propose([], 4)
+    assert len(lookup.index) <= (MAX_N - MIN_N + 1) * len(long)
+
+
+def test_a_lookup_token_is_a_draft_with_q_one_and_verification_keeps_the_targets_distribution():
+    row = probs_to_logits(P_TARGET)
+    for token in (0, 5):  # a likely and an unlikely proposal
+        counts, accepted = first_token_trials(verify_stochastic, row, SparseDist([token], [1.0]),
+                                              SamplingParams(temperature=1.0))
+        assert chi_square_pvalue(counts, np.array(P_TARGET)) > ALPHA
+        assert abs(accepted / counts.sum() - P_TARGET[token]) < 0.02  # accepted with probability p(x)
+
+
+def generate(target: Target, prompt: list[int], n: int) -> tuple[list[int], object]:
+    async def run():
+        tokens, stats = [], None
+        async for step, stats in target.generate(Request(prompt, SamplingParams(), max_tokens=n)):
+            tokens += step.tokens
+        return tokens, stats
+    return asyncio.run(run())
+
+
+def test_greedy_output_of_the_target_alone_with_lookup_is_its_own_and_takes_lookup_drafts(target_model):
+    # A prompt that repeats itself, as an edit repeats the code it changes.
+    prompt = target_model.tokenize("def area(r):\n    return 3.14 * r * r\n\n# the same, renamed\ndef area(",
+                                   add_special=False)
+    target = Target(target_model, ModelWorker(), None, n_ctx=512, settings=SpecSettings())
+    tokens, stats = generate(target, prompt, 48)
+    assert leaves_greedy_path_only_at_a_near_tie(target_model, prompt, tokens, 48)
+    assert stats.lookup_tokens_verified > 0 and 0 < stats.lookup_tokens_accepted <= stats.lookup_tokens_verified
+    assert stats.draft_tokens_accepted >= stats.lookup_tokens_accepted
+    plain = Target(target_model, ModelWorker(), None, n_ctx=512, settings=SpecSettings(lookup=False))
+    _, plain_stats = generate(plain, prompt, 48)
+    assert plain_stats.lookup_tokens_verified == plain_stats.draft_tokens_verified == 0
+
+
+def test_lookup_acceptance_is_learnt_apart_from_the_models_and_pays_while_the_draft_rests():
+    policy = AdaptivePolicy(8)
+    model_before = [rate.value for rate in policy.acceptance.rates]
+    policy.free_from = 2  # two chain drafts, then free ones
+    policy.observe_acceptance(6, 6)  # all accepted
+    reached = policy.free.rates[0].weight
+    policy.observe_acceptance(6, 1)  # the chain's second rejected: the free ones were never reached
+    assert policy.free.rates[0].value > model_before[0] and policy.free.rates[0].weight == reached
+    assert policy.acceptance.rates[1].value < policy.acceptance.rates[0].value
+    assert policy.acceptance.rates[2].value == model_before[2]  # the free drafts' positions are not the model's
+    resting = AdaptivePolicy(8, switch=Switch(speculating=False))
+    for _ in range(20):  # a lookup that is always right
+        resting.free_from = 0
+        resting.observe_acceptance(8, 8)
+    resting.free_from = 0
+    assert choose_together([resting], [8], resting.costs)[0] > 0  # verified though the draft rests
+    resting.free_from = None  # a model chain only: resting verifies none of it
+    assert choose_together([resting], [8], resting.costs)[0] == 0
