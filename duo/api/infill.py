@@ -14,6 +14,7 @@ separator, as llama-server does.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from duo.api.stop import StopMatcher
@@ -62,7 +63,7 @@ def fim_tokens(model: Model, fim: FimInput, n_ctx: int, n_predict: int) -> list[
     return extra[len(extra) - n_extra:] + bos + [pre, *prefix, *prompt, suf, *suffix, mid]
 
 
-def _extra_tokens(model: Model, chunks: tuple[tuple[str, str], ...], text) -> list[int]:
+def _extra_tokens(model: Model, chunks: tuple[tuple[str, str], ...], text: Callable[[str], list[int]]) -> list[int]:
     rep, sep = model.special_token("fim_rep"), model.special_token("fim_sep")
     tokens = [rep, *text(REPO_NAME)] if rep is not None else []
     for filename, chunk in chunks:
@@ -98,6 +99,7 @@ class FimStops:
         self.next_line = next((line.rstrip() for line in suffix.split("\n")[1:] if line.strip()), "")
         self.text = ""  # what the stop strings let through
         self.shown = 0  # how much of it was returned
+        self.checked = 0  # where the first line not yet passed by the rules starts (0: before the first break)
         self.started: float | None = None
         self.why = "word"
 
@@ -124,9 +126,11 @@ class FimStops:
         return shown, final or cut is not None
 
     def _cut(self, final: bool) -> int | None:
-        """Where a rule ends the text, from the lines after the first (the first continues the cursor's line)."""
-        start = self.text.find("\n") + 1
+        """Where a rule ends the text, from the lines after the first (the first continues the cursor's line); the
+        lines already passed are not read again."""
+        start = self.checked or self.text.find("\n") + 1
         while start:
+            self.checked = start
             end = self.text.find("\n", start)
             line = self.text[start:] if end < 0 else self.text[start:end]
             body = line.lstrip(" \t")
