@@ -4,6 +4,7 @@ prompt decoded once and its cells shared, answered whole and streamed."""
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
@@ -56,8 +57,17 @@ def test_llama_servers_n_cmpl_answers_an_array_of_native_answers(served_sync):
 
 def test_choices_beyond_what_the_target_runs_at_once_or_unranked_best_of_are_refused(served_alone):
     for body, param in [({"n": 64}, "n"), ({"n": 0}, "n"), ({"n_cmpl": 2, "n": 3}, "n_cmpl"),
-                        ({"n": 2, "best_of": 3}, "best_of")]:
+                        ({"n": 2, "best_of": 3}, "best_of"), ({"n": 2, "seed": -1}, "seed")]:
         response = post(served_alone, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2, **body})
         assert response.status_code == 400 and response.json()["error"]["param"] == param, (body, response.text)
     assert post(served_alone, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "n": 2,
                                                   "best_of": 2}).status_code == 200
+
+
+def test_requests_of_several_choices_at_once_never_wait_for_each_others_places(served_sync):
+    # --parallel 4: two requests of three choices, each taking its places one by one, could hold two each and wait
+    # for the other's forever.
+    body = {"prompt": PROMPT, "max_tokens": 4, "temperature": 1.0, "n": 3}
+    with ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(lambda _: post(served_sync, "/v1/completions", body), range(2)))
+    assert [a.status_code for a in answers] == [200, 200] and all(len(a.json()["choices"]) == 3 for a in answers)

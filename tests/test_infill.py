@@ -52,9 +52,11 @@ def test_the_prompt_keeps_the_prefixs_end_and_the_suffixs_start_within_llama_ser
     token = target_model.special_token
     pre, suf = tokens.index(token("fim_pre")), tokens.index(token("fim_suf"))
     prefix, suffix = tokens[pre + 1:suf], tokens[suf + 1:-1]
-    assert prefix == text_tokens(target_model, long_prefix)[-384:]  # 3/4 of a batch (the context's 512)
-    assert suffix == text_tokens(target_model, long_suffix)[:128 - 2]  # 1/4, less the prompt and two tokens
-    assert pre == 0  # a context no larger than a batch leaves no room for the extra chunks
+    # A batch of at most half the context (256 of 512): the prefix keeps its last 3/4, the suffix its first 1/4 less
+    # the prompt and two tokens; the chunks get what is left, and the answer's room stays free.
+    assert prefix == text_tokens(target_model, long_prefix)[-192:]
+    assert suffix == text_tokens(target_model, long_suffix)[:64 - 2]
+    assert 0 < pre and len(tokens) <= 512 - 16
 
 
 def test_a_model_without_fim_tokens_says_infill_is_not_supported(tmp_path, tiny_target):
@@ -86,7 +88,8 @@ def test_a_line_less_indented_than_n_indent_ends_the_completion_before_its_text(
     middle = "return math.pi * radius ** 2\n\ndef"
     for pieces in ([middle], list(middle)):  # whole, and a character at a time: nothing shown is taken back
         stops = FimStops(StopMatcher([]), n_indent=4)
-        assert fed(stops, pieces) == ("return math.pi * radius ** 2\n\n", True) and stops.why == "limit"
+        # The empty line ends it (what follows its indentation is the line break), as in llama-server.
+        assert fed(stops, pieces) == ("return math.pi * radius ** 2\n", True) and stops.why == "limit"
     indented = FimStops(StopMatcher([]), n_indent=4)
     assert fed(indented, ["x = 1\n    y = 2\n", "    z"]) == ("x = 1\n    y = 2\n    z", False)
 
@@ -109,6 +112,23 @@ def test_past_t_max_predict_ms_the_completion_ends_at_a_line_break():
     assert stops.feed("\nb") == ("\nb", True) and stops.why == "limit"
 
 
+def test_past_t_max_predict_ms_an_earlier_line_break_does_not_end_a_line_midway():
+    stops = FimStops(StopMatcher([]), t_max_predict_ms=1)
+    assert stops.feed("a\n") == ("a\n", False)
+    time.sleep(0.01)
+    assert stops.feed("    b = co") == ("    b = co", False)
+    assert stops.feed("unt\n") == ("unt\n", True)
+
+
+def test_without_penalties_in_samplers_logit_bias_still_applies_as_in_llama_cpp():
+    from duo.api.bodies import CompletionBody
+
+    request = CompletionBody(prompt="x", samplers=["top_k", "top_p", "infill"], top_k=40, logit_bias={"5": -100},
+                             presence_penalty=1.0).to_request()
+    assert request.penalties.bias == ((5, -100.0),) and request.penalties.presence == 0.0
+    assert request.infill_sampler and request.params.top_k == 40 and request.params.temperature == 1.0
+
+
 def test_stop_strings_still_apply_beside_the_rules():
     stops = FimStops(StopMatcher(["<END>"]), n_indent=2, suffix=SUFFIX)
     assert fed(stops, ["  a\n", "  b<E", "ND>  c"]) == ("  a\n  b", True) and stops.why == "word"
@@ -124,8 +144,9 @@ def vocab_of(pieces: dict[int, bytes], eog: set[int], eot: int = 99) -> InfillVo
 def test_the_infill_sampler_merges_prefixes_and_keeps_likely_text_as_llama_cpp_does():
     vocab = vocab_of({1: b" ret", 2: b" return", 3: b" x", 4: b" y"}, eog={9})
     ids, probs = infill(np.array([2, 1, 3, 4, 9]), np.array([0.4, 0.3, 0.15, 0.1, 0.05]), vocab)
-    # " ret" merges into " return" (0.7); " x" and " y" fall under 0.2; EOG stays (3 * 0.05 * 5 < 0.95).
-    assert ids.tolist() == [2, 9] and probs == pytest.approx([0.7 / 0.75, 0.05 / 0.75])
+    # " ret" merges into " return" (0.7); " x" and " y" fall under 0.2; EOG stays (3 * 0.05 * 5 < 0.95). The merged
+    # mass decides who survives; the survivors are drawn at their own probabilities, renormalised (llama.cpp's dist).
+    assert ids.tolist() == [2, 9] and probs == pytest.approx([0.4 / 0.45, 0.05 / 0.45])
 
 
 def test_the_infill_sampler_ends_where_ending_is_likely_enough_or_no_text_is():
@@ -141,7 +162,7 @@ def test_verification_under_the_infill_sampler_emits_the_targets_distribution():
     params = SamplingParams(temperature=1.0, top_k=6, infill=vocab)
     row = probs_to_logits([0.30, 0.10, 0.28, 0.12, 0.08, 0.06, 0.04, 0.02])
     p = distribution(row, params)  # "if x" merged into "if"; the rest under 0.2
-    assert p.ids.tolist() == [0, 2] and p.probs == pytest.approx([0.40 / 0.68, 0.28 / 0.68])
+    assert p.ids.tolist() == [0, 2] and p.probs == pytest.approx([0.30 / 0.58, 0.28 / 0.58])
     q = SparseDist(range(8), [0.1, 0.3, 0.1, 0.2, 0.1, 0.1, 0.05, 0.05])
     counts, accepted = first_token_trials(verify_stochastic, row, q, params)
     expected = np.zeros(8)
@@ -154,7 +175,7 @@ def test_the_wire_carries_the_infill_sampler_and_each_side_reads_its_own_vocabul
     back, _ = wire.sampling_from_pb(wire.sampling_to_pb(params, None), target_model)
     assert back.infill is infill_vocab(target_model) and back.top_k == 40
     assert target_model.special_token("eot") in infill_vocab(target_model).eog
-    with pytest.raises(ValueError, match="top_k from 1 to 256"):
+    with pytest.raises(ValueError, match="top_k from 1 to 64"):
         SamplingParams(temperature=1.0, infill=infill_vocab(target_model)).validate()
 
 

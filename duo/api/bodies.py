@@ -178,7 +178,7 @@ class GenerationBody(Fenced):
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return CompletionRequest(max_tokens=max_tokens or 0, params=params, seed=self.seed, stop=stop,
                                  cache_prompt=self.cache_prompt, grammar=self.grammar_spec(),
-                                 penalties=self.penalties() if "e" in on else Penalties(),
+                                 penalties=self.penalties() if "e" in on else Penalties(bias=self._biases()),
                                  logprobs=self.logprob_count(), infill_sampler="i" in on, **prompt)
 
     def samplers_on(self) -> str:
@@ -223,9 +223,9 @@ class CompletionBody(GenerationBody):
         super().check_supported()
         if self.echo:
             raise BadRequest("echo is not supported", param="echo")
-        if self.best_of not in (None, self.n or 1):
-            raise BadRequest(f"best_of must equal n ({self.n or 1}): duo returns every choice it generates, it does "
-                             f"not rank them; got {self.best_of}", param="best_of")
+        if self.best_of not in (None, self.n or self.n_cmpl or 1):
+            raise BadRequest(f"best_of must equal n ({self.n or self.n_cmpl or 1}): duo returns every choice it "
+                             f"generates, it does not rank them; got {self.best_of}", param="best_of")
 
     def logprob_count(self) -> int:
         return self.logprobs if self.logprobs is not None else super().logprob_count()

@@ -22,8 +22,15 @@ class Choices:
         self.choices = list(choices)
 
     async def aclose(self) -> None:
+        """Close every choice, whatever closing one of them raises."""
+        errors = []
         for choice in self.choices:
-            await choice.aclose()
+            try:
+                await choice.aclose()
+            except Exception as error:  # noqa: BLE001 - the others must close all the same
+                errors.append(error)
+        if errors:
+            raise errors[0]
 
 
 class Choice:
@@ -52,8 +59,9 @@ class Choice:
 
 
 def choice_requests(request: CompletionRequest, n: int) -> list[CompletionRequest]:
-    """The request of each choice: a seed gives choice i the seed + i (each differs, all reproducible)."""
-    if request.seed is None:
+    """The request of each choice: a seed gives choice i the seed + i (each differs, all reproducible); a seed out
+    of range is left for the check that refuses it."""
+    if request.seed is None or not 0 <= request.seed < 2**64:
         return [request] * n
     return [replace(request, seed=(request.seed + i) % 2**64) for i in range(n)]
 
@@ -61,16 +69,33 @@ def choice_requests(request: CompletionRequest, n: int) -> list[CompletionReques
 async def start_choices(completions: Completions, requests: Sequence[CompletionRequest]) -> Choices:
     """Start every choice. The first decodes the prompt; the others start once it has given its first token: the
     prompt is then in its cells, which each of them adopts (duo.model.Context.adopt_prefix) instead of decoding it
-    again. QueueFull or a ClientError as Completions.start raises them, with every choice started closed."""
-    started = Choices([Choice(await completions.start(requests[0]))])
-    try:
-        await started.choices[0].read_head()
-        for request in requests[1:]:
-            started.choices.append(Choice(await completions.start(request)))
-    except BaseException:
-        await started.aclose()
-        raise
+    again. QueueFull or a ClientError as Completions.start raises them, with every choice started closed. One
+    request of several choices takes its places at a time (Completions.starting_choices): two taking theirs one by
+    one could each hold some and wait for the other's forever (their choices run only once all have started)."""
+    async with completions.starting_choices:
+        started = Choices([Choice(await completions.start(requests[0]))])
+        try:
+            await started.choices[0].read_head()
+            for request in requests[1:]:
+                started.choices.append(Choice(await completions.start(request)))
+        except BaseException:
+            await started.aclose()
+            raise
     return started
+
+
+async def collect_all(choices: Choices) -> list[list[Piece]]:
+    """Every choice's pieces; where one fails, the others are stopped (and awaited) before the error goes on."""
+    async def collect(choice: Choice) -> list[Piece]:
+        return [piece async for piece in choice]
+
+    tasks = [asyncio.ensure_future(collect(choice)) for choice in choices.choices]
+    try:
+        return await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def whole_answer(formats: Sequence[ResponseFormat | NativeFormat], pieces: Sequence[list[Piece]]) -> Any:

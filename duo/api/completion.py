@@ -134,6 +134,7 @@ class Completions:
         # Tokenize calls wait for a place of their own: beside generations, not behind them (they are
         # quick, and bounded like a prompt), but bounded too, so that they cannot flood the threads.
         self.tokenizing_admission = Admission(TOKENIZE_PARALLEL, TOKENIZE_QUEUE)
+        self.starting_choices = asyncio.Lock()  # requests of several choices take their places one at a time
         self.metrics = metrics
         self.names = list(names)  # the first is the model's name; the others are accepted as aliases
         self.target: Target | None = None  # set once the model is loaded
@@ -228,6 +229,9 @@ class Completions:
             return fim_tokens(self._loaded().model, request.fim, self.context_size, request.max_tokens)
         except NoFim as error:
             raise BadRequest(str(error), param="input_prefix", code="infill_not_supported") from error
+        except UnicodeEncodeError as error:  # JSON can carry lone surrogates, which UTF-8 cannot
+            raise BadRequest(f"the text around the hole is not valid Unicode ({error.reason})",
+                             param="input_prefix") from error
 
     def _tool_grammar(self, request: CompletionRequest) -> GrammarSpec | None:
         """The request's grammar where it has tools: the call's, when one is due (tool_choice required or a named

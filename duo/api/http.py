@@ -18,8 +18,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from duo.api.admission import QueueFull
-from duo.api.choices import (Choice, Choices, choice_requests, merged_events, start_choices,
-                             whole_answer)
+from duo.api.choices import Choices, choice_requests, collect_all, merged_events, start_choices, whole_answer
 from duo.api.answers import (ApiError, ChatFormat, CompletionFormat, NativeFormat, ResponseFormat, api_error,
                              server_error)
 from duo.api.bodies import ChatBody, CompletionBody, GenerationBody, document_bodies, parse_body, template_messages
@@ -112,6 +111,7 @@ class EventStream(StreamingResponse):
     def __init__(self, events: AsyncIterator[str], completion: Completion | Choices, *, write_timeout: float,
                  on_timeout: Callable[[], None]) -> None:
         super().__init__(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self.events = events
         self.completion = completion
         self.write_timeout = write_timeout
         self.on_timeout = on_timeout
@@ -128,6 +128,11 @@ class EventStream(StreamingResponse):
             log.warning("dropped client %s:%s: %s", host, port, error)
             self.on_timeout()
         finally:
+            # The events first: a stream left suspended (a write timeout, a client gone mid-send) still iterates
+            # its completion, which cannot be closed while it does.
+            aclose = getattr(self.events, "aclose", None)
+            if aclose is not None:
+                await aclose()
             await self.completion.aclose()
 
 
@@ -273,7 +278,7 @@ class OpenAIApi:
         async with aclosing(completion):
             try:
                 pieces = await unless_disconnected(request, collect(completion) if isinstance(completion, Completion)
-                                                   else asyncio.gather(*map(collect, completion.choices)))
+                                                   else collect_all(completion))
             except ClientGone:
                 return Response(status_code=CLIENT_CLOSED)
             except ShuttingDown as error:
@@ -284,7 +289,7 @@ class OpenAIApi:
                             else whole_answer(formats, pieces))
 
 
-async def collect(completion: Completion | Choice) -> list[Piece]:
+async def collect(completion: Completion) -> list[Piece]:
     return [piece async for piece in completion]
 
 

@@ -53,14 +53,19 @@ def fim_tokens(model: Model, fim: FimInput, n_ctx: int, n_predict: int) -> list[
         return model.tokenize(value, add_special=False, parse_special=False)
 
     prompt = list(fim.prompt) if isinstance(fim.prompt, tuple) else model.tokenize(fim.prompt, add_special=False)
-    n_batch = min(FIM_BATCH, n_ctx)
+    # llama-server's batch, but at most half the context: its budgets assume a context far larger than a batch (its
+    # default is the model's whole training context), and a prompt that cannot fit would only be refused.
+    n_batch = min(FIM_BATCH, n_ctx // 2)
     prefix, suffix = text(fim.prefix), text(fim.suffix)
     prefix = prefix[len(prefix) - min(len(prefix), 3 * (n_batch // 4)):]
     suffix = suffix[:max(0, n_batch // 4 - (2 + len(prompt)))]
-    extra = _extra_tokens(model, fim.extra, text)
-    n_extra = min(max(0, n_ctx - n_batch - 2 * (n_predict or -1)), len(extra))
     bos = [model.special_token("bos")] if model.vocab().add_bos and model.special_token("bos") is not None else []
-    return extra[len(extra) - n_extra:] + bos + [pre, *prefix, *prompt, suf, *suffix, mid]
+    core = bos + [pre, *prefix, *prompt, suf, *suffix, mid]
+    extra = _extra_tokens(model, fim.extra, text)
+    # The chunks get what is left after a batch and twice the tokens to predict, and never the room the answer needs.
+    n_extra = min(max(0, n_ctx - n_batch - 2 * (n_predict or -1)), len(extra),
+                  max(0, n_ctx - len(core) - max(n_predict, 1)))
+    return extra[len(extra) - n_extra:] + core
 
 
 def _extra_tokens(model: Model, chunks: tuple[tuple[str, str], ...], text: Callable[[str], list[int]]) -> list[int]:
@@ -84,9 +89,9 @@ class FimStops:
     """Stop strings, then the rules llama-server applies to code completion, over the text as it grows; the
     interface of StopMatcher (feed, flush), and `why` the completion stopped as llama-server's stop_type says it.
 
-    - n_indent: a line after the first that starts less indented than this ends the completion before its first
-      character (the suggestion stays inside the block the cursor is in).
-    - t_max_predict_ms: past this time since the first token, the completion ends once it holds a line break.
+    - n_indent: a line after the first that starts less indented than this (an empty one too) ends the completion
+      before its first character (the suggestion stays inside the block the cursor is in).
+    - t_max_predict_ms: past this time since the first token, the completion ends at the next line break.
     - The suffix: a line after the first that repeats the suffix's next non-blank line means the hole is filled and
       the model is writing what follows it: the completion ends before that line (editors drop such repeats too).
     Text that one of them may still cut (a line's indentation, a line that may become the suffix's) is held back.
@@ -107,15 +112,16 @@ class FimStops:
         if self.started is None:
             self.started = time.monotonic()
         out, stopped = self.stops.feed(piece)
-        if not stopped and self._timed_out(self.text + out):
+        if not stopped and self._timed_out(out):
             out, stopped, self.why = out + self.stops.flush(), True, "limit"
         return self._advance(out, final=stopped)
 
     def flush(self) -> str:
         return self._advance(self.stops.flush(), final=True)[0]
 
-    def _timed_out(self, text: str) -> bool:
-        return (self.time_limit_s is not None and "\n" in text
+    def _timed_out(self, new_text: str) -> bool:
+        """Past the time limit, upon a line break (llama-server's rule: the completion ends with a whole line)."""
+        return (self.time_limit_s is not None and "\n" in new_text
                 and time.monotonic() - (self.started or 0.0) > self.time_limit_s)
 
     def _advance(self, out: str, final: bool) -> tuple[str, bool]:
@@ -134,7 +140,8 @@ class FimStops:
             end = self.text.find("\n", start)
             line = self.text[start:] if end < 0 else self.text[start:end]
             body = line.lstrip(" \t")
-            if self.n_indent and body and len(line) - len(body) < self.n_indent:
+            # An empty line ends it too, as in llama-server (what follows the indentation is the line break).
+            if self.n_indent and (body or end >= 0) and len(line) - len(body) < self.n_indent:
                 self.why = "limit"
                 return start + len(line) - len(body)
             if self.next_line and (end >= 0 or final) and line.rstrip() == self.next_line:

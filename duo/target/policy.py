@@ -203,6 +203,7 @@ class AdaptivePolicy:
             self.free.observe(n_verified - chain, n_accepted - chain)
             if self.shared_free:
                 self.shared_free.observe(n_verified - chain, n_accepted - chain)
+        self.free_from = None  # the step is over: what comes next (a wait, the lead) is the model's alone
 
     def max_ahead(self) -> int:
         """How far ahead of the committed tokens the draft should run.
@@ -222,7 +223,8 @@ class AdaptivePolicy:
         return 2 * self.draft_len + 2
 
 
-def allocate(policies: list[AdaptivePolicy], limits: list[int], costs: StepCosts, other_tokens: int = 0) -> list[int]:
+def allocate(policies: list[AdaptivePolicy], limits: list[int], costs: StepCosts, other_tokens: int = 0,
+             with_free: bool = True) -> list[int]:
     """Draft lengths k_s <= limits[s] for requests verified in one batched call that maximise the
     call's expected committed tokens per second, sum_s E_s(k_s) / T(other_tokens + sum_s (k_s + 1)).
 
@@ -234,6 +236,9 @@ def allocate(policies: list[AdaptivePolicy], limits: list[int], costs: StepCosts
     two requests accepting 0.9 and 0.5 per draft share a call whose cost grows slowly: the first gets
     drafts until 0.9^k falls below 0.5, then they alternate.
     """
+    def accepted(s: int, k: int) -> float:  # without the free drafts: the model's rates alone (the draft's lead)
+        return policies[s].rate(k) if with_free else policies[s].acceptance.rates[k].value
+
     ks = [0] * len(policies)
     survive = [1.0] * len(policies)  # a1 ... ak of each request's drafts so far
     expected = float(len(policies))  # E_s(0) = 1: each step commits at least one token
@@ -243,8 +248,8 @@ def allocate(policies: list[AdaptivePolicy], limits: list[int], costs: StepCosts
         growing = [s for s, policy in enumerate(policies) if ks[s] < min(limits[s], policy.max_draft)]
         if not growing:
             return best
-        s = max(growing, key=lambda s: survive[s] * policies[s].rate(ks[s]))
-        survive[s] *= policies[s].rate(ks[s])
+        s = max(growing, key=lambda s: survive[s] * accepted(s, ks[s]))
+        survive[s] *= accepted(s, ks[s])
         ks[s] += 1
         expected += survive[s]
         tokens += 1
@@ -265,6 +270,6 @@ def choose_together(policies: list[AdaptivePolicy], n_pending: list[int], costs:
                           costs, other_tokens)
         return [policy.settle(k, 0, policy.preferred) for policy, k in zip(policies, chosen)]
     chosen = allocate(policies, n_pending, costs, other_tokens)
-    preferred = allocate(policies, [policy.max_draft for policy in policies], costs, other_tokens)
+    preferred = allocate(policies, [policy.max_draft for policy in policies], costs, other_tokens, with_free=False)
     return [policy.settle(k, min(n, policy.max_draft), pref)
             for policy, k, n, pref in zip(policies, chosen, n_pending, preferred)]
