@@ -38,19 +38,18 @@ class Choice:
 
     def __init__(self, completion: Completion) -> None:
         self.completion = completion
-        self.head: list[Piece] = []
+        self.head: Piece | None = None
 
     async def read_head(self) -> None:
-        async for piece in self.completion:
-            self.head.append(piece)
-            return
+        self.head = await anext(aiter(self.completion), None)
 
     def __aiter__(self) -> AsyncIterator[Piece]:
         return self._pieces()
 
     async def _pieces(self) -> AsyncIterator[Piece]:
-        while self.head:
-            yield self.head.pop(0)
+        if self.head is not None:
+            head, self.head = self.head, None
+            yield head
         async for piece in self.completion:
             yield piece
 
@@ -84,11 +83,13 @@ async def start_choices(completions: Completions, requests: Sequence[CompletionR
     return started
 
 
+async def collect(completion: Completion | Choice) -> list[Piece]:
+    """All the pieces of a completion (or a choice)."""
+    return [piece async for piece in completion]
+
+
 async def collect_all(choices: Choices) -> list[list[Piece]]:
     """Every choice's pieces; where one fails, the others are stopped (and awaited) before the error goes on."""
-    async def collect(choice: Choice) -> list[Piece]:
-        return [piece async for piece in choice]
-
     tasks = [asyncio.ensure_future(collect(choice)) for choice in choices.choices]
     try:
         return await asyncio.gather(*tasks)

@@ -18,14 +18,14 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from duo.api.admission import QueueFull
-from duo.api.choices import Choices, choice_requests, collect_all, merged_events, start_choices, whole_answer
 from duo.api.answers import (ApiError, ChatFormat, CompletionFormat, NativeFormat, ResponseFormat, api_error,
                              server_error)
 from duo.api.bodies import ChatBody, CompletionBody, GenerationBody, document_bodies, parse_body, template_messages
-from duo.api.native import ApplyTemplateBody, DetokenizeBody, InfillBody, NativeCompletionBody, TokenizeBody
-from duo.api.completion import (ClientError, Completion, CompletionRequest, Completions, Piece, ShuttingDown,
-                                failure_message)
+from duo.api.choices import (Choices, choice_requests, collect, collect_all, merged_events, start_choices,
+                             whole_answer)
+from duo.api.completion import ClientError, Completion, CompletionRequest, Completions, ShuttingDown, failure_message
 from duo.api.metrics import CONTENT_TYPE, Metrics
+from duo.api.native import ApplyTemplateBody, DetokenizeBody, InfillBody, NativeCompletionBody, TokenizeBody
 from duo.model import ModelError
 from duo.runtime import WRITE_TIMEOUT_S, HttpServer, WriteTimeout, within, write_within
 
@@ -287,10 +287,6 @@ class OpenAIApi:
                 return server_error(failure_message(error)).response()
         return JSONResponse(output.whole(pieces) if isinstance(completion, Completion)
                             else whole_answer(formats, pieces))
-
-
-async def collect(completion: Completion) -> list[Piece]:
-    return [piece async for piece in completion]
 
 
 def create_app(completions: Completions, metrics: Metrics, api_key: str | None, *,

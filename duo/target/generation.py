@@ -77,8 +77,7 @@ class Generation:
         self.told = len(self.committed)  # committed tokens the draft has been sent (the open carries the prompt)
         self.cursor = request.constraint  # the output's grammar, walked along what is verified (duo.constraint)
         self.lookup = ContextLookup(self.committed) if settings.lookup else None
-        self.forced = 0  # of this step's free drafts, those the grammar forces
-        self.split = (0, 0)  # this step's drafts from the model's chain, and from the context lookup
+        self.split = (0, 0, 0)  # this step's drafts: from the model's chain, forced by the grammar, from the lookup
 
     # The draft link calls these.
     def open_message(self) -> pb.OpenSession:
@@ -149,8 +148,9 @@ class Generation:
         # k drafts in the batch commit k + 1 tokens at most: the context must hold them all.
         limit = max(0, min(self.settings.draft_max, room - 2))
         # Drafts past the batch's `limit` still count: the batch's last row checks the first of them.
-        free = self._free_drafts(pending, limit + 1) if len(pending) <= limit else []
-        self.split = (len(pending), len(free) - self.forced)
+        forced, found = self._free_drafts(pending, limit + 1) if len(pending) <= limit else ([], [])
+        free = forced + found
+        self.split = (len(pending), len(forced), len(found))
         dists = dists[:len(pending)] + [SparseDist(np.array([token]), np.array([1.0])) for token in free]
         if policy is not None:
             policy.free_from = len(pending) if free else None
@@ -162,17 +162,18 @@ class Generation:
                           coupled_seed=self.seed if self.verification == COUPLED else None, output=output,
                           cursor=self.cursor, penalties=self.request.penalties, logprobs=self.request.logprobs)
 
-    def _free_drafts(self, pending: list[int], limit: int) -> list[int]:
+    def _free_drafts(self, pending: list[int], limit: int) -> tuple[list[int], list[int]]:
         """Drafts that cost no drafting, proposed with certainty (q = 1: residual verification accepts one with
         probability p(x), else samples p without it; another tokenization of the same text stays allowed, so the
         target may still say otherwise): where the model's chain is empty, the text the grammar forces (`{"name":
-        "` of a schema); after the chain, what the context lookup finds (duo.target.lookup)."""
-        forced = self.cursor.forced() if self.cursor is not None and not pending else []
-        self.forced = len(forced)
-        found = self.lookup.propose(pending + forced, limit - len(pending) - len(forced)) if self.lookup else []
+        "` of a schema); after the chain, what the context lookup finds (duo.target.lookup). Both, at most `limit`
+        drafts in all with `pending`."""
+        forced = (self.cursor.forced() if self.cursor is not None and not pending else [])[:limit - len(pending)]
+        before = pending + forced
+        found = self.lookup.propose(before, limit - len(before)) if self.lookup else []
         if self.cursor is not None and found:
-            found = found[:self.cursor.valid_prefix(pending + forced + found) - len(pending) - len(forced)]
-        return (forced + found)[:limit - len(pending)]
+            found = found[:self.cursor.valid_prefix(before + found) - len(before)]
+        return forced, found
 
     def commit(self, verdict: Verdict, n_verified: int, batch_size: int) -> Step:
         """Append the verdict's tokens, stopping at an end of generation or the token limit."""
@@ -197,8 +198,8 @@ class Generation:
         sizes[batch_size] += 1
         self.stats.draft_tokens_verified += n_verified
         self.stats.draft_tokens_accepted += min(verdict.n_accepted, len(tokens))
-        chain, found = self.split  # the lookup's drafts follow the chain's and the forced ones
-        before = chain + self.forced
+        chain, forced, found = self.split  # the lookup's drafts follow the chain's and the forced ones
+        before = chain + forced
         self.stats.lookup_tokens_verified += max(0, min(n_verified, before + found) - before)
         self.stats.lookup_tokens_accepted += max(0, min(verdict.n_accepted, len(tokens), before + found) - before)
         self.stats.draft_rejections += verdict.n_accepted < n_verified
