@@ -208,14 +208,14 @@ def test_a_commit_that_agrees_with_the_chain_keeps_a_branch_round_forking_after_
     drafter, work = branch_round(session)
     assert work.fork == 5
     session.apply_commit(2, [4, 5])  # agrees with the chain; position 5 is still undecided
-    chunk = drafter._finish(work, Step(drawn=(11, None, None))).chunk
+    chunk = drafter._finish(work, Step(drawn=((11, None, None),))).chunk
     assert chunk is not None and chunk.branch_of == session.epoch == 0 and list(chunk.tokens) == [9, 11]
     assert session.branches[0].fork == 5 and session.branches[0].tokens == [9, 11]
     # A round growing that branch also outlives the next agreeing commit.
     drafter, work = branch_round(session)
     assert work.growing is session.branches[0]
     session.apply_commit(4, [6])
-    chunk = drafter._finish(work, Step(drawn=(12, None, None))).chunk
+    chunk = drafter._finish(work, Step(drawn=((12, None, None),))).chunk
     assert chunk is not None and chunk.epoch == session.branches[0].epoch and list(chunk.tokens) == [12]
     assert chunk.start == 7 and session.branches[0].tokens == [9, 11, 12]
 
@@ -228,7 +228,7 @@ def test_a_branch_round_whose_fork_a_commit_decided_or_whose_chain_it_replaced_i
         session.doubts = {4: Doubt(0.1, 9, None)}
         drafter, work = branch_round(session)
         session.apply_commit(2, commit)
-        assert drafter._finish(work, Step(drawn=(11, None, None))).chunk is None
+        assert drafter._finish(work, Step(drawn=((11, None, None),))).chunk is None
         assert session.branches == []
 
 
@@ -242,6 +242,6 @@ def test_a_round_growing_the_branch_a_commit_took_continues_the_new_chain():
     assert work.growing is session.branches[0]
     session.apply_commit(2, [4, 9])  # the target took the branch
     assert session.epoch == 3 and session.chain == [7, 8, 4, 9, 1]
-    chunk = drafter._finish(work, Step(drawn=(13, None, None))).chunk
+    chunk = drafter._finish(work, Step(drawn=((13, None, None),))).chunk
     assert chunk is not None and (chunk.epoch, chunk.start, list(chunk.tokens)) == (3, 5, [13])
     assert not chunk.HasField("branch_of") and session.chain == [7, 8, 4, 9, 1, 13]

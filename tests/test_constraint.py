@@ -227,12 +227,12 @@ def test_the_draft_draws_inside_the_grammar_on_its_chain_and_its_branches(target
     opened = target_model.tokenize('{"', add_special=False)
     for tokens, fork in [(prompt, None), (prompt + opened, len(prompt))]:
         step = draw_step(Work(session, tokens, epoch=0, commits=0, chain_len=len(tokens), fork=fork),
-                         favour_the.copy())
-        token = step.drawn[0]
+                         favour_the.copy()[None])
+        [(token, _, _)] = step.drawn
         assert token != the and cursor_for(target_model, "json_schema", PERSON).valid_prefix(
             tokens[len(prompt):] + [token]) == len(tokens) - len(prompt) + 1
     session.cursor = None  # the mutation: a draft that is not told the grammar drafts " the"
-    assert draw_step(Work(session, prompt, epoch=0, commits=0, chain_len=len(prompt)), favour_the.copy()).drawn[0] == the
+    assert draw_step(Work(session, prompt, epoch=0, commits=0, chain_len=len(prompt)), favour_the.copy()[None]).drawn[0][0] == the
 
 
 def test_where_the_grammar_allows_one_token_a_greedy_draft_has_no_branch_to_offer(target_model):
@@ -260,9 +260,9 @@ def test_a_drafted_chain_that_ends_the_grammar_pauses_rather_than_failing_the_se
                            cursor=cursor_for(target_model, "regex", "yes"), output_start=len(prompt))
     # A branch ending at the end of generation that the target took as its chain: the next work is past the end.
     step = draw_step(Work(session, session.chain, epoch=0, commits=0, chain_len=len(session.chain)),
-                     np.zeros(target_model.n_vocab, dtype=np.float32))
+                     np.zeros((1, target_model.n_vocab), dtype=np.float32))
     assert step.paused and step.error is None
     broken = prompt + target_model.tokenize("no", add_special=False)
     step = draw_step(Work(session, broken, epoch=0, commits=0, chain_len=len(broken)),
-                     np.zeros(target_model.n_vocab, dtype=np.float32))
+                     np.zeros((1, target_model.n_vocab), dtype=np.float32))
     assert "breaks its grammar" in str(step.error)  # what no target commits is still an error

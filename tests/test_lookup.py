@@ -1,4 +1,4 @@
-"""Free drafts from the context (duo.target.lookup): what they propose, that verifying them is lossless (greedy
+"""Free drafts from the context (duo.lookup): what they propose, that verifying them is lossless (greedy
 equal to the target alone, sampled output target-distributed with lookup tokens in the chain), that their acceptance
 is learnt apart from the draft model's, and that their memory is bounded by the context."""
 
@@ -11,7 +11,7 @@ import numpy as np
 from duo.runtime import ModelWorker
 from duo.sampling import SamplingParams, SparseDist, verify_stochastic
 from duo.target.generation import Target
-from duo.target.lookup import MAX_N, MIN_N, ContextLookup
+from duo.lookup import MAX_N, MIN_N, ContextLookup
 from duo.target.policy import AdaptivePolicy, choose_together
 from duo.target.request import Request, SpecSettings
 from duo.target.switch import Switch

@@ -99,8 +99,8 @@ def test_the_draft_applies_the_penalties_to_what_it_draws(target_model):
                            rng=np.random.default_rng(0), max_ahead=8, p_min=0.0, slot=Slot(0, None), n_ctx=256,
                            output_start=len(prompt), penalties=Penalties(presence=2.0))
     tokens = prompt + [100]  # token 100 is in the output: its 5.0 becomes 3.0, below 200's 4.0
-    assert draw_step(Work(session, tokens, epoch=0, commits=0, chain_len=len(tokens)), favourite.copy()).drawn[0] == 200
-    assert draw_step(Work(session, prompt, epoch=0, commits=0, chain_len=len(prompt)), favourite.copy()).drawn[0] == 100
+    assert draw_step(Work(session, tokens, epoch=0, commits=0, chain_len=len(tokens)), favourite.copy()[None]).drawn[0][0] == 200
+    assert draw_step(Work(session, prompt, epoch=0, commits=0, chain_len=len(prompt)), favourite.copy()[None]).drawn[0][0] == 100
 
 
 def test_openai_and_llama_server_penalty_fields_are_honoured_over_http(served_sync, target_model):

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x64uo/_proto/duo.proto\x12\x06\x64uo.v1\"F\n\x05Hello\x12\x10\n\x08protocol\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x1c\n\x05vocab\x18\x03 \x01(\x0b\x32\r.duo.v1.Vocab\"l\n\x05Vocab\x12\x12\n\nvocab_type\x18\x01 \x01(\x05\x12\x0b\n\x03\x62os\x18\x02 \x01(\x05\x12\x0b\n\x03\x65os\x18\x03 \x01(\x05\x12\x0f\n\x07\x61\x64\x64_bos\x18\x04 \x01(\x08\x12\x0f\n\x07\x61\x64\x64_eos\x18\x05 \x01(\x08\x12\x13\n\x0btoken_texts\x18\x06 \x03(\x0c\"\xe6\x02\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_k\x18\x02 \x01(\x05\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05min_p\x18\x04 \x01(\x02\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x18\n\x10presence_penalty\x18\x06 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x07 \x01(\x02\x12\x16\n\x0erepeat_penalty\x18\x08 \x01(\x02\x12\x1a\n\rrepeat_last_n\x18\t \x01(\x05H\x01\x88\x01\x01\x12\x39\n\nlogit_bias\x18\n \x03(\x0b\x32%.duo.v1.SamplingParams.LogitBiasEntry\x12\x0e\n\x06infill\x18\x0b \x01(\x08\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x07\n\x05_seedB\x10\n\x0e_repeat_last_n\"\xa4\x01\n\x0bTargetEvent\x12#\n\x04open\x18\x01 \x01(\x0b\x32\x13.duo.v1.OpenSessionH\x00\x12 \n\x06\x63ommit\x18\x02 \x01(\x0b\x32\x0e.duo.v1.CommitH\x00\x12\x1e\n\x05steer\x18\x03 \x01(\x0b\x32\r.duo.v1.SteerH\x00\x12%\n\x05\x63lose\x18\x04 \x01(\x0b\x32\x14.duo.v1.CloseSessionH\x00\x42\x07\n\x05\x65vent\"\xd3\x01\n\x0bOpenSession\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\x11\n\tcommitted\x18\x02 \x03(\x05\x12(\n\x08sampling\x18\x03 \x01(\x0b\x32\x16.duo.v1.SamplingParams\x12\x11\n\tmax_ahead\x18\x04 \x01(\r\x12\r\n\x05p_min\x18\x05 \x01(\x02\x12*\n\x0cverification\x18\x06 \x01(\x0e\x32\x14.duo.v1.Verification\x12\x0f\n\x07grammar\x18\x07 \x01(\t\x12\x14\n\x0coutput_start\x18\x08 \x01(\r\";\n\x06\x43ommit\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\r\n\x05start\x18\x02 \x01(\r\x12\x0e\n\x06tokens\x18\x03 \x03(\x05\".\n\x05Steer\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\x11\n\tmax_ahead\x18\x02 \x01(\r\"\"\n\x0c\x43loseSession\x12\x12\n\nsession_id\x18\x01 \x01(\x04\"a\n\nDraftEvent\x12#\n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x12.duo.v1.DraftChunkH\x00\x12%\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x14.duo.v1.SessionErrorH\x00\x42\x07\n\x05\x65vent\"\xa7\x01\n\nDraftChunk\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\r\x12\r\n\x05start\x18\x03 \x01(\r\x12\x0e\n\x06tokens\x18\x04 \x03(\x05\x12!\n\x05\x64ists\x18\x05 \x03(\x0b\x32\x12.duo.v1.SparseDist\x12\x16\n\tbranch_of\x18\x06 \x01(\rH\x00\x88\x01\x01\x12\x0e\n\x06paused\x18\x07 \x01(\x08\x42\x0c\n\n_branch_of\"(\n\nSparseDist\x12\x0b\n\x03ids\x18\x01 \x03(\x05\x12\r\n\x05probs\x18\x02 \x03(\x02\"3\n\x0cSessionError\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\x0f\n\x07message\x18\x02 \x01(\t\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xe2\x01\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12%\n\x08messages\x18\x02 \x03(\x0b\x32\x13.duo.v1.ChatMessage\x12\x12\n\nmax_tokens\x18\x03 \x01(\r\x12(\n\x08sampling\x18\x04 \x01(\x0b\x32\x16.duo.v1.SamplingParams\x12\x0c\n\x04stop\x18\x05 \x03(\t\x12\x19\n\x0c\x63\x61\x63he_prompt\x18\x06 \x01(\x08H\x00\x88\x01\x01\x12 \n\x07grammar\x18\x07 \x01(\x0b\x32\x0f.duo.v1.GrammarB\x0f\n\r_cache_prompt\"\'\n\x07Grammar\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\"h\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12\x1c\n\x05stats\x18\x04 \x01(\x0b\x32\r.duo.v1.Stats\"\xfe\x03\n\x05Stats\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x18\n\x10generated_tokens\x18\x02 \x01(\r\x12\x1d\n\x15\x64raft_tokens_received\x18\x03 \x01(\r\x12\x1d\n\x15\x64raft_tokens_verified\x18\x04 \x01(\r\x12\x1d\n\x15\x64raft_tokens_accepted\x18\x05 \x01(\r\x12\x14\n\x0cverify_steps\x18\x06 \x01(\r\x12\x19\n\x11tokens_per_second\x18\x07 \x01(\x01\x12\x1d\n\x15time_to_first_token_s\x18\x08 \x01(\x01\x12\x17\n\x0f\x64raft_connected\x18\t \x01(\x08\x12\x13\n\x0b\x62\x61tch_sizes\x18\n \x03(\r\x12\x18\n\x10\x64raft_rejections\x18\x0b \x01(\r\x12\x13\n\x0b\x62ranch_hits\x18\x0c \x01(\r\x12\r\n\x05waits\x18\r \x01(\r\x12\x14\n\x0cwait_seconds\x18\x0e \x01(\x01\x12\x14\n\x0cverification\x18\x0f \x01(\t\x12\x0c\n\x04seed\x18\x10 \x01(\x04\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x11 \x01(\r\x12\x13\n\x0bspeculation\x18\x12 \x01(\t\x12\x1e\n\x16lookup_tokens_verified\x18\x13 \x01(\r\x12\x1e\n\x16lookup_tokens_accepted\x18\x14 \x01(\r\"H\n\x0fTokenizeRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12%\n\x08messages\x18\x02 \x03(\x0b\x32\x13.duo.v1.ChatMessage\"5\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x0e\n\x06pieces\x18\x02 \x03(\x0c\"\x12\n\x10ModelInfoRequest\"\xba\x01\n\x11ModelInfoResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61liases\x18\x02 \x03(\t\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12\x14\n\x0c\x63ontext_size\x18\x04 \x01(\r\x12\x0f\n\x07n_vocab\x18\x05 \x01(\r\x12\r\n\x05\x64raft\x18\x06 \x01(\t\x12\x15\n\rdraft_address\x18\x07 \x01(\t\x12\x10\n\x08parallel\x18\x08 \x01(\r\x12\x12\n\nqueue_size\x18\t \x01(\r*)\n\x0cVerification\x12\x0c\n\x08RESIDUAL\x10\x00\x12\x0b\n\x07\x43OUPLED\x10\x01\x32l\n\x05\x44raft\x12)\n\tHandshake\x12\r.duo.v1.Hello\x1a\r.duo.v1.Hello\x12\x38\n\tSpeculate\x12\x13.duo.v1.TargetEvent\x1a\x12.duo.v1.DraftEvent(\x01\x30\x01\x32\xca\x01\n\x06Target\x12?\n\x08Generate\x12\x17.duo.v1.GenerateRequest\x1a\x18.duo.v1.GenerateResponse0\x01\x12=\n\x08Tokenize\x12\x17.duo.v1.TokenizeRequest\x1a\x18.duo.v1.TokenizeResponse\x12@\n\tModelInfo\x12\x18.duo.v1.ModelInfoRequest\x1a\x19.duo.v1.ModelInfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x64uo/_proto/duo.proto\x12\x06\x64uo.v1\"F\n\x05Hello\x12\x10\n\x08protocol\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x1c\n\x05vocab\x18\x03 \x01(\x0b\x32\r.duo.v1.Vocab\"l\n\x05Vocab\x12\x12\n\nvocab_type\x18\x01 \x01(\x05\x12\x0b\n\x03\x62os\x18\x02 \x01(\x05\x12\x0b\n\x03\x65os\x18\x03 \x01(\x05\x12\x0f\n\x07\x61\x64\x64_bos\x18\x04 \x01(\x08\x12\x0f\n\x07\x61\x64\x64_eos\x18\x05 \x01(\x08\x12\x13\n\x0btoken_texts\x18\x06 \x03(\x0c\"\xe6\x02\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_k\x18\x02 \x01(\x05\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05min_p\x18\x04 \x01(\x02\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x18\n\x10presence_penalty\x18\x06 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x07 \x01(\x02\x12\x16\n\x0erepeat_penalty\x18\x08 \x01(\x02\x12\x1a\n\rrepeat_last_n\x18\t \x01(\x05H\x01\x88\x01\x01\x12\x39\n\nlogit_bias\x18\n \x03(\x0b\x32%.duo.v1.SamplingParams.LogitBiasEntry\x12\x0e\n\x06infill\x18\x0b \x01(\x08\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x07\n\x05_seedB\x10\n\x0e_repeat_last_n\"\xa4\x01\n\x0bTargetEvent\x12#\n\x04open\x18\x01 \x01(\x0b\x32\x13.duo.v1.OpenSessionH\x00\x12 \n\x06\x63ommit\x18\x02 \x01(\x0b\x32\x0e.duo.v1.CommitH\x00\x12\x1e\n\x05steer\x18\x03 \x01(\x0b\x32\r.duo.v1.SteerH\x00\x12%\n\x05\x63lose\x18\x04 \x01(\x0b\x32\x14.duo.v1.CloseSessionH\x00\x42\x07\n\x05\x65vent\"\xe3\x01\n\x0bOpenSession\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\x11\n\tcommitted\x18\x02 \x03(\x05\x12(\n\x08sampling\x18\x03 \x01(\x0b\x32\x16.duo.v1.SamplingParams\x12\x11\n\tmax_ahead\x18\x04 \x01(\r\x12\r\n\x05p_min\x18\x05 \x01(\x02\x12*\n\x0cverification\x18\x06 \x01(\x0e\x32\x14.duo.v1.Verification\x12\x0f\n\x07grammar\x18\x07 \x01(\t\x12\x14\n\x0coutput_start\x18\x08 \x01(\r\x12\x0e\n\x06lookup\x18\t \x01(\x08\";\n\x06\x43ommit\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\r\n\x05start\x18\x02 \x01(\r\x12\x0e\n\x06tokens\x18\x03 \x03(\x05\".\n\x05Steer\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\x11\n\tmax_ahead\x18\x02 \x01(\r\"\"\n\x0c\x43loseSession\x12\x12\n\nsession_id\x18\x01 \x01(\x04\"a\n\nDraftEvent\x12#\n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x12.duo.v1.DraftChunkH\x00\x12%\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x14.duo.v1.SessionErrorH\x00\x42\x07\n\x05\x65vent\"\xa7\x01\n\nDraftChunk\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\r\x12\r\n\x05start\x18\x03 \x01(\r\x12\x0e\n\x06tokens\x18\x04 \x03(\x05\x12!\n\x05\x64ists\x18\x05 \x03(\x0b\x32\x12.duo.v1.SparseDist\x12\x16\n\tbranch_of\x18\x06 \x01(\rH\x00\x88\x01\x01\x12\x0e\n\x06paused\x18\x07 \x01(\x08\x42\x0c\n\n_branch_of\"(\n\nSparseDist\x12\x0b\n\x03ids\x18\x01 \x03(\x05\x12\r\n\x05probs\x18\x02 \x03(\x02\"3\n\x0cSessionError\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\x0f\n\x07message\x18\x02 \x01(\t\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xe2\x01\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12%\n\x08messages\x18\x02 \x03(\x0b\x32\x13.duo.v1.ChatMessage\x12\x12\n\nmax_tokens\x18\x03 \x01(\r\x12(\n\x08sampling\x18\x04 \x01(\x0b\x32\x16.duo.v1.SamplingParams\x12\x0c\n\x04stop\x18\x05 \x03(\t\x12\x19\n\x0c\x63\x61\x63he_prompt\x18\x06 \x01(\x08H\x00\x88\x01\x01\x12 \n\x07grammar\x18\x07 \x01(\x0b\x32\x0f.duo.v1.GrammarB\x0f\n\r_cache_prompt\"\'\n\x07Grammar\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\"h\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12\x1c\n\x05stats\x18\x04 \x01(\x0b\x32\r.duo.v1.Stats\"\xfe\x03\n\x05Stats\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x18\n\x10generated_tokens\x18\x02 \x01(\r\x12\x1d\n\x15\x64raft_tokens_received\x18\x03 \x01(\r\x12\x1d\n\x15\x64raft_tokens_verified\x18\x04 \x01(\r\x12\x1d\n\x15\x64raft_tokens_accepted\x18\x05 \x01(\r\x12\x14\n\x0cverify_steps\x18\x06 \x01(\r\x12\x19\n\x11tokens_per_second\x18\x07 \x01(\x01\x12\x1d\n\x15time_to_first_token_s\x18\x08 \x01(\x01\x12\x17\n\x0f\x64raft_connected\x18\t \x01(\x08\x12\x13\n\x0b\x62\x61tch_sizes\x18\n \x03(\r\x12\x18\n\x10\x64raft_rejections\x18\x0b \x01(\r\x12\x13\n\x0b\x62ranch_hits\x18\x0c \x01(\r\x12\r\n\x05waits\x18\r \x01(\r\x12\x14\n\x0cwait_seconds\x18\x0e \x01(\x01\x12\x14\n\x0cverification\x18\x0f \x01(\t\x12\x0c\n\x04seed\x18\x10 \x01(\x04\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x11 \x01(\r\x12\x13\n\x0bspeculation\x18\x12 \x01(\t\x12\x1e\n\x16lookup_tokens_verified\x18\x13 \x01(\r\x12\x1e\n\x16lookup_tokens_accepted\x18\x14 \x01(\r\"H\n\x0fTokenizeRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12%\n\x08messages\x18\x02 \x03(\x0b\x32\x13.duo.v1.ChatMessage\"5\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x0e\n\x06pieces\x18\x02 \x03(\x0c\"\x12\n\x10ModelInfoRequest\"\xba\x01\n\x11ModelInfoResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61liases\x18\x02 \x03(\t\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12\x14\n\x0c\x63ontext_size\x18\x04 \x01(\r\x12\x0f\n\x07n_vocab\x18\x05 \x01(\r\x12\r\n\x05\x64raft\x18\x06 \x01(\t\x12\x15\n\rdraft_address\x18\x07 \x01(\t\x12\x10\n\x08parallel\x18\x08 \x01(\r\x12\x12\n\nqueue_size\x18\t \x01(\r*)\n\x0cVerification\x12\x0c\n\x08RESIDUAL\x10\x00\x12\x0b\n\x07\x43OUPLED\x10\x01\x32l\n\x05\x44raft\x12)\n\tHandshake\x12\r.duo.v1.Hello\x1a\r.duo.v1.Hello\x12\x38\n\tSpeculate\x12\x13.duo.v1.TargetEvent\x1a\x12.duo.v1.DraftEvent(\x01\x30\x01\x32\xca\x01\n\x06Target\x12?\n\x08Generate\x12\x17.duo.v1.GenerateRequest\x1a\x18.duo.v1.GenerateResponse0\x01\x12=\n\x08Tokenize\x12\x17.duo.v1.TokenizeRequest\x1a\x18.duo.v1.TokenizeResponse\x12@\n\tModelInfo\x12\x18.duo.v1.ModelInfoRequest\x1a\x19.duo.v1.ModelInfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,8 +33,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
-  _globals['_VERIFICATION']._serialized_start=2738
-  _globals['_VERIFICATION']._serialized_end=2779
+  _globals['_VERIFICATION']._serialized_start=2754
+  _globals['_VERIFICATION']._serialized_end=2795
   _globals['_HELLO']._serialized_start=32
   _globals['_HELLO']._serialized_end=102
   _globals['_VOCAB']._serialized_start=104
@@ -46,41 +46,41 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TARGETEVENT']._serialized_start=576
   _globals['_TARGETEVENT']._serialized_end=740
   _globals['_OPENSESSION']._serialized_start=743
-  _globals['_OPENSESSION']._serialized_end=954
-  _globals['_COMMIT']._serialized_start=956
-  _globals['_COMMIT']._serialized_end=1015
-  _globals['_STEER']._serialized_start=1017
-  _globals['_STEER']._serialized_end=1063
-  _globals['_CLOSESESSION']._serialized_start=1065
-  _globals['_CLOSESESSION']._serialized_end=1099
-  _globals['_DRAFTEVENT']._serialized_start=1101
-  _globals['_DRAFTEVENT']._serialized_end=1198
-  _globals['_DRAFTCHUNK']._serialized_start=1201
-  _globals['_DRAFTCHUNK']._serialized_end=1368
-  _globals['_SPARSEDIST']._serialized_start=1370
-  _globals['_SPARSEDIST']._serialized_end=1410
-  _globals['_SESSIONERROR']._serialized_start=1412
-  _globals['_SESSIONERROR']._serialized_end=1463
-  _globals['_CHATMESSAGE']._serialized_start=1465
-  _globals['_CHATMESSAGE']._serialized_end=1509
-  _globals['_GENERATEREQUEST']._serialized_start=1512
-  _globals['_GENERATEREQUEST']._serialized_end=1738
-  _globals['_GRAMMAR']._serialized_start=1740
-  _globals['_GRAMMAR']._serialized_end=1779
-  _globals['_GENERATERESPONSE']._serialized_start=1781
-  _globals['_GENERATERESPONSE']._serialized_end=1885
-  _globals['_STATS']._serialized_start=1888
-  _globals['_STATS']._serialized_end=2398
-  _globals['_TOKENIZEREQUEST']._serialized_start=2400
-  _globals['_TOKENIZEREQUEST']._serialized_end=2472
-  _globals['_TOKENIZERESPONSE']._serialized_start=2474
-  _globals['_TOKENIZERESPONSE']._serialized_end=2527
-  _globals['_MODELINFOREQUEST']._serialized_start=2529
-  _globals['_MODELINFOREQUEST']._serialized_end=2547
-  _globals['_MODELINFORESPONSE']._serialized_start=2550
-  _globals['_MODELINFORESPONSE']._serialized_end=2736
-  _globals['_DRAFT']._serialized_start=2781
-  _globals['_DRAFT']._serialized_end=2889
-  _globals['_TARGET']._serialized_start=2892
-  _globals['_TARGET']._serialized_end=3094
+  _globals['_OPENSESSION']._serialized_end=970
+  _globals['_COMMIT']._serialized_start=972
+  _globals['_COMMIT']._serialized_end=1031
+  _globals['_STEER']._serialized_start=1033
+  _globals['_STEER']._serialized_end=1079
+  _globals['_CLOSESESSION']._serialized_start=1081
+  _globals['_CLOSESESSION']._serialized_end=1115
+  _globals['_DRAFTEVENT']._serialized_start=1117
+  _globals['_DRAFTEVENT']._serialized_end=1214
+  _globals['_DRAFTCHUNK']._serialized_start=1217
+  _globals['_DRAFTCHUNK']._serialized_end=1384
+  _globals['_SPARSEDIST']._serialized_start=1386
+  _globals['_SPARSEDIST']._serialized_end=1426
+  _globals['_SESSIONERROR']._serialized_start=1428
+  _globals['_SESSIONERROR']._serialized_end=1479
+  _globals['_CHATMESSAGE']._serialized_start=1481
+  _globals['_CHATMESSAGE']._serialized_end=1525
+  _globals['_GENERATEREQUEST']._serialized_start=1528
+  _globals['_GENERATEREQUEST']._serialized_end=1754
+  _globals['_GRAMMAR']._serialized_start=1756
+  _globals['_GRAMMAR']._serialized_end=1795
+  _globals['_GENERATERESPONSE']._serialized_start=1797
+  _globals['_GENERATERESPONSE']._serialized_end=1901
+  _globals['_STATS']._serialized_start=1904
+  _globals['_STATS']._serialized_end=2414
+  _globals['_TOKENIZEREQUEST']._serialized_start=2416
+  _globals['_TOKENIZEREQUEST']._serialized_end=2488
+  _globals['_TOKENIZERESPONSE']._serialized_start=2490
+  _globals['_TOKENIZERESPONSE']._serialized_end=2543
+  _globals['_MODELINFOREQUEST']._serialized_start=2545
+  _globals['_MODELINFOREQUEST']._serialized_end=2563
+  _globals['_MODELINFORESPONSE']._serialized_start=2566
+  _globals['_MODELINFORESPONSE']._serialized_end=2752
+  _globals['_DRAFT']._serialized_start=2797
+  _globals['_DRAFT']._serialized_end=2905
+  _globals['_TARGET']._serialized_start=2908
+  _globals['_TARGET']._serialized_end=3110
 # @@protoc_insertion_point(module_scope)

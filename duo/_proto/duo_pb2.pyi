@@ -86,7 +86,7 @@ class TargetEvent(_message.Message):
     def __init__(self, open: _Optional[_Union[OpenSession, _Mapping]] = ..., commit: _Optional[_Union[Commit, _Mapping]] = ..., steer: _Optional[_Union[Steer, _Mapping]] = ..., close: _Optional[_Union[CloseSession, _Mapping]] = ...) -> None: ...
 
 class OpenSession(_message.Message):
-    __slots__ = ("session_id", "committed", "sampling", "max_ahead", "p_min", "verification", "grammar", "output_start")
+    __slots__ = ("session_id", "committed", "sampling", "max_ahead", "p_min", "verification", "grammar", "output_start", "lookup")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -95,6 +95,7 @@ class OpenSession(_message.Message):
     VERIFICATION_FIELD_NUMBER: _ClassVar[int]
     GRAMMAR_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_START_FIELD_NUMBER: _ClassVar[int]
+    LOOKUP_FIELD_NUMBER: _ClassVar[int]
     session_id: int
     committed: _containers.RepeatedScalarFieldContainer[int]
     sampling: SamplingParams
@@ -103,7 +104,8 @@ class OpenSession(_message.Message):
     verification: Verification
     grammar: str
     output_start: int
-    def __init__(self, session_id: _Optional[int] = ..., committed: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_ahead: _Optional[int] = ..., p_min: _Optional[float] = ..., verification: _Optional[_Union[Verification, str]] = ..., grammar: _Optional[str] = ..., output_start: _Optional[int] = ...) -> None: ...
+    lookup: bool
+    def __init__(self, session_id: _Optional[int] = ..., committed: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_ahead: _Optional[int] = ..., p_min: _Optional[float] = ..., verification: _Optional[_Union[Verification, str]] = ..., grammar: _Optional[str] = ..., output_start: _Optional[int] = ..., lookup: _Optional[bool] = ...) -> None: ...
 
 class Commit(_message.Message):
     __slots__ = ("session_id", "start", "tokens")

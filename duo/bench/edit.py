@@ -1,5 +1,5 @@
 """`duo bench --prompts edit`: prompts that give code and ask to change it, so that most of the answer is already in
-the prompt (the regime of context lookup, duo.target.lookup, and of llama.cpp's ngram-* speculative modes)."""
+the prompt (the regime of context lookup, duo.lookup, and of llama.cpp's ngram-* speculative modes)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """The draft's batched step: one llama context holds every session's sequences, and one decode per round
-drafts the next token of each work: a session's chain, its branch, or both."""
+drafts the next token of each work (a session's chain, its branch, or both), or, where the chain's work guesses from
+the context (duo.draft.guess), the tokens its draws follow the guess for and the one after them."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ class Work:
     fork: int | None = None
     growing: Branch | None = None  # branch work: the branch it grows (None: it starts one at `fork`)
     doubt: Doubt | None = None     # a new branch: the Doubt of its fork, whose alternative it assumes
+    guess: tuple[int, ...] = ()    # chain work: the context's guess of the tokens after `tokens` (duo.draft.guess)
 
     @property
     def seq(self) -> int:
@@ -38,12 +40,20 @@ class Work:
 
 @dataclass(frozen=True)
 class Step:
-    """What a round made of one Work: a token drawn, a pause (the draft is too unsure: p_min), an error
-    for its session alone, or none of these: its catch-up goes on next round (it did not fit the batch)."""
+    """What a round made of one Work: the tokens drawn (one, or, after a guess of `guessed` tokens, those its draws
+    followed and the one after them), a pause (the draft is too unsure: p_min), an error for its session alone, or
+    none of these: its catch-up goes on next round (it did not fit the batch)."""
 
-    drawn: Drawn | None = None
+    drawn: tuple[Drawn, ...] = ()
     paused: bool = False
     error: Exception | None = None
+    guessed: int = 0  # the guess's tokens decoded
+    kept: int = 0     # the drawn tokens equal to the guess's first ones
+
+    @property
+    def missed(self) -> bool:
+        """Whether a draw differed from the guessed token (not just a pause or an end of generation before it)."""
+        return self.kept < self.guessed and len(self.drawn) > self.kept
 
 
 @dataclass(frozen=True)
@@ -55,6 +65,8 @@ class RoundReport:
     tokens: int     # tokens it decoded, catch-up after commits and prompts included
     drafted: int    # tokens drawn
     paused: int     # positions where the draft proposed nothing (p_min)
+    guessed: int = 0  # guessed tokens decoded (duo.draft.guess)
+    kept: int = 0     # of them, those the draws followed
 
 
 def plan_works(session: DraftSession, rounds: list[Round]) -> list[Work]:
@@ -120,14 +132,15 @@ class DraftCache:
                 parts[i] = self._prepare(work)
             except Exception as error:  # whatever it is, it concerns this session alone
                 steps[i] = Step(error=error)
-        fitted = self._fit(parts, steps)
+        fitted = self._fit(works, parts, steps)
         logits = self._decode(works, fitted, steps)
-        for i, row in logits.items():
-            steps[i] = draw_step(works[i], row)
+        for i, rows in logits.items():
+            steps[i] = draw_step(works[i], rows)
         decoded = sum(len(part.tokens) for part in fitted.values())
         sessions = len({works[i].session.session_id for i in fitted})  # a chain and its branch: one session
-        report = RoundReport(time.perf_counter() - began, sessions, decoded,
-                             sum(step.drawn is not None for step in steps), sum(step.paused for step in steps))
+        report = RoundReport(time.perf_counter() - began, sessions, decoded, sum(len(step.drawn) for step in steps),
+                             sum(step.paused for step in steps), sum(step.guessed for step in steps),
+                             sum(step.kept for step in steps))
         return steps, report
 
     def _prepare(self, work: Work) -> Part:
@@ -160,10 +173,11 @@ class DraftCache:
                              "duo-draft with a larger --ctx-size")
         return Part(seq, keep, want[keep:])
 
-    def _fit(self, parts: dict[int, Part], steps: list[Step]) -> dict[int, Part]:
+    def _fit(self, works: Sequence[Work], parts: dict[int, Part], steps: list[Step]) -> dict[int, Part]:
         """The parts this round decodes, shortest first within n_batch tokens: a catch-up too long for
         what is left (a prompt, say) decodes its first tokens without logits and goes on next round, so
-        it never holds back the others' tokens. A session whose tokens do not fit the free cells fails."""
+        it never holds back the others' tokens. A session whose tokens do not fit the free cells fails.
+        A work's guess rides along, whole, where it fits what is left."""
         room, free = self.context.n_batch, self.cells - self.cells_used
         fitted = {}
         for i, part in sorted(parts.items(), key=lambda item: len(item[1].tokens)):
@@ -173,12 +187,16 @@ class DraftCache:
                     f"the draft's KV cache is full ({self.cells} cells shared by all sessions, {free} free, "
                     f"{n} needed); start duo-draft with a larger --kv-cells"))
             elif n:
-                fitted[i] = part if n == len(part.tokens) else Part(part.seq, part.pos, part.tokens[:n], logits_for=())
-                room, free = room - n, free - n
+                if n < len(part.tokens):
+                    part = Part(part.seq, part.pos, part.tokens[:n], logits_for=())
+                elif works[i].guess and len(works[i].guess) <= min(room, free) - n:
+                    part = with_guess(part, works[i].guess)
+                fitted[i] = part
+                room, free = room - len(part.tokens), free - len(part.tokens)
         return fitted
 
     def _decode(self, works: Sequence[Work], fitted: dict[int, Part], steps: list[Step]) -> dict[int, np.ndarray]:
-        """The last token's logits of each fitted part that asked for them, from one call; if llama.cpp
+        """The logits each fitted part asked for (its last token's, and its guess's), from one call; if llama.cpp
         refuses the call as a whole (no room for all of it at once), each part alone, so that only a
         part that fails alone fails its session."""
         if not fitted:
@@ -194,7 +212,7 @@ class DraftCache:
                     steps[i] = Step(error=error)
         for i in decoded:
             self._decoded(works[i], fitted[i])
-        return {i: rows[-1] for i, rows in decoded.items() if len(rows)}
+        return {i: rows for i, rows in decoded.items() if len(rows)}
 
     def _decoded(self, work: Work, part: Part) -> None:
         session = work.session
@@ -208,36 +226,62 @@ class DraftCache:
         self._held[session.slot.chain] = held
 
 
-def draw_step(work: Work, logits: np.ndarray) -> Step:
-    """Draw the work's token from its logits, or pause the chain where the draft is too unsure (p_min)."""
-    session = work.session
+def with_guess(part: Part, guess: Sequence[int]) -> Part:
+    """`part` followed by the guessed tokens, with the logits of its last token and of each guessed one."""
+    return Part(part.seq, part.pos, [*part.tokens, *guess], logits_for=range(len(part.tokens) - 1,
+                                                                                len(part.tokens) + len(guess)))
+
+
+def draw_step(work: Work, rows: np.ndarray) -> Step:
+    """Draw the work's token from its last token's logits (the first row), or pause the chain where the draft is
+    too unsure (p_min). Rows after the first are the guess's (duo.draft.guess): where the draw equals the guessed
+    token, the next row, computed after it, is the next position's; the first draw that differs ends the step (a
+    guess holds no end of generation: nothing is drawn after one)."""
+    guessed = len(rows) - 1
+    drawn: list[Drawn] = []
     try:
-        if session.penalties.active or session.cursor is not None:
-            output = work.tokens[session.output_start:]  # what the output's penalties and grammar look at
-            if session.penalties.active:
-                session.penalties.apply(logits, output)
-            if session.cursor is not None and not constrain(work, output, logits):
-                return Step(paused=True)
-        if work.fork is None and not proposes(logits, session.p_min):
-            return Step(paused=True)
-        return Step(drawn=draw(session, logits, len(work.tokens)))
+        for j, logits in enumerate(rows):
+            one = draw_one(work, j, logits)
+            if one is None:
+                break  # paused (p_min, or the grammar ended): a pause after drawn tokens is found again next round
+            drawn.append(one)
+            if j == guessed or one[0] != work.guess[j]:
+                break
     except Exception as error:  # whatever it is, it concerns this session alone
         return Step(error=error)
+    kept = common_prefix_length([token for token, _, _ in drawn], work.guess[:guessed])
+    return Step(drawn=tuple(drawn), paused=not drawn, guessed=guessed, kept=kept)
 
 
-def constrain(work: Work, output: list[int], logits: np.ndarray) -> bool:
-    """Mask `logits` (in place) with the session's grammar after the work's `output`, so that the draft drafts only
-    what the target's mask allows: a draft outside it would only be rejected. False where the tokens end with an
-    end of generation (a branch the target took as its chain can): nothing follows it, the chain pauses."""
+def draw_one(work: Work, guessed: int, logits: np.ndarray) -> Drawn | None:
+    """The token after the work's tokens and the guess's first `guessed` ones, None where the chain pauses."""
+    session = work.session
+    if session.penalties.active or session.cursor is not None:
+        tokens = work.tokens + list(work.guess[:guessed])
+        output = tokens[session.output_start:]  # what the output's penalties and grammar look at
+        if session.penalties.active:
+            session.penalties.apply(logits, output)
+        if session.cursor is not None and not constrain(work, tokens, output, logits):
+            return None
+    if work.fork is None and not proposes(logits, session.p_min):
+        return None
+    return draw(session, logits, len(work.tokens) + guessed)
+
+
+def constrain(work: Work, tokens: list[int], output: list[int], logits: np.ndarray) -> bool:
+    """Mask `logits` (in place) with the session's grammar after `output` (the output in `tokens`), so that the
+    draft drafts only what the target's mask allows: a draft outside it would only be rejected. False where the
+    tokens end with an end of generation (a branch the target took as its chain can): nothing follows it, the
+    chain pauses."""
     session = work.session
     if work.fork is not None and session.branch_cursor is None:
         session.branch_cursor = session.cursor.copy()
     cursor = session.cursor if work.fork is None else session.branch_cursor
     if not cursor.move_to(output):
         at = session.output_start + len(cursor.tokens)
-        if work.tokens[at] in cursor.ends:
+        if tokens[at] in cursor.ends:
             return False
         raise GrammarError(f"the session's {'chain' if work.fork is None else f'branch at {work.fork}'} breaks its "
-                           f"grammar at position {at} (token {work.tokens[at]}; {session.committed} committed)")
+                           f"grammar at position {at} (token {tokens[at]}; {session.committed} committed)")
     cursor.mask(logits)
     return True

@@ -13,8 +13,10 @@ from duo.constraint import Cursor, GrammarError
 from duo._proto import duo_pb2 as pb
 from duo.draft.batch import DraftCache, RoundReport, Step, Work, plan_works
 from duo.draft.branches import Branch, Doubt, branch_length
-from duo.draft.session import DraftSession
+from duo.draft.guess import GuessRate, guess_length, shared_guess_rate
+from duo.draft.session import DraftSession, Drawn
 from duo.draft.value import RoundCost, with_riders
+from duo.lookup import ContextLookup
 from duo.model import Model, ModelError
 from duo.runtime import ModelWorker
 from duo.sampling import SamplingParams, SparseDist
@@ -69,6 +71,7 @@ class Drafter:
         self.top_k_cap = top_k_cap
         self.observer = observer
         self.round_cost = RoundCost()
+        self.guess_rate = shared_guess_rate()  # how often draws follow the context's guess, over all sessions
         self.cache: DraftCache | None = None
         self._making: asyncio.Future[DraftCache] | None = None
 
@@ -127,7 +130,9 @@ class Drafter:
             rng=np.random.default_rng(None if seed is None else [seed, 1]),  # not the target's
             max_ahead=message.max_ahead, p_min=message.p_min, slot=slot, n_ctx=self.n_ctx,
             coupled_seed=seed if coupled else None, max_branches=self.max_branches, branch_len=self.branch_len,
-            cursor=cursor, output_start=message.output_start, penalties=wire.penalties_from_pb(message.sampling))
+            cursor=cursor, output_start=message.output_start, penalties=wire.penalties_from_pb(message.sampling),
+            lookup=ContextLookup(list(message.committed)) if message.lookup else None,
+            guess_rate=GuessRate(self.guess_rate))
 
     async def _grammar_cursor(self, message: pb.OpenSession) -> Cursor | None:
         """The session's grammar compiled for the draft's vocabulary (off the event loop: up to ~100 ms, and the
@@ -209,7 +214,8 @@ class Drafter:
         fails as a whole (the model broke) fails each of its sessions."""
         offering = [(session, offer) for session in sessions if (offer := session.offered_rounds())]
         chosen = with_riders([offer for _, offer in offering], self.round_cost)
-        works = [work for (session, _), rounds in zip(offering, chosen) for work in plan_works(session, rounds)]
+        works = self._with_guesses([work for (session, _), rounds in zip(offering, chosen)
+                                    for work in plan_works(session, rounds)])
         if not works:
             return []
         try:
@@ -221,14 +227,34 @@ class Drafter:
             self.observer.on_round(report)
         return [self._finish(work, step) for work, step in zip(works, steps)]
 
+    def _with_guesses(self, works: list[Work]) -> list[Work]:
+        """Each chain work with the context's guess of its next tokens (duo.draft.guess), as long as pays: guessed
+        tokens stay within the session's max_ahead and context, and end before any end of generation."""
+        tokens = len(works)
+        guessing = []
+        for work in works:
+            session = work.session
+            if work.fork is None and session.lookup is not None:
+                room = min(session.max_ahead - (len(work.tokens) - session.committed), session.n_ctx - len(work.tokens))
+                proposal = session.guess(room - 1)  # the draw after the guess takes a place too
+                ends = [i for i, token in enumerate(proposal) if self.model.is_end_of_generation(token)]
+                proposal = proposal[:ends[0]] if ends else proposal
+                length = guess_length(session.guess_rate.own.value, self.round_cost, tokens, len(proposal))
+                if length:
+                    work, tokens = replace(work, guess=tuple(proposal[:length])), tokens + length
+            guessing.append(work)
+        return guessing
+
     def _finish(self, work: Work, step: Step) -> Drafted:
         if step.error is not None:
             return Drafted(work.session, error=step.error)
+        if step.guessed:
+            work.session.guess_rate.judge(step.kept, step.missed)
         chunk = self._chain_chunk(work, step) if work.fork is None else self._branch_chunk(work, step)
         return Drafted(work.session, chunk)
 
     def _chain_chunk(self, work: Work, step: Step) -> pb.DraftChunk | None:
-        """Append the drawn token to the chain and return its chunk, or one that says the chain paused
+        """Append the drawn tokens to the chain and return their chunk, or one that says the chain paused
         where the draft is too unsure (p_min); None when a commit changed the chain meanwhile."""
         session, start = work.session, work.chain_len
         if session.closed or session.epoch != work.epoch or len(session.chain) != start:
@@ -236,16 +262,24 @@ class Drafter:
         if step.paused:
             session.paused = True  # until the next commit moves the chain on; the target need not wait
             return pb.DraftChunk(session_id=session.session_id, epoch=work.epoch, start=start, paused=True)
-        if step.drawn is None:
+        if not step.drawn:
             return None  # its catch-up goes on next round
-        token, dist, doubt = step.drawn
-        session.chain.append(token)
-        if doubt is not None:
-            session.doubts[start] = doubt
-        if self.model.is_end_of_generation(token):
-            session.paused = True  # nothing follows an end of generation
-        return pb.DraftChunk(session_id=session.session_id, epoch=work.epoch, start=start, tokens=[token],
-                             dists=self._dists(session, [dist]))
+        drawn = self._extend_chain(session, start, step.drawn)
+        return pb.DraftChunk(session_id=session.session_id, epoch=work.epoch, start=start,
+                             tokens=[token for token, _, _ in drawn],
+                             dists=self._dists(session, [dist for _, dist, _ in drawn]))
+
+    def _extend_chain(self, session: DraftSession, start: int, drawn: Sequence[Drawn]) -> Sequence[Drawn]:
+        """Append `drawn` to the chain at `start`, up to an end of generation (nothing follows it: the chain pauses),
+        and return what was appended."""
+        for i, (token, _, doubt) in enumerate(drawn):
+            session.chain.append(token)
+            if doubt is not None:
+                session.doubts[start + i] = doubt
+            if self.model.is_end_of_generation(token):
+                session.paused = True
+                return drawn[:i + 1]
+        return drawn
 
     def _branch_chunk(self, work: Work, step: Step) -> pb.DraftChunk | None:
         """Grow the session's branch by the drawn token (starting it, at work.fork, if new) and return
@@ -256,9 +290,9 @@ class Drafter:
         the drawn token the new chain's next (draft rounds are the scarce resource: none is thrown away
         that still holds)."""
         session, growing = work.session, work.growing
-        if session.closed or step.drawn is None:
+        if session.closed or not step.drawn:
             return None
-        token, dist, doubt = step.drawn
+        token, dist, doubt = step.drawn[0]  # a branch's work guesses nothing: one token
         if growing is not None and session.epoch == growing.epoch:
             return self._taken_branch_chunk(session, growing, token, dist, doubt)
         if not self._branch_round_holds(session, work):

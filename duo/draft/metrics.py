@@ -40,6 +40,10 @@ class DraftMetrics:
         self.draft_tokens = Counter("duo_draft:draft_tokens", "Tokens drafted, including those a commit made "
                                     "stale before they were sent.", registry=r)
         self.chunks_sent = Counter("duo_draft:chunks_sent", "DraftChunk messages sent to targets.", registry=r)
+        self.guessed_tokens = Counter("duo_draft:guessed_tokens", "Tokens guessed from the context and decoded with a "
+                                      "chain's draw (duo.draft.guess).", registry=r)
+        self.guessed_tokens_kept = Counter("duo_draft:guessed_tokens_kept", "Guessed tokens the draws followed: "
+                                           "drafted at no decode of their own.", registry=r)
         self.pauses = Counter("duo_draft:p_min_pauses", "Positions where the draft proposed nothing: its top-1 "
                               "probability was below the session's --draft-p-min.", registry=r)
         self.round_seconds = Histogram("duo_draft:round_seconds", "Model time of one round: one batched decode of "
@@ -68,6 +72,8 @@ class DraftMetrics:
         self.tokens_per_round.observe(report.tokens)
         self.draft_tokens.inc(report.drafted)
         self.pauses.inc(report.paused)
+        self.guessed_tokens.inc(report.guessed)
+        self.guessed_tokens_kept.inc(report.kept)
 
     def refused(self, reason: str) -> None:
         self.sessions_refused.labels(reason=reason).inc()

@@ -8,8 +8,10 @@ from typing import Sequence
 import numpy as np
 
 from duo.constraint import Cursor
+from duo.lookup import ContextLookup
 from duo.penalties import Penalties
 from duo.draft.branches import Branch, Doubt, branch_length, doubt_of
+from duo.draft.guess import GuessRate
 from duo.draft.value import Calibration, Horizon, Round, ranked_rounds
 from duo.model import common_prefix_length
 from duo.sampling import SamplingParams, SparseDist, coupled_race, distribution, sample
@@ -64,6 +66,10 @@ class DraftSession:
     branch_cursor: Cursor | None = None
     output_start: int = 0
     penalties: Penalties = Penalties()
+    # Where the target lets it guess from the context (duo.draft.guess): an index of the committed tokens, and how
+    # often its draws follow a guess.
+    lookup: ContextLookup | None = None
+    guess_rate: GuessRate | None = None
 
     @property
     def rejection_sampled(self) -> bool:
@@ -92,6 +98,12 @@ class DraftSession:
         if any(round_.fork is not None and round_.growing is None for round_ in rounds):
             for branch in self.branches:
                 branch.finished = True
+
+    def guess(self, most: int) -> list[int]:
+        """At most `most` tokens the context proposes after the chain (duo.lookup), [] where it does not guess."""
+        if self.lookup is None or most <= 0:
+            return []
+        return self.lookup.propose(self.chain[self.committed:], most)
 
     def cells_held(self) -> int:
         """KV cells its sequences hold (model thread): cells the branch shares with the chain count once."""
@@ -127,6 +139,8 @@ class DraftSession:
             self.branches = []
         self.doubts = {position: doubt for position, doubt in self.doubts.items()
                        if end <= position < len(self.chain)}
+        if self.lookup is not None:
+            self.lookup.tokens.extend(tokens)  # commits continue the committed sequence (Drafter.commit checks)
         self.committed = end
         self.paused = False
 

@@ -22,7 +22,7 @@ from duo.target.batching import CallObserver, PrefillWork, StepBatcher, VerifyWo
 from duo.target.chain import DraftChain
 from duo.target.link import DraftLink
 from duo.target.policy import Acceptance, AdaptivePolicy, DraftTiming
-from duo.target.lookup import ContextLookup
+from duo.lookup import ContextLookup
 from duo.target.request import GenerationStats, Request, SpecSettings, Step, StepRecord, verification_of
 from duo.target.switch import Switch
 from duo.wire import ChainChunk
@@ -88,7 +88,8 @@ class Generation:
                               sampling=wire.sampling_to_pb(self.request.params, self.seed, self.request.penalties),
                               max_ahead=self.max_ahead, p_min=self.settings.draft_p_min,
                               verification=pb.COUPLED if self.verification == COUPLED else pb.RESIDUAL,
-                              grammar=self.request.grammar, output_start=len(self.request.prompt_tokens))
+                              grammar=self.request.grammar, output_start=len(self.request.prompt_tokens),
+                              lookup=self.settings.lookup)
 
     def on_chunk(self, chunk: ChainChunk) -> None:
         """Chain tokens the link has checked against this session's bounds."""
@@ -166,7 +167,7 @@ class Generation:
         """Drafts that cost no drafting, proposed with certainty (q = 1: residual verification accepts one with
         probability p(x), else samples p without it; another tokenization of the same text stays allowed, so the
         target may still say otherwise): where the model's chain is empty, the text the grammar forces (`{"name":
-        "` of a schema); after the chain, what the context lookup finds (duo.target.lookup). Both, at most `limit`
+        "` of a schema); after the chain, what the context lookup finds (duo.lookup). Both, at most `limit`
         drafts in all with `pending`."""
         forced = (self.cursor.forced() if self.cursor is not None and not pending else [])[:limit - len(pending)]
         before = pending + forced

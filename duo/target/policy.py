@@ -96,7 +96,7 @@ class AdaptivePolicy:
     shared: Acceptance | None = None
     acceptance: Acceptance = field(init=False)
     switch: Switch = field(default_factory=Switch)  # whether speculation pays: shared by the target's requests
-    # Free drafts (the context lookup's, the grammar's forced text: duo.target.lookup) are accepted at rates of
+    # Free drafts (the context lookup's, the grammar's forced text: duo.lookup) are accepted at rates of
     # their own, learnt apart from the model's; free_from: where this step's pending drafts turn free (None: none).
     shared_free: Acceptance | None = None
     free: Acceptance = field(init=False)

@@ -30,7 +30,7 @@ class SpecSettings:
     # How sampled requests without a seed are verified (seeded ones are always coupled, so that the
     # seed alone decides the output): COUPLED with a seed the target draws, or RESIDUAL.
     unseeded: str = RESIDUAL
-    lookup: bool = True  # propose what follows a repeated n-gram of the context as free drafts (duo.target.lookup)
+    lookup: bool = True  # propose what follows a repeated n-gram of the context as free drafts (duo.lookup)
 
     @property
     def max_lead(self) -> int:
