@@ -35,12 +35,14 @@ class SparseDist:
         ids = np.asarray(self.ids, dtype=np.int64)
         probs = np.asarray(self.probs, dtype=np.float64)
         if ids.ndim != 1 or ids.shape != probs.shape or ids.size == 0:
-            raise ValueError(
-                "SparseDist needs equal-length, non-empty 1-D ids and probs, "
-                f"got {ids.shape} and {probs.shape}"
-            )
+            raise ValueError(f"SparseDist needs equal-length, non-empty 1-D ids and probs: {ids.shape}, {probs.shape}")
         object.__setattr__(self, "ids", ids)
         object.__setattr__(self, "probs", probs)
+
+    @staticmethod
+    def point(token: int) -> "SparseDist":
+        """Certainty of one token: greedy's choice, or a free draft's q (duo.lookup)."""
+        return SparseDist(np.array([token]), np.array([1.0]))
 
 
 def distribution(logits: np.ndarray, params: SamplingParams) -> SparseDist:
@@ -66,7 +68,7 @@ def _truncated(logits: np.ndarray, params: SamplingParams) -> SparseDist:
     if params.greedy:
         best = int(np.argmax(logits))  # ties: lowest id
         _check_finite(logits[best])
-        return SparseDist(np.array([best]), np.array([1.0]))
+        return SparseDist.point(best)
 
     top = logits.max()
     _check_finite(top)

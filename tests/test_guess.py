@@ -15,11 +15,12 @@ from duo.draft.batch import Work, draw_step
 from duo.draft.guess import GuessRate, guess_length
 from duo.draft.session import DraftSession, Slot
 from duo.draft.value import RoundCost
-from duo.sampling import SamplingParams, SparseDist, distribution
+from duo.sampling import SamplingParams, distribution
 from duo.target.generation import Generation
 from duo.target.request import Request, SpecSettings
 from greedy import leaves_greedy_path_only_at_a_near_tie
 from test_draft_batching import drafter_for
+from test_lookup import dense
 from test_sampling import ALPHA, chi_square_pvalue
 
 VOCAB = 8
@@ -72,14 +73,8 @@ def test_sampled_draws_after_a_guess_are_each_drawn_from_their_rows_q():
             second[step.drawn[1][0]] += 1
         else:
             assert len(step.drawn) == 1
-    assert chi_square_pvalue(first, dense(q0)) > ALPHA
-    assert second.sum() > 300 and chi_square_pvalue(second, dense(q1)) > ALPHA
-
-
-def dense(dist: SparseDist) -> np.ndarray:
-    probs = np.zeros(VOCAB)
-    probs[dist.ids] = dist.probs
-    return probs
+    assert chi_square_pvalue(first, dense(q0, VOCAB)) > ALPHA
+    assert second.sum() > 300 and chi_square_pvalue(second, dense(q1, VOCAB)) > ALPHA
 
 
 def test_a_guess_is_as_long_as_pays_for_its_rows():

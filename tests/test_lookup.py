@@ -8,10 +8,11 @@ import asyncio
 
 import numpy as np
 
-from duo.runtime import ModelWorker
-from duo.sampling import SamplingParams, SparseDist, verify_stochastic
-from duo.target.generation import Target
 from duo.lookup import MAX_N, MIN_N, ContextLookup
+from duo.penalties import Penalties
+from duo.runtime import ModelWorker
+from duo.sampling import SamplingParams, SparseDist, distribution, verify_stochastic
+from duo.target.generation import Target
 from duo.target.policy import AdaptivePolicy, choose_together
 from duo.target.request import Request, SpecSettings
 from duo.target.switch import Switch
@@ -89,3 +90,46 @@ def test_lookup_acceptance_is_learnt_apart_from_the_models_and_pays_while_the_dr
     assert choose_together([resting], [8], resting.costs)[0] > 0  # verified though the draft rests
     resting.free_from = None  # a model chain only: resting verifies none of it
     assert choose_together([resting], [8], resting.costs)[0] == 0
+
+
+def test_sampled_output_with_lookup_tokens_in_the_chain_is_the_targets_distribution(target_model):
+    # The target alone with its lookup, every free draft verified (fixed k), sampled and residual-verified: the
+    # first token must follow p(. | prompt) and, where it is the lookup's first token, the second p(. | prompt + it),
+    # which the lookup's second draft (q = 1) meets first. A logit_bias makes the guesses likely (the tiny model's
+    # weights are random), so that both are accepted often and rejected often.
+    text = "def area(r):\n    return 3.14 * r * r\n\n# the same, renamed\ndef area(r):\n    return"
+    prompt = target_model.tokenize(text, add_special=False)
+    params = SamplingParams(temperature=1.0, top_k=8)
+    guesses = ContextLookup(list(prompt)).propose([], 2)
+    context = target_model.new_context(256)
+    rows = [context.decode(prompt, 0)[-1], context.decode(guesses[:1], len(prompt))[-1]]
+    context.close()
+    # Each guess's logit raised to half a logit below its row's best: likely, never certain.
+    penalties = Penalties(bias=tuple((token, float(row.max() - row[token] - 0.5)) for token, row in zip(guesses, rows)))
+    p_first, p_second = (dense(distribution(penalties.apply(row.copy(), []), params), target_model.n_vocab)
+                         for row in rows)
+    target = Target(target_model, ModelWorker(), None, n_ctx=256, settings=SpecSettings(adaptive=False, draft_max=4))
+
+    async def trials(n: int):
+        firsts, seconds, verified = [], [], 0
+        for _ in range(n):
+            tokens = []
+            async for step, stats in target.generate(Request(prompt, params, max_tokens=2, penalties=penalties)):
+                tokens += step.tokens
+            firsts.append(tokens[0])
+            if tokens[0] == guesses[0]:
+                seconds.append(tokens[1])
+            verified += stats.lookup_tokens_verified
+        return firsts, seconds, verified
+
+    firsts, seconds, verified = asyncio.run(trials(800))
+    assert verified >= 800  # the lookup's tokens were in every chain
+    assert chi_square_pvalue(np.bincount(firsts, minlength=target_model.n_vocab), p_first) > ALPHA
+    assert 0.1 < len(seconds) / len(firsts) < 0.9  # the first guess both accepted and rejected, often
+    assert chi_square_pvalue(np.bincount(seconds, minlength=target_model.n_vocab), p_second) > ALPHA
+
+
+def dense(dist: SparseDist, n_vocab: int) -> np.ndarray:
+    probs = np.zeros(n_vocab)
+    probs[dist.ids] = dist.probs
+    return probs

@@ -228,7 +228,7 @@ class Drafter:
         return [self._finish(work, step) for work, step in zip(works, steps)]
 
     def _with_guesses(self, works: list[Work]) -> list[Work]:
-        """Each chain work with the context's guess of its next tokens (duo.draft.guess), as long as pays: guessed
+        """Each chain work with the context's guess of its next tokens (duo.draft.guess), as long as it pays: guessed
         tokens stay within the session's max_ahead and context, and end before any end of generation."""
         tokens = len(works)
         guessing = []

@@ -152,7 +152,7 @@ class Generation:
         forced, found = self._free_drafts(pending, limit + 1) if len(pending) <= limit else ([], [])
         free = forced + found
         self.split = (len(pending), len(forced), len(found))
-        dists = dists[:len(pending)] + [SparseDist(np.array([token]), np.array([1.0])) for token in free]
+        dists = dists[:len(pending)] + [SparseDist.point(token) for token in free]
         if policy is not None:
             policy.free_from = len(pending) if free else None
         pending = pending + free
