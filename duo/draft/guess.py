@@ -10,8 +10,9 @@ verifies it as ever; only sooner, where the guess holds: a decode of L + 1 token
 decodes of one (0.5B Q4_K_M on one Xeon core: 1.67 T(1) for four).
 
 A guess the draft's draws do not follow costs its rows for nothing, so its length is the one that commits the most
-tokens per second: a round drawing with guess length L yields 1 + m + m^2 + ... + m^L tokens on average (m: the
-chance that a draw equals the guessed token, learnt from the rounds) for T(n + L) seconds, n the round's other tokens.
+tokens per second: with a guess of L tokens a work draws 1 + m + m^2 + ... + m^L tokens on average (m: the chance
+that a draw equals the guessed token, learnt from the rounds), and the round takes T(n + L) seconds, n its tokens
+without the guess.
 """
 
 from __future__ import annotations

@@ -8,12 +8,12 @@ from typing import Sequence
 import numpy as np
 
 from duo.constraint import Cursor
-from duo.lookup import ContextLookup
-from duo.penalties import Penalties
 from duo.draft.branches import Branch, Doubt, branch_length, doubt_of
 from duo.draft.guess import GuessRate
 from duo.draft.value import Calibration, Horizon, Round, ranked_rounds
+from duo.lookup import ContextLookup
 from duo.model import common_prefix_length
+from duo.penalties import Penalties
 from duo.sampling import SamplingParams, SparseDist, coupled_race, distribution, sample
 
 # A token drawn: (its id, the distribution it was drawn from or None where none travels, its Doubt or None).

@@ -15,6 +15,7 @@ import numpy as np
 from duo import wire
 from duo._proto import duo_pb2 as pb
 from duo.costs import StepCosts
+from duo.lookup import ContextLookup
 from duo.model import Model, ModelError
 from duo.runtime import ModelWorker, within
 from duo.sampling import COUPLED, GREEDY, RESIDUAL, SparseDist, Verdict
@@ -22,7 +23,6 @@ from duo.target.batching import CallObserver, PrefillWork, StepBatcher, VerifyWo
 from duo.target.chain import DraftChain
 from duo.target.link import DraftLink
 from duo.target.policy import Acceptance, AdaptivePolicy, DraftTiming
-from duo.lookup import ContextLookup
 from duo.target.request import GenerationStats, Request, SpecSettings, Step, StepRecord, verification_of
 from duo.target.switch import Switch
 from duo.wire import ChainChunk
