@@ -292,3 +292,22 @@ def test_a_trial_with_several_clients_counts_each_from_its_own_first_drafts():
             switch.step_done(request, 3 if delivering else 1, 3 if delivering else 0)
     assert switch.established and switch.gain == pytest.approx(1.5, rel=0.02)
     assert set(rests_of(regimes)) <= {sw.MEASURE_STEPS // len(catch_up)}  # off only to measure, never judged off
+
+
+def test_a_loads_first_reference_is_estimated_from_model_time_instead_of_a_measuring_rest():
+    """Four clients and no reference at that load: with an estimate of decoding alone there (1 / T(4) from the
+    calls the target timed), the first judgement uses it and the draft never rests to measure; speculation that
+    loses against it still goes off. Without an estimate, a measuring rest comes first (as before)."""
+    def first_stretch_off(estimate, on_tokens):
+        clock = Clock()
+        switch = Switch(clock=clock, rest_rates={1: 10.0}, estimate_alone=estimate)
+        regimes = run_clients(switch, clock, 60, range(1, 5), on_tokens=on_tokens, alone_s=0.25)
+        return switch, regimes
+
+    switch, regimes = first_stretch_off(lambda load: 4.0 if load == 4 else None, on_tokens=6.0)
+    assert all(regimes) and switch.established and switch.gain == pytest.approx(1.5, rel=0.02)
+    assert switch.rest_rates[4] == 4.0  # the estimate stands in for a measure, re-measured in time
+    switch, regimes = first_stretch_off(lambda load: 4.0 if load == 4 else None, on_tokens=3.0)
+    assert not switch.speculating and switch.gain == pytest.approx(0.75, rel=0.02)
+    _, regimes = first_stretch_off(lambda load: None, on_tokens=6.0)
+    assert rests_of(regimes)[:1] == [sw.MEASURE_STEPS // 4]  # no estimate: rested to measure

@@ -224,3 +224,18 @@ def test_while_the_draft_rests_commits_wait_and_then_go_out_in_one_message(targe
     assert all(len(commit.tokens) == 1 for commit in commits[1:])
     assert [t for commit in commits for t in commit.tokens] == tokens[:sum(len(c.tokens) for c in commits)]
     assert len(commits) < n - 4
+
+
+def test_the_switch_estimates_decoding_alone_at_a_load_from_the_calls_the_target_timed(target_model):
+    target = Target(target_model, ModelWorker(), None, n_ctx=256, settings=SpecSettings(lookup=False))
+
+    async def run():
+        await target.batcher()
+        before = target.switch.estimate_alone(4)
+        async for _ in target.generate(Request([9707, 11, 1879], SamplingParams(), max_tokens=6)):
+            pass
+        return before
+
+    assert asyncio.run(run()) is None  # no call timed yet: a measuring rest will have to do
+    assert target.switch.estimate_alone(1) == pytest.approx(1.0 / target.costs.measured_seconds(1))
+    assert target.switch.estimate_alone(4) == pytest.approx(1.0 / target.costs.batch_seconds(4))

@@ -249,6 +249,7 @@ class Target:
                 self._batcher.observers = self.call_observers
                 # The switch's first reference, timed before the draft works: the first request needs no rest.
                 self.switch.rest_rates.setdefault(1, 1.0 / await self.worker.run(one_token_seconds, context))
+                self.switch.estimate_alone = self._estimate_alone
         return self._batcher
 
     async def close(self) -> None:
@@ -256,6 +257,12 @@ class Target:
         if self._batcher is not None:
             await self.worker.close(self._batcher.context)
             self._batcher = None
+
+    def _estimate_alone(self, load: int) -> float | None:
+        """Tokens per second a request decodes alone at `load` requests, from the calls timed so far: one token
+        each, `load` tokens a call (a call's cost follows its tokens: S(m) = T(m) within a few % on a CPU)."""
+        timed = any(average.weight for average in self.costs.step_seconds.values())
+        return 1.0 / self.costs.batch_seconds(load) if timed else None
 
     async def generate(self, request: Request) -> AsyncIterator[tuple[Step, GenerationStats]]:
         """Yield the committed tokens step by step; the draft only ever changes the speed."""

@@ -80,6 +80,9 @@ class Switch:
     _last: dict[int, float] = field(default_factory=dict)  # request -> when its previous step ended
     _warm: set[int] = field(default_factory=set)  # requests whose draft delivered in this on period
     _cold_steps: dict[int, int] = field(default_factory=dict)  # request -> its steps before that
+    # load -> decoding alone estimated from model time (1 / the seconds of a call of `load` tokens), None where the
+    # target has timed no call yet: a load's first reference, instead of a measuring rest (see _judge).
+    estimate_alone: Callable[[int], float | None] = lambda load: None
 
     @property
     def rate_alone(self) -> float | None:
@@ -179,7 +182,12 @@ class Switch:
         if rate_on is None:
             self._rest()
             return
-        # A reference of unknown age (given at construction) is trusted as a fresh measure is.
+        # A load's first reference is estimated from model time where it can be, as the first request's is (a rest
+        # for each new load is many alone steps where loads change often: short answers, clients coming and going);
+        # it overrates decoding alone a little, the safe side, and is measured for real after REMEASURE_FIRST
+        # confirmed judgements. A reference of unknown age (given at construction) is trusted as a fresh measure is.
+        if load not in self.rest_rates and (estimate := self.estimate_alone(load)) is not None:
+            self.rest_rates[load] = estimate
         if load not in self.rest_rates or self._remeasure_in.setdefault(load, REMEASURE_FIRST) <= 0:
             self._on_rate_pending = rate_on
             self._go(False, MEASURE_STEPS, judging=True)
