@@ -38,6 +38,11 @@ class StepCosts:
     def observe(self, batch_size: int, seconds: float) -> None:
         self.step_seconds.setdefault(batch_size, MovingAverage(seconds)).add(seconds)
 
+    @property
+    def timed(self) -> bool:
+        """Whether any batch size was measured (before that, batch_seconds is the prior's, in units of T(1))."""
+        return any(average.weight for average in self.step_seconds.values())
+
     def measured_seconds(self, n: int) -> float | None:
         """T(n) where batches of n were measured, else None."""
         average = self.step_seconds.get(n)

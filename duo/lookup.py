@@ -22,7 +22,8 @@ MAX_N = 4
 
 
 class ContextLookup:
-    """One session's n-gram index over its context (`tokens`: the committed sequence, read, never written)."""
+    """One session's n-gram index over its context (`tokens`: the committed sequence, which its owner extends as
+    tokens are committed; the index follows it, and never writes it)."""
 
     def __init__(self, tokens: list[int]) -> None:
         self.tokens = tokens

@@ -230,7 +230,7 @@ class Drafter:
     def _with_guesses(self, works: list[Work]) -> list[Work]:
         """Each chain work with the context's guess of its next tokens (duo.draft.guess), as long as it pays: guessed
         tokens stay within the session's max_ahead and context, and end before any end of generation."""
-        tokens = len(works)
+        tokens = len(works)  # a work counts as one token, as with_riders counts it (a catch-up decodes a few more)
         guessing = []
         for work in works:
             session = work.session

@@ -261,8 +261,7 @@ class Target:
     def _estimate_alone(self, load: int) -> float | None:
         """Tokens per second a request decodes alone at `load` requests, from the calls timed so far: one token
         each, `load` tokens a call (a call's cost follows its tokens: S(m) = T(m) within a few % on a CPU)."""
-        timed = any(average.weight for average in self.costs.step_seconds.values())
-        return 1.0 / self.costs.batch_seconds(load) if timed else None
+        return 1.0 / self.costs.batch_seconds(load) if self.costs.timed else None
 
     async def generate(self, request: Request) -> AsyncIterator[tuple[Step, GenerationStats]]:
         """Yield the committed tokens step by step; the draft only ever changes the speed."""
