@@ -5,7 +5,8 @@ between spellings of the same text. With p over n candidates (after top-k / top-
   1. If 3 n p(E) > p(not E): keep E alone, renormalised (ending is at least a third as likely as an average token).
   2. Otherwise merge tokens whose text is a prefix of another's (" ret" and " return" spell the same start): in
      rank order, each pair's probability goes to the likelier of the two (the prefix on a tie), the other leaves.
-  3. Drop text tokens under 0.2 (merged probabilities) and renormalise; no text token left: the end-of-turn token.
+  3. Drop text tokens under 0.2 (merged probabilities) and renormalise; no text token left: the end-of-turn token
+     (where the row allows it: one the grammar or logit_bias bans falls back as a vocabulary without it does).
   4. With m text tokens left, drop text tokens under 1 / (m + 1) and renormalise.
 The merged probabilities only decide which tokens survive: llama.cpp's last sampler (dist) draws from the softmax
 of the survivors' logits, i.e. their probabilities before the merge, renormalised; so does this.
@@ -61,9 +62,10 @@ def infill_vocab(model: Model) -> InfillVocab:
     return _vocabs[model]
 
 
-def infill(ids: np.ndarray, probs: np.ndarray, vocab: InfillVocab) -> tuple[np.ndarray, np.ndarray]:
+def infill(ids: np.ndarray, probs: np.ndarray, vocab: InfillVocab,
+           row: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The infill transform of the distribution `probs` over `ids` (most probable first, as truncation leaves them;
-    see the module): the ids it keeps and their probabilities."""
+    see the module) from `row`'s logits (None: nothing is banned): the ids it keeps and their probabilities."""
     original, probs = probs, probs.copy()
     is_eog = np.fromiter((int(t) in vocab.eog for t in ids), dtype=bool, count=ids.size)
     p_eog, p_text = probs[is_eog].sum(), probs[~is_eog].sum()
@@ -73,8 +75,10 @@ def infill(ids: np.ndarray, probs: np.ndarray, vocab: InfillVocab) -> tuple[np.n
     keep = alive & (is_eog | (probs >= _TEXT_FLOOR))
     texts = int(np.count_nonzero(keep & ~is_eog))
     if texts == 0:
-        # llama.cpp's fallback; a vocabulary without such a token keeps the likeliest candidate left.
-        end = vocab.eot if vocab.eot is not None else int(ids[alive][np.argmax(probs[alive])])
+        # llama.cpp's fallback; a vocabulary without such a token, or a row that bans it (-inf: the request's grammar
+        # or logit_bias), keeps the likeliest candidate left, which the row allows (it has probability).
+        allowed = vocab.eot is not None and (row is None or row[vocab.eot] > -np.inf)
+        end = vocab.eot if allowed else int(ids[alive][np.argmax(probs[alive])])
         return np.array([end]), np.array([1.0])
     probs = np.where(keep, probs, 0.0) / probs[keep].sum()
     keep &= is_eog | (probs >= 1.0 / (texts + 1))

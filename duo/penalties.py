@@ -8,11 +8,31 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Sequence
 
 import numpy as np
 
 MAX_BIAS = 100.0  # OpenAI's range for logit_bias values; -inf (llama.cpp's `false`) bans a token
+MAX_REPEAT_LAST_N = 2**31 - 1  # the wire's int32 (proto/duo.proto: SamplingParams.repeat_last_n)
+
+
+class OutputCounts:
+    """How often each token occurs in a request's committed output, kept up as tokens are committed (commits only
+    append), so that a row's penalties cost one pass over the distinct tokens seen, not a sort of the whole output
+    (9 rows after 32k tokens, one core: 0.7 ms, where np.unique of the output on every row took 10-20 ms)."""
+
+    def __init__(self, n_vocab: int, tokens: Sequence[int] = ()) -> None:
+        self.tokens: list[int] = []                      # the output so far
+        self.counts = np.zeros(n_vocab, dtype=np.int32)  # [n_vocab] occurrences of each token in it
+        self.distinct = np.zeros(0, dtype=np.int64)      # [d] the ids with a count, in the order first seen
+        self.extend(tokens)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        ids, counts = np.unique(np.asarray(tokens, dtype=np.int64), return_counts=True)
+        self.distinct = np.concatenate([self.distinct, ids[self.counts[ids] == 0]])
+        self.counts[ids] += counts.astype(np.int32)
+        self.tokens.extend(tokens)
 
 
 @dataclass(frozen=True)
@@ -30,6 +50,13 @@ class Penalties:
     def active(self) -> bool:
         return bool(self.presence or self.frequency or self.bias or (self.repeat != 1.0 and self.repeat_last_n))
 
+    @cached_property  # built once per request (a frozen dataclass keeps it in its __dict__): a row costs one add
+    def _bias_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """The bias as [n] int64 ids and [n] float64 values (only once validate found the ids in the vocabulary)."""
+        ids = np.fromiter((token for token, _ in self.bias), dtype=np.int64, count=len(self.bias))
+        values = np.fromiter((value for _, value in self.bias), dtype=np.float64, count=len(self.bias))
+        return ids, values
+
     def validate(self, n_vocab: int) -> None:
         """ValueError naming the field and its range."""
         for name, value in (("presence_penalty", self.presence), ("frequency_penalty", self.frequency)):
@@ -37,30 +64,60 @@ class Penalties:
                 raise ValueError(f"{name} must be between -2 and 2, got {value!r}")
         if not (math.isfinite(self.repeat) and 0.0 < self.repeat <= 10.0):
             raise ValueError(f"repeat_penalty must be in (0, 10] (1 = off), got {self.repeat!r}")
-        if self.repeat_last_n < -1:
-            raise ValueError(f"repeat_last_n must be -1 (the whole output), 0 (off) or more, got {self.repeat_last_n}")
-        for token, value in self.bias:
-            if not 0 <= token < n_vocab:
-                raise ValueError(f"logit_bias names token {token}, outside the vocabulary of {n_vocab}")
-            if not (value == -math.inf or -MAX_BIAS <= value <= MAX_BIAS):
-                raise ValueError(f"logit_bias values must be between -100 and 100 (or false: never), got {value!r}")
+        if not -1 <= self.repeat_last_n <= MAX_REPEAT_LAST_N:
+            raise ValueError(f"repeat_last_n must be -1 (the whole output), 0 (off) or up to {MAX_REPEAT_LAST_N}, "
+                             f"got {self.repeat_last_n}")
+        self._validate_bias(n_vocab)
 
-    def apply(self, logits: np.ndarray, output: Sequence[int]) -> np.ndarray:
-        """`logits` (one row, changed in place and returned) after `output`, the tokens generated before it."""
+    def _validate_bias(self, n_vocab: int) -> None:
+        if len(self.bias) > n_vocab:
+            raise ValueError(f"logit_bias has {len(self.bias)} entries, more than the vocabulary's {n_vocab} tokens")
+        # Checked one by one before any array is built: an id may be past what int64 holds.
+        outside = next((token for token, _ in self.bias if not 0 <= token < n_vocab), None)
+        if outside is not None:
+            raise ValueError(f"logit_bias names token {outside}, outside the vocabulary of {n_vocab}")
+        ids, values = self._bias_arrays
+        banned = values == -math.inf
+        wrong = ~(banned | (np.abs(values) <= MAX_BIAS))  # NaN is wrong too
+        if wrong.any():
+            raise ValueError(f"logit_bias values must be between -100 and 100 (or false: never), "
+                             f"got {values[wrong][0]!r}")
+        if np.unique(ids[banned]).size == n_vocab:
+            raise ValueError("logit_bias bans every token of the vocabulary (false or -inf on all of them): "
+                             "nothing could be generated")
+
+    def apply(self, logits: np.ndarray, output: Sequence[int], counted: OutputCounts | None = None) -> np.ndarray:
+        """`logits` (one row, changed in place and returned) after the tokens generated before it: the committed
+        output that `counted` holds, if given, then `output`."""
         if self.bias:
-            ids, values = zip(*self.bias)
-            logits[list(ids)] += np.asarray(values, dtype=logits.dtype)
-        if self.repeat != 1.0 and self.repeat_last_n and output:
-            window = np.unique(np.asarray(output[-self.repeat_last_n:] if self.repeat_last_n > 0 else output))
+            ids, values = self._bias_arrays
+            logits[ids] += values.astype(logits.dtype)
+        repeat = self.repeat != 1.0 and self.repeat_last_n
+        if not (repeat or self.presence or self.frequency):
+            return logits
+        ids, counts = _distinct_counts(counted, output)
+        if repeat:
+            n = self.repeat_last_n
+            before = counted.tokens[-n:] if counted is not None and n > 0 else []
+            window = np.unique(np.asarray([*before, *output][-n:], dtype=np.int64)) if n > 0 else ids
             seen = logits[window]
             logits[window] = np.where(seen > 0, seen / self.repeat, seen * self.repeat)
-        if (self.presence or self.frequency) and output:
-            ids, counts = np.unique(np.asarray(output), return_counts=True)
+        if self.presence or self.frequency:
             logits[ids] -= (self.presence + self.frequency * counts).astype(logits.dtype)
         return logits
 
 
-def penalize_rows(penalties: Penalties, output: Sequence[int], drafts: Sequence[int], rows: np.ndarray) -> None:
-    """Transform verification rows in place: row i follows output + drafts[:i]."""
+def _distinct_counts(counted: OutputCounts | None, output: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct tokens of the counted output followed by `output`, each once, and how often each occurs in all."""
+    later, later_counts = np.unique(np.asarray(output, dtype=np.int64), return_counts=True)
+    if counted is None:
+        return later, later_counts
+    earlier = counted.distinct[~np.isin(counted.distinct, later)]  # those only the counted output holds
+    return (np.concatenate([earlier, later]),
+            np.concatenate([counted.counts[earlier], later_counts + counted.counts[later]]))
+
+
+def penalize_rows(penalties: Penalties, counted: OutputCounts, drafts: Sequence[int], rows: np.ndarray) -> None:
+    """Transform verification rows in place: row i follows the committed output `counted` holds, then drafts[:i]."""
     for i, row in enumerate(rows):
-        penalties.apply(row, [*output, *drafts[:i]])
+        penalties.apply(row, drafts[:i], counted)

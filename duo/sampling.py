@@ -10,6 +10,7 @@ import numpy as np
 
 from duo.infill_sampler import infill
 from duo.noise import lowest_bits_below, uniforms, uniforms_of, vocabulary_bits
+from duo.ranking import leading_ids
 from duo.sampling_params import SamplingParams
 
 # Without top-k, top-p first looks for its nucleus among this many leading tokens, then 16x as many, then
@@ -23,6 +24,12 @@ _MIN_RESIDUAL_MASS = 1e-12
 
 # How a request's chain is verified (proto/duo.proto: Verification; Stats.verification).
 GREEDY, COUPLED, RESIDUAL = "greedy", "coupled", "residual"
+
+
+class NoTokenAllowed(ValueError):
+    """A row whose every token is banned (-inf): the request's logit_bias and grammar leave nothing to generate at
+    this position. The request's own doing, not a fault of duo's."""
+
 
 @dataclass(frozen=True, eq=False)  # eq=False: comparing numpy arrays with == is elementwise
 class SparseDist:
@@ -57,7 +64,7 @@ def distribution(logits: np.ndarray, params: SamplingParams) -> SparseDist:
     """
     dist = _truncated(logits, params)
     return dist if params.infill is None or dist.ids.size == 1 else SparseDist(*infill(dist.ids, dist.probs,
-                                                                                        params.infill))
+                                                                                        params.infill, logits))
 
 
 def _truncated(logits: np.ndarray, params: SamplingParams) -> SparseDist:
@@ -66,15 +73,13 @@ def _truncated(logits: np.ndarray, params: SamplingParams) -> SparseDist:
     if logits.ndim != 1 or logits.size == 0:
         raise ValueError(f"logits must be a non-empty 1-D array, got shape {logits.shape}")
     if params.greedy:
-        best = int(np.argmax(logits))  # ties: lowest id
-        _check_finite(logits[best])
-        return SparseDist.point(best)
+        return SparseDist.point(_argmax(logits))
 
     top = logits.max()
     _check_finite(top)
     n_vocab = logits.size
     if 0 < params.top_k < n_vocab:
-        ids = _leading_ids(logits, params.top_k)
+        ids = leading_ids(logits, params.top_k)
         weights = _weights(logits[ids], top, params.temperature)
         mass = weights.sum()  # top-p below works on probabilities renormalised within the top k
     else:
@@ -93,8 +98,18 @@ def _truncated(logits: np.ndarray, params: SamplingParams) -> SparseDist:
 
 def _check_finite(top_logit: float) -> None:
     # NaN wins np.max/np.argmax, so checking the top logit also catches NaNs anywhere.
+    if top_logit == -np.inf:
+        raise NoTokenAllowed("the request's logit_bias and grammar leave no token allowed at this position: ban "
+                             "fewer tokens (logit_bias false or -inf) or allow more in the grammar")
     if not np.isfinite(top_logit):
         raise ValueError(f"logits must be finite or -inf, found a top logit of {top_logit}")
+
+
+def _argmax(logits: np.ndarray) -> int:
+    """Greedy's token: the top logit's id (ties: the lowest), checked (a row of -inf alone has none)."""
+    best = int(np.argmax(logits))
+    _check_finite(logits[best])
+    return best
 
 
 def _weights(logits: np.ndarray, top: float, temperature: float) -> np.ndarray:
@@ -118,44 +133,13 @@ def _untruncated_candidates(
     """
     bound = _min_p_size(weights, params.min_p)  # min-p leaves a ranked prefix of this length
     if params.top_p == 1:
-        return _leading_ids(logits, bound)
+        return leading_ids(logits, bound)
     n = min(_FIRST_CANDIDATES, bound)
     while True:
-        ids = _leading_ids(logits, n)
+        ids = leading_ids(logits, n)
         if n == bound or weights[ids].sum() >= params.top_p * mass:
             return ids
         n = min(n * _CANDIDATE_GROWTH, bound)
-
-
-def _leading_ids(logits: np.ndarray, n: int) -> np.ndarray:
-    """The n highest-logit ids, ranked (ties: lower id first), in O(vocab + n log n)."""
-    if n >= logits.size:
-        return _argsort_desc(logits)
-    # np.partition finds the n-th largest logit without sorting; `>=` keeps
-    # every token tied with it, so the ranking below can pick the lowest ids.
-    nth = np.partition(logits, logits.size - n)[logits.size - n]
-    ids = np.flatnonzero(logits >= nth)
-    return ids[_argsort_desc(logits[ids])[:n]]
-
-
-def _argsort_desc(values: np.ndarray) -> np.ndarray:
-    """Indices sorting `values` descending, ties in ascending index order.
-
-    numpy's default (SIMD quick)sort is ~8x faster than its stable sort on a full
-    vocabulary (1.8 vs 15 ms), so we use it and re-sort only the runs of equal values.
-    """
-    order = np.argsort(-values)
-    ranked = values[order]
-    same = ranked[1:] == ranked[:-1]
-    if same.any():
-        tied = np.zeros(order.size, dtype=bool)
-        tied[1:] |= same
-        tied[:-1] |= same
-        at = np.flatnonzero(tied)
-        # Runs of equal values are contiguous, so sorting the tied positions by
-        # (value descending, index) only reorders indices within each run.
-        order[at] = order[at][np.lexsort((order[at], -ranked[at]))]
-    return order
 
 
 def _nucleus_size(weights: np.ndarray, mass: float, top_p: float) -> int:
@@ -209,10 +193,12 @@ class Verdict:
 
 def log_probs(row: np.ndarray, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:
     """log p(token) under softmax(row), the distribution before temperature and truncation, and the `top` most
-    probable ids with theirs (OpenAI's and llama-server's logprobs)."""
+    probable ids with theirs (OpenAI's and llama-server's logprobs): fewer where fewer are allowed, as in
+    llama-server (a token the grammar or logit_bias bans has logit -inf: no probability, and -inf is no JSON)."""
     shifted = row.astype(np.float64) - row.max()
     log_z = math.log(np.exp(shifted).sum())
-    best = _leading_ids(row, top) if top else []
+    top = min(top, int(np.count_nonzero(row > -np.inf)))
+    best = leading_ids(row, top) if top else []
     return float(shifted[token] - log_z), [(int(i), float(shifted[i] - log_z)) for i in best]
 
 
@@ -253,7 +239,7 @@ def verify_greedy(draft_tokens: Sequence[int], target_logits: np.ndarray) -> Ver
     Row i holds the target's logits for the position of draft_tokens[i]. A draft id
     outside the target vocabulary never equals an argmax, so it is rejected.
     """
-    return _verify_by_match(draft_tokens, target_logits, lambda row, i: int(np.argmax(row)))
+    return _verify_by_match(draft_tokens, target_logits, lambda row, i: _argmax(row))
 
 
 def _verify_by_match(draft_tokens: Sequence[int], target_logits: np.ndarray,
@@ -401,7 +387,7 @@ def coupled_ranking(dist: SparseDist, seed: int, position: int, n: int = 1) -> t
 def _race(ids: np.ndarray, rates: np.ndarray, u: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     """The n ids with the largest rate / E, E = -ln u, best first (ties: the earlier id in `ids`), and that."""
     race = rates / -np.log(u)
-    best = np.array([np.argmax(race)]) if n == 1 else _leading_ids(race, min(n, race.size))
+    best = np.array([np.argmax(race)]) if n == 1 else leading_ids(race, min(n, race.size))
     return ids[best], race[best]
 
 

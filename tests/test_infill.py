@@ -157,6 +157,18 @@ def test_the_infill_sampler_ends_where_ending_is_likely_enough_or_no_text_is():
     assert flat[0].tolist() == [42] and flat[1].tolist() == [1.0]  # every text token under 0.2: end of turn
 
 
+def test_the_infill_sampler_falls_back_to_end_of_turn_only_where_the_row_allows_it():
+    vocab = vocab_of({token: bytes([ord("a") + token]) for token in range(8)}, eog={9})  # end of turn: 99
+    params = SamplingParams(temperature=1.0, top_k=6, infill=vocab)
+    row = np.zeros(100, dtype=np.float32)
+    row[:2], row[8:] = [0.1, 0.05], -np.inf  # six likeliest texts, each under 0.2: the fallback
+    row[99] = -5.0  # allowed, outside the top k: llama.cpp's end of turn all the same
+    assert distribution(row, params).ids.tolist() == [99]
+    row[99] = -np.inf  # banned (logit_bias false, a grammar's mask): the likeliest text the row allows instead
+    banned = distribution(row, params)
+    assert banned.ids.tolist() == [0] and banned.probs.tolist() == [1.0]
+
+
 def test_verification_under_the_infill_sampler_emits_the_targets_distribution():
     vocab = vocab_of({0: b"if", 1: b"if x", 2: b"for", 3: b"while", 4: b"x", 5: b"y", 6: b"z", 7: b"w"}, eog=set())
     params = SamplingParams(temperature=1.0, top_k=6, infill=vocab)

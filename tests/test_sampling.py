@@ -225,11 +225,31 @@ def test_minus_inf_logits_get_no_probability() -> None:
     assert sorted(d.ids.tolist()) == [1, 3]
 
 
-@pytest.mark.parametrize("bad", [[0.0, np.nan, 1.0], [0.0, np.inf], [-np.inf, -np.inf]])
+@pytest.mark.parametrize("bad", [[0.0, np.nan, 1.0], [0.0, np.inf]])
 @pytest.mark.parametrize("params", [SamplingParams(), PLAIN])
-def test_nan_inf_or_fully_masked_logits_are_rejected(bad: list, params: SamplingParams) -> None:
+def test_nan_or_inf_logits_are_rejected(bad: list, params: SamplingParams) -> None:
     with pytest.raises(ValueError, match="logits"):
         distribution(np.array(bad, np.float32), params)
+
+
+@pytest.mark.parametrize("choose", [
+    lambda rows: distribution(rows[0], SamplingParams()),
+    lambda rows: distribution(rows[0], SamplingParams(temperature=1.0, top_k=2)),
+    lambda rows: verify_greedy([1], rows),
+    lambda rows: verify([1], None, rows, PLAIN, np.random.default_rng(0), coupled_seed=5),
+    lambda rows: verify_stochastic([1], [SparseDist.point(1)], rows, PLAIN, np.random.default_rng(0)),
+], ids=["greedy distribution", "truncated distribution", "greedy verification", "coupled", "residual"])
+def test_a_row_whose_every_token_is_banned_raises_no_token_allowed_saying_what_to_fix(choose) -> None:
+    rows = np.full((2, 4), -np.inf, np.float32)
+    with pytest.raises(sampling.NoTokenAllowed, match="logit_bias and grammar leave no token allowed"):
+        choose(rows)
+
+
+def test_log_probs_list_only_the_tokens_the_row_allows() -> None:
+    row = np.array([-np.inf, 2.0, -np.inf, 1.0, -np.inf], np.float32)  # a grammar's mask, logit_bias false
+    logprob, top = sampling.log_probs(row, 1, 5)
+    assert [token for token, _ in top] == [1, 3] and logprob == top[0][1]
+    assert all(np.isfinite(value) for _, value in top)
 
 
 @pytest.mark.parametrize("shape", [(0,), (2, 3)])

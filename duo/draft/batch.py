@@ -32,6 +32,7 @@ class Work:
     growing: Branch | None = None  # branch work: the branch it grows (None: it starts one at `fork`)
     doubt: Doubt | None = None     # a new branch: the Doubt of its fork, whose alternative it assumes
     guess: tuple[int, ...] = ()    # chain work: the context's guess of the tokens after `tokens` (duo.draft.guess)
+    committed: int = 0             # the session's committed tokens when planned: tokens[:committed] stay as they are
 
     @property
     def seq(self) -> int:
@@ -74,7 +75,7 @@ def plan_works(session: DraftSession, rounds: list[Round]) -> list[Work]:
     its chain's next token, its branch's, or both, each on its own sequence."""
     session.take(rounds)
     chain = list(session.chain)
-    when = {"epoch": session.epoch, "commits": session.commits, "chain_len": len(chain)}
+    when = {"epoch": session.epoch, "commits": session.commits, "chain_len": len(chain), "committed": session.committed}
     works = []
     for chosen in rounds:
         fork, growing = chosen.fork, chosen.growing
@@ -260,7 +261,7 @@ def draw_one(work: Work, guessed: int, logits: np.ndarray) -> Drawn | None:
         tokens = work.tokens + list(work.guess[:guessed])
         output = tokens[session.output_start:]  # what the output's penalties and grammar look at
         if session.penalties.active:
-            session.penalties.apply(logits, output)
+            session.penalize(logits, tokens, work.committed)
         if session.cursor is not None and not constrain(work, tokens, output, logits):
             return None
     if work.fork is None and not proposes(logits, session.p_min):

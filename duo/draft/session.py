@@ -13,7 +13,7 @@ from duo.draft.guess import GuessRate
 from duo.draft.value import Calibration, Horizon, Round, ranked_rounds
 from duo.lookup import ContextLookup
 from duo.model import common_prefix_length
-from duo.penalties import Penalties
+from duo.penalties import OutputCounts, Penalties
 from duo.sampling import SamplingParams, SparseDist, coupled_race, distribution, sample
 
 # A token drawn: (its id, the distribution it was drawn from or None where none travels, its Doubt or None).
@@ -66,6 +66,7 @@ class DraftSession:
     branch_cursor: Cursor | None = None
     output_start: int = 0
     penalties: Penalties = Penalties()
+    output_counts: OutputCounts | None = None  # what the penalties count of the committed output (model thread)
     # Where the target lets it guess from the context (duo.draft.guess): an index of the committed tokens, and how
     # often its draws follow a guess.
     lookup: ContextLookup | None = None
@@ -104,6 +105,16 @@ class DraftSession:
         if self.lookup is None or most <= 0:
             return []
         return self.lookup.propose(self.chain[self.committed:], most)
+
+    def penalize(self, logits: np.ndarray, tokens: list[int], committed: int) -> None:
+        """Transform `logits`, the row after `tokens`, with the penalties (model thread). Of the output in `tokens`, the
+        part committed when its work was planned (tokens[:committed]) is counted once, into output_counts: commits
+        only append, and works run in the order they were planned, so the counts always hold a prefix of it."""
+        if self.output_counts is None:
+            self.output_counts = OutputCounts(logits.size)
+        counted = self.output_counts
+        counted.extend(tokens[self.output_start + len(counted.tokens):committed])
+        self.penalties.apply(logits, tokens[self.output_start + len(counted.tokens):], counted)
 
     def cells_held(self) -> int:
         """KV cells its sequences hold (model thread): cells the branch shares with the chain count once."""
