@@ -11,8 +11,10 @@ how a chain is walked and then taken back to what was committed.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
+import time
 import warnings
 import weakref
 from dataclasses import dataclass
@@ -31,6 +33,18 @@ from duo.model import common_prefix_length
 LIMITS = dict(initial_lexer_fuel=1_000_000, step_lexer_fuel=200_000, step_max_items=50_000,
               max_lexer_states=50_000, max_grammar_size=200_000)
 KINDS = ("json_schema", "gbnf", "lark", "regex")
+# What a grammar may cost beyond llguidance's limits, which bound neither compiling (a schema of N optional properties
+# compiles in ~0.05 (N / 1000)^2 s on a Xeon core) nor the lexer states one mask may build (`/(x{1000}){1000}/`:
+# 0.3-0.8 s a mask, and 62k forced tokens computed with the GIL held for 0.3 s). Compiling, the first mask and the
+# first forced text together get COMPILE_BUDGET_S; a later mask gets MASK_BUDGET_S, past which its request ends.
+COMPILE_BUDGET_S = 2.0
+MASK_BUDGET_S = 0.25
+MAX_FORCED_TOKENS = 1024  # a grammar that forces more from its start is refused; later forced text is cut to this
+# llguidance tokenizes forced text with the GIL held (62k tokens: 0.3 s with every thread stopped): past this many
+# forced bytes none are proposed (the masks lead the way), and a grammar forcing that many from its start is refused.
+MAX_FORCED_BYTES = 8 * MAX_FORCED_TOKENS
+# Compiles running at once, those whose clients were answered (past the budget: a thread cannot be stopped) included.
+MAX_COMPILING = 4
 # JSON's whitespace between tokens, as llama.cpp's json-schema-to-grammar allows it: none, one space, or a line
 # break and up to 20 spaces or tabs of indentation. Unbounded whitespace (llguidance's default) lets a model that
 # hesitates fill its whole answer with blank lines, which small models do.
@@ -49,6 +63,14 @@ class GrammarSpec:
 
 class GrammarError(ValueError):
     """A grammar or schema that cannot be compiled; the message says what is wrong with it."""
+
+
+class GrammarTooCostly(GrammarError):
+    """A grammar that compiles but costs more than its budget to compile or to mask a position."""
+
+
+class CompilerBusy(Exception):
+    """MAX_COMPILING grammars are compiling already; the client should retry later."""
 
 
 class VocabModel(Protocol):
@@ -145,9 +167,14 @@ class Cursor:
         """How many of `tokens`, following where the cursor stands, the grammar allows (the cursor stays)."""
         return self.matcher.validate_tokens(list(tokens)) if tokens else 0
 
-    def allowed(self) -> np.ndarray:
-        """Which token ids may come next, as a bool array over the model's vocabulary."""
+    def allowed(self, budget_s: float = MASK_BUDGET_S) -> np.ndarray:
+        """Which token ids may come next, as a bool array over the model's vocabulary; GrammarTooCostly where
+        computing it took longer than `budget_s` (it runs on a model thread every session shares)."""
+        began = time.perf_counter()
         bits = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
+        if (spent := time.perf_counter() - began) > budget_s:
+            raise GrammarTooCostly(f"the grammar took {spent:.2f} s to mask one position (at most {budget_s:g} s): "
+                                   "simplify it (a regex repeating a repetition costs the most)")
         allowed = np.unpackbits(bits, bitorder="little")[:self.n_vocab].astype(bool)
         if allowed.size < self.n_vocab:  # ids past the tokenizer's vocabulary: never allowed
             allowed = np.concatenate([allowed, np.zeros(self.n_vocab - allowed.size, dtype=bool)])
@@ -159,23 +186,98 @@ class Cursor:
         logits[~self.allowed()] = -np.inf
         return logits
 
+    def masks_after(self, base: Sequence[int], drafts: Sequence[int]) -> list[np.ndarray]:
+        """The masks of verification rows 1..len(drafts): row i holds the distribution after base + drafts[:i] (a
+        chain being verified after the committed tokens), so it is masked with the cursor there. Every draft must be
+        allowed (the caller cut the chain at its first forbidden token); rows past a drafted end of generation get
+        none: nothing after it is ever committed. The cursor ends at `base` again."""
+        masks = []
+        for i in range(1, len(drafts) + 1):
+            if drafts[i - 1] in self.ends:
+                break
+            if not self.move_to([*base, *drafts[:i]]):
+                raise GrammarError(f"draft token {drafts[i - 1]} is not allowed here: the chain was not cut")
+            masks.append(self.allowed())
+        self.move_to(base)
+        return masks
+
     def forced(self) -> list[int]:
-        """The tokens the grammar forces from here whatever the model says (`{"name": "` of a schema)."""
-        return list(self.matcher.compute_ff_tokens())
+        """The tokens the grammar forces from here whatever the model says (`{"name": "` of a schema), at most
+        MAX_FORCED_TOKENS of them. Call it off the event loop: it may build lexer states with the GIL held."""
+        if len(self.matcher.compute_ff_bytes()) > MAX_FORCED_BYTES:
+            return []
+        return list(self.matcher.compute_ff_tokens()[:MAX_FORCED_TOKENS])
 
 
-def mask_rows(cursor: Cursor, base: Sequence[int], drafts: Sequence[int], rows: np.ndarray) -> None:
-    """Mask verification rows in place: row i holds the distribution after base + drafts[:i] (a chain being
-    verified after the committed tokens), so it is masked with the cursor there. Every draft that a row is
-    masked after must be allowed (the caller cut the chain at its first forbidden token). Rows past a drafted end
-    of generation stay as they are: nothing after it is ever committed. The cursor ends at `base` again."""
-    for i, row in enumerate(rows):
-        if i and drafts[i - 1] in cursor.ends:
+def checked_cursor(model: VocabModel, grammar: str, budget_s: float = COMPILE_BUDGET_S) -> Cursor:
+    """Cursor.compile, then the masks and forced text of the positions every output reaches (the start, and the end
+    of each forced run: the model has no say before it), computed once: a grammar can compile in a millisecond and
+    take seconds to build the lexer states those positions need (`/(x{1000}){1000}/`, or a schema's string pattern
+    behind a forced `{"a": "`). GrammarTooCostly where it all took longer than `budget_s`, or where the grammar
+    forces more than MAX_FORCED_TOKENS from its start. The cursor is returned at the start."""
+    began = time.perf_counter()
+    cursor = Cursor.compile(model, grammar)
+    walked: list[int] = []
+    while True:
+        cursor.allowed(budget_s=budget_s)  # the mask first: it builds the states without the GIL, then forced() needs none
+        if len(walked) + len(cursor.matcher.compute_ff_bytes()) > MAX_FORCED_BYTES:
+            raise GrammarTooCostly(f"it forces more than {MAX_FORCED_BYTES} bytes from its start")
+        forced = cursor.matcher.compute_ff_tokens()
+        walked += forced
+        if (spent := time.perf_counter() - began) > budget_s:
+            raise GrammarTooCostly(f"compiling it took {spent:.2f} s (at most {budget_s:g} s): simplify it")
+        if len(walked) > MAX_FORCED_TOKENS:
+            raise GrammarTooCostly(f"it forces more than {MAX_FORCED_TOKENS} tokens from its start")
+        if not forced or not cursor.move_to(walked):
             break
-        if not cursor.move_to([*base, *drafts[:i]]):
-            raise GrammarError(f"draft token {drafts[i - 1]} is not allowed here: the chain was not cut")
-        cursor.mask(row)
-    cursor.move_to(base)
+    cursor.move_to([])
+    return cursor
+
+
+class Compiler:
+    """Compiles grammars on threads of their own, each within a budget: a caller waits COMPILE_BUDGET_S at most and
+    then gets GrammarTooCostly, so no client's grammar holds a running place, an executor thread the others need, or
+    another session's events for longer. A compile past its budget runs on to its end (llguidance cannot be
+    interrupted) and counts against MAX_COMPILING until then; beyond that many, CompilerBusy."""
+
+    def __init__(self, budget_s: float = COMPILE_BUDGET_S, most: int = MAX_COMPILING) -> None:
+        self.budget_s = budget_s
+        self.most = most
+        self.running = 0
+
+    async def compile(self, model: VocabModel, grammar: str) -> Cursor:
+        if self.running >= self.most:
+            raise CompilerBusy(f"{self.running} grammars are compiling; retry in a few seconds")
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Cursor] = loop.create_future()
+        self.running += 1
+
+        def work() -> None:
+            try:
+                outcome: Cursor | BaseException = checked_cursor(model, grammar, self.budget_s)
+            except BaseException as error:  # noqa: BLE001 - handed to the waiting coroutine, which raises it
+                outcome = error
+            try:
+                loop.call_soon_threadsafe(self._finished, done, outcome)
+            except RuntimeError:  # the loop has closed (the process stops): nobody is left to tell
+                pass
+
+        threading.Thread(target=work, name="duo-grammar", daemon=True).start()
+        try:
+            return await asyncio.wait_for(asyncio.shield(done), self.budget_s)
+        except asyncio.TimeoutError:
+            raise GrammarTooCostly(f"compiling it takes longer than {self.budget_s:g} s: simplify it") from None
+        finally:
+            done.cancel()  # answered, timed out or left: what the thread ends with goes to nobody
+
+    def _finished(self, done: asyncio.Future[Cursor], outcome: Cursor | BaseException) -> None:
+        self.running -= 1
+        if done.done():
+            return  # its caller was answered already (past the budget) or has left
+        if isinstance(outcome, BaseException):
+            done.set_exception(outcome)
+        else:
+            done.set_result(outcome)
 
 
 def _first_lines(message: str, lines: int = 4) -> str:

@@ -15,6 +15,7 @@ committed tokens only (drafts are looked up, never indexed): at most MAX_N - MIN
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
 MIN_N = 2  # one token matches too often to be worth a verify row
@@ -36,6 +37,14 @@ class ContextLookup:
             for n in range(MIN_N, min(MAX_N, end) + 1):
                 self.index[tuple(self.tokens[end - n:end])] = end
         self.indexed = max(self.indexed, len(self.tokens))
+
+    async def index_off_loop(self) -> None:
+        """Index the tokens so far on a worker thread, so that proposals later index only what commits add.
+
+        The first catch-up covers the whole prompt, about 1 to 2 µs a token (130 to 280 ms at 128k tokens): on the
+        event loop it would hold up every client's events. On a thread the loop still takes the GIL back at each
+        switch interval (5 ms). The owner must not extend `tokens` until this returns."""
+        await asyncio.to_thread(self._catch_up)
 
     def propose(self, drafted: Sequence[int], limit: int) -> list[int]:
         """Up to `limit` tokens that followed, earlier in the context, the longest n-gram ending the committed

@@ -7,10 +7,11 @@ import threading
 
 import pytest
 
+from duo.costs import StepCosts
 from duo.model import Part
 from duo.runtime import ModelWorker
 from duo.sampling import SamplingParams
-from duo.target.batching import MIN_PREFILL_CHUNK
+from duo.target.batching import MIN_PREFILL_CHUNK, StepBatcher
 from duo.target.generation import Target
 from duo.target.request import Request, SpecSettings
 from greedy import leaves_coupled_path_only_at_a_near_tie, leaves_greedy_path_only_at_a_near_tie
@@ -261,3 +262,40 @@ def test_the_shared_context_times_decoding_alone_for_the_switch_and_leaves_its_f
 
     rates, held = asyncio.run(run_it())
     assert list(rates) == [1] and rates[1] > 0 and held == 0
+
+
+class RolledBackWhileRead(list):
+    """A free sequence's tokens that the model thread rolls back (a request that left during a call) just after
+    join() first reads some of them by position."""
+
+    def __init__(self, tokens: list[int], keep: int) -> None:
+        super().__init__(tokens)
+        self.keep = keep
+        self.rolled_back = False
+
+    def __getitem__(self, index):
+        got = super().__getitem__(index)
+        if not self.rolled_back:
+            self.rolled_back = True
+            del self[self.keep:]
+        return got
+
+
+class HeldOnly:
+    """A context as join() sees it: its sequences' tokens."""
+
+    def __init__(self, held: list[list[int]]) -> None:
+        self.n_seq = len(held)
+        self._held = held
+
+    def held(self, seq: int) -> list[int]:
+        return self._held[seq]
+
+
+def test_joining_while_the_model_thread_rolls_a_free_sequence_back_picks_by_what_it_held():
+    prompt = list(range(1, 11))
+    # Sequence 0 shares 5 tokens with the prompt, then differs; it loses its tail to a rollback midway through join's
+    # reading. Sequence 1 holds a few tokens of another conversation.
+    rolling = RolledBackWhileRead(prompt[:5] + [99] * 5, keep=3)
+    batcher = StepBatcher(ModelWorker(), HeldOnly([rolling, [50, 51, 52, 53]]), StepCosts())
+    assert batcher.join(prompt) == 1  # it would lose 4 tokens of sequence 1, 5 of sequence 0 as it was

@@ -12,9 +12,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from duo.api.admission import Admission, QueueFull
-from duo.api.completion import MAX_BODY_BYTES, BadRequest, CompletionRequest, Completions, NotReady
+from duo.api.completion import MAX_BODY_BYTES, Completions
 from duo.api.http import create_app
 from duo.api.metrics import Metrics
+from duo.api.requests import BadRequest, CompletionRequest, NotReady
 from duo.target.request import GenerationStats, Request, Step
 
 # Token id -> bytes; 1 and 2 split the UTF-8 bytes of "日" (e6 97 a5) between them.

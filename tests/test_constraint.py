@@ -14,7 +14,6 @@ from duo.constraint import Cursor, GrammarError, grammar_of
 from duo.model import Part
 from duo.runtime import ModelWorker
 from duo.sampling import SamplingParams, coupled_ranking, distribution
-from duo.target import batching
 from duo.target.batching import VerifyWork, _decode_and_verify, _Planned
 from duo.target.generation import Generation, Target
 from duo.target.request import Request, SpecSettings, StepRecord
@@ -96,7 +95,7 @@ def word_logits(model, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray
     return row, cursor.mask(row.copy())
 
 
-def sampled_first_tokens(model, verification: str) -> tuple[np.ndarray, np.ndarray]:
+def sampled_first_tokens(model, verification: str, with_mask: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """TRIALS verify steps of a one-token chain drafted inside the grammar (from a draft q unlike p), through the
     target's verify path: the counts of the first committed token, and the masked target distribution."""
     rng = np.random.default_rng(7)
@@ -112,8 +111,9 @@ def sampled_first_tokens(model, verification: str) -> tuple[np.ndarray, np.ndarr
         seed = trial if verification == "coupled" else None
         drafted = (int(coupled_ranking(q, seed, 11)[0][0]) if seed is not None
                    else int(rng.choice(q.ids, p=q.probs)))
+        masks = [cursor.allowed(), *cursor.masks_after([], [drafted])] if with_mask else None
         work = VerifyWork(seq=0, pos=10, last=1, pending=[drafted], dists=[q], limit=1, draft_min=0, policy=None,
-                          params=params, rng=rng, coupled_seed=seed, cursor=cursor)
+                          params=params, rng=rng, coupled_seed=seed, masks=masks)
         part = Part(0, 10, [1, drafted], range(2))
         [verdict], _ = _decode_and_verify(FixedContext(row), [_Planned(work, None, part, [drafted], [q])])
         counts[verdict.tokens[0]] += 1
@@ -129,9 +129,8 @@ def test_sampled_constrained_tokens_follow_the_masked_target_distribution(target
 
 
 @pytest.mark.parametrize("verification", ["residual", "coupled"])
-def test_a_verifier_that_forgets_the_mask_fails_the_fit(target_model, verification, monkeypatch):
-    monkeypatch.setattr(batching, "mask_rows", lambda *args: None)
-    counts, expected = sampled_first_tokens(target_model, verification)
+def test_a_verifier_that_forgets_the_mask_fails_the_fit(target_model, verification):
+    counts, expected = sampled_first_tokens(target_model, verification, with_mask=False)
     with pytest.raises(AssertionError, match="never would"):
         chi_square_pvalue(counts, expected)
 

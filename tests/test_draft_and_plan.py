@@ -155,7 +155,7 @@ def plan_for(pending: int, **settings) -> tuple[int, int]:
     generation = Generation(1, Request([1, 2, 3], SamplingParams()), model=None, settings=SpecSettings(**settings))
     generation.chain.receive(0, 3, list(range(100, 100 + pending)), [])
     batcher = StepBatcher(ModelWorker(), SimpleNamespace(n_seq=1, n_batch=512), StepCosts())
-    [planned] = batcher._plan([(generation.verify_work(0, room=1000, policy=None), None)])
+    [planned] = batcher._plan([(asyncio.run(generation.verify_work(0, room=1000, policy=None)), None)])
     tokens = list(planned.part.tokens)
     assert tokens[0] == 3 and list(planned.part.outputs()) == list(range(len(tokens)))  # the newest committed token leads
     return len(tokens) - 1, len(planned.drafts)

@@ -74,8 +74,10 @@ def test_generate_ends_before_a_stop_string_and_stops_generating(served_alone):
     (pb.GenerateRequest(prompt="hi", stop=[""]), ["stop"]),
     (pb.GenerateRequest(prompt="hi", messages=[pb.ChatMessage(role="user", content="hi")]), ["either"]),
     (pb.GenerateRequest(prompt="hi", sampling=pb.SamplingParams(temperature=1, min_p=2)), ["min_p"]),
+    (pb.GenerateRequest(prompt="hi", sampling=pb.SamplingParams(logit_bias={10**9: -1})), ["logit_bias", "vocabulary"]),
+    (pb.GenerateRequest(prompt="hi", sampling=pb.SamplingParams(presence_penalty=3)), ["presence_penalty"]),
 ], ids=["prompt longer than the context", "empty prompt", "empty stop string", "prompt and messages",
-        "min_p out of range"])
+        "min_p out of range", "logit_bias outside the vocabulary", "presence_penalty out of range"])
 def test_a_bad_generate_request_is_invalid_argument_and_the_server_keeps_serving(served_alone, request_, words):
     channel, target = stub(served_alone.address)
     with channel, pytest.raises(grpc.RpcError) as error:
@@ -85,6 +87,21 @@ def test_a_bad_generate_request_is_invalid_argument_and_the_server_keeps_serving
         assert word in error.value.details()
     tokens, _ = generate(served_alone.address, "hello", max_tokens=3)
     assert len(tokens) == 3
+
+
+def generated(address: str, sampling: pb.SamplingParams) -> list[int]:
+    _, responses = stream_text(address, pb.GenerateRequest(prompt="In the beginning", max_tokens=12, sampling=sampling))
+    return [token for response in responses for token in response.token_ids]
+
+
+def test_generate_honours_logit_bias_and_the_penalties(served_alone):
+    plain = generated(served_alone.address, pb.SamplingParams())
+    banned = generated(served_alone.address, pb.SamplingParams(logit_bias={plain[0]: float("-inf"), plain[1]: -100}))
+    assert banned and plain[0] not in banned and plain[1] not in banned
+    assert len(set(plain)) < len(plain)  # greedy repeats itself: the penalties change that
+    penalized = generated(served_alone.address, pb.SamplingParams(presence_penalty=2, frequency_penalty=2,
+                                                                  repeat_penalty=2, repeat_last_n=-1))
+    assert len(set(penalized)) > len(set(plain))
 
 
 def test_health_and_reflection_are_served_for_grpcurl_and_probes(served_alone):

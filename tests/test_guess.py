@@ -20,7 +20,7 @@ from duo.target.generation import Generation
 from duo.target.request import Request, SpecSettings
 from greedy import leaves_greedy_path_only_at_a_near_tie
 from test_draft_batching import drafter_for
-from test_lookup import dense
+from test_lookup import catch_ups, dense
 from test_sampling import ALPHA, chi_square_pvalue
 
 VOCAB = 8
@@ -148,3 +148,21 @@ def test_the_targets_lookup_setting_turns_the_drafts_guessing_on_and_off(target_
             await drafter.stop()
             return session
         assert (asyncio.run(opened()).lookup is not None) is lookup
+
+
+def test_the_draft_indexes_a_sessions_prompt_off_the_event_loop_when_it_opens_it(draft_model, monkeypatch):
+    prompt = draft_model.tokenize("def area(r):\n    return 3.14 * r * r\n\n" * 60, add_special=False)
+    seen = catch_ups(monkeypatch)
+
+    async def open_and_draft() -> int:
+        drafter = drafter_for(draft_model, n_ctx=2048, top_k_cap=10)
+        session = await drafter.open(pb.OpenSession(session_id=1, committed=prompt, max_ahead=8, lookup=True))
+        indexed = session.lookup.indexed
+        await drafter.draft_round([session])  # its guess looks the prompt's end up
+        await drafter.close(session)
+        await drafter.stop()
+        return indexed
+
+    assert asyncio.run(open_and_draft()) == len(prompt)
+    assert seen[0] == (False, len(prompt))
+    assert len(seen) > 1 and all(on_loop and n == 0 for on_loop, n in seen[1:])

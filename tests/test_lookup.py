@@ -5,6 +5,7 @@ is learnt apart from the draft model's, and that their memory is bounded by the 
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import numpy as np
 
@@ -38,6 +39,56 @@ def test_the_most_recent_occurrence_wins_and_the_index_is_bounded_by_the_context
     lookup = ContextLookup(long)
     lookup.propose([], 4)
     assert len(lookup.index) <= (MAX_N - MIN_N + 1) * len(long)
+
+
+def catch_ups(monkeypatch) -> list[tuple[bool, int]]:
+    """Every ContextLookup catch-up from now on: whether it ran on this thread (the event loop's under asyncio.run),
+    and how many tokens it indexed."""
+    seen: list[tuple[bool, int]] = []
+    loop_thread = threading.get_ident()
+    catch_up = ContextLookup._catch_up
+
+    def recording(self: ContextLookup) -> None:
+        seen.append((threading.get_ident() == loop_thread, len(self.tokens) - self.indexed))
+        catch_up(self)
+
+    monkeypatch.setattr(ContextLookup, "_catch_up", recording)
+    return seen
+
+
+def test_a_long_prompt_indexed_off_the_event_loop_leaves_its_first_proposal_nothing_to_index(monkeypatch):
+    tokens = np.random.default_rng(1).integers(0, 1000, 100_000).tolist()
+    lookup = ContextLookup(tokens)
+    seen = catch_ups(monkeypatch)
+
+    async def index_while_the_loop_serves() -> int:
+        turns = 0
+
+        async def serve() -> None:
+            nonlocal turns
+            while True:
+                turns += 1
+                await asyncio.sleep(0)
+
+        serving = asyncio.create_task(serve())
+        await lookup.index_off_loop()
+        serving.cancel()
+        return turns
+
+    assert asyncio.run(index_while_the_loop_serves()) > 1  # the loop went on serving its other tasks meanwhile
+    assert seen == [(False, len(tokens))] and lookup.indexed == len(tokens)
+    assert lookup.propose([], 8) == ContextLookup(list(tokens)).propose([], 8)  # as if indexed at the proposal
+    assert seen[1] == (True, 0)
+
+
+def test_the_target_indexes_a_prompt_off_the_event_loop_and_each_step_only_what_it_committed(target_model, monkeypatch):
+    prompt = target_model.tokenize("def area(r):\n    return 3.14 * r * r\n\n" * 60, add_special=False)
+    seen = catch_ups(monkeypatch)
+    settings = SpecSettings()
+    generate(Target(target_model, ModelWorker(), None, n_ctx=2048, settings=settings), prompt, 16)
+    assert [n for on_loop, n in seen if not on_loop] == [len(prompt)]
+    on_loop = [n for on_loop, n in seen if on_loop]
+    assert on_loop and max(on_loop) <= settings.draft_max + 1  # a step commits at most its drafts and one more
 
 
 def test_a_lookup_token_is_a_draft_with_q_one_and_verification_keeps_the_targets_distribution():

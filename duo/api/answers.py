@@ -13,9 +13,9 @@ from typing import Any
 from fastapi.responses import JSONResponse
 
 from duo.api.admission import QueueFull
-from duo.api.completion import (BadRequest, ClientError, Completion, NotReady, Piece, ShuttingDown, UnknownModel,
-                                failure_message)
+from duo.api.completion import Completion, Piece, failure_message, request_fault
 from duo.api.logprobs import chat_logprobs, completion_logprobs, native_probabilities
+from duo.api.requests import BadRequest, ClientError, NotReady, ShuttingDown, UnknownModel
 from duo.api.tools import CallFormat, CallParser, FunctionBody, ToolCall
 from duo.target.request import GenerationStats
 
@@ -37,6 +37,12 @@ class ApiError(Exception):
 
 def server_error(message: str) -> ApiError:
     return ApiError(500, message, type="server_error")
+
+
+def generation_error(error: Exception) -> ApiError:
+    """A request that failed while generating: a 400 where the request itself is at fault, else a 500."""
+    message = failure_message(error)
+    return ApiError(400, message, code="invalid_request") if request_fault(error) else server_error(message)
 
 
 def api_error(error: ClientError | QueueFull) -> ApiError:
@@ -99,7 +105,7 @@ class ResponseFormat(ABC):
         except ShuttingDown as error:
             yield sse(api_error(error).body())
         except Exception as error:  # this request's own failure: an error event, then [DONE] as always
-            yield sse(server_error(failure_message(error)).body())
+            yield sse(generation_error(error).body())
         yield "data: [DONE]\n\n"
 
     def _chunk(self, choice: dict[str, Any], include_usage: bool) -> dict[str, Any]:
@@ -235,7 +241,7 @@ class NativeFormat:
         except ShuttingDown as error:
             yield sse(api_error(error).body())
         except Exception as error:  # this request's own failure: an error event, and the stream ends
-            yield sse(server_error(failure_message(error)).body())
+            yield sse(generation_error(error).body())
 
     def _final(self, last: Piece) -> dict[str, Any]:
         stats = last.stats

@@ -1,22 +1,19 @@
-"""The request bodies of the OpenAI-compatible HTTP API, read off the event loop, and their translation into duo's
+"""The request bodies of the OpenAI-compatible HTTP API (read by duo.api.parsing) and their translation into duo's
 CompletionRequest."""
 
 from __future__ import annotations
 
-import asyncio
-import json
 import math
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
-from fastapi import FastAPI
-from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from duo.api.completion import BadRequest, CompletionRequest, too_long
 from duo.api.infill import FimInput
+from duo.api.limits import INT32_MAX, Int32
+from duo.api.requests import BadRequest, CompletionRequest
 from duo.constraint import GrammarSpec
 from duo.api.tools import FunctionBody, ToolBody, ToolChoice, ToolError, template_message, tool_use
-from duo.penalties import Penalties
+from duo.penalties import MAX_BIAS, Penalties
 from duo.sampling import SamplingParams
 
 
@@ -73,7 +70,8 @@ class Fenced(BaseModel):
     """A body part whose fields duo does not know are refused by name (a client's option silently dropped would
     change its answer without telling it): check_fields()."""
 
-    model_config = ConfigDict(extra="allow")
+    # inf and NaN are no numbers a field can take (JSON has none: Python's parser reads 1e400 as inf).
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
     def check_fields(self, where: str = "") -> None:
         for name, value in (self.model_extra or {}).items():
@@ -87,25 +85,27 @@ class GenerationBody(Fenced):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
     model: str | None = None
-    max_tokens: int | None = Field(default=None, ge=-1)  # -1: until the end of generation or the context
-    n_predict: int | None = Field(default=None, ge=-1)   # llama-server's name for it
+    max_tokens: int | None = Field(default=None, ge=-1, le=INT32_MAX)  # -1: until the end of generation or the context
+    n_predict: int | None = Field(default=None, ge=-1, le=INT32_MAX)   # llama-server's name for it
     temperature: float | None = None  # OpenAI's default: 1
     top_p: float | None = None
-    top_k: int | None = None          # not OpenAI's, but vLLM's and llama.cpp's
+    top_k: Int32 | None = None        # not OpenAI's, but vLLM's and llama.cpp's
     min_p: float | None = None        # likewise
     seed: int | None = None
     stop: str | list[str] | None = None
-    n: int | None = None
-    n_cmpl: int | None = None  # llama-server's name for n
+    n: Int32 | None = None
+    n_cmpl: Int32 | None = None  # llama-server's name for n
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     n_probs: int = Field(default=0, ge=0, le=MAX_TOP_LOGPROBS)  # llama-server's: > 0 reports logprobs
     repeat_penalty: float | None = None  # llama-server's
-    repeat_last_n: int | None = None     # llama-server's: -1 the whole output
-    # OpenAI's {"token id": bias}; llama-server's [[token id, bias or false], ...] too (false: never)
-    logit_bias: dict[str, float | bool] | list[list[int | float | bool]] | None = None
+    repeat_last_n: Int32 | None = None   # llama-server's: -1 the whole output
+    # OpenAI's {"token id": bias}; llama-server's [[token id, bias or false], ...] too (false: never). Its entries
+    # are checked one by one in _biases, in Python: pydantic checks a list in one call that lets no other thread run
+    # (150k entries: 0.8 s with the event loop stopped).
+    logit_bias: dict[str, Any] | list[Any] | None = None
     user: str | None = None
     cache_prompt: bool = True         # llama-server's: false shares no prompt prefix with other requests
     response_format: ResponseFormat | None = None
@@ -154,17 +154,13 @@ class GenerationBody(Fenced):
         pairs = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias or []
         biases = {}
         for pair in pairs:
-            token, value = pair if len(pair) == 2 else (None, None)
+            token, value = pair if isinstance(pair, (list, tuple)) and len(pair) == 2 else (None, None)
             try:
                 token = int(token)
-            except (TypeError, ValueError):
-                raise BadRequest(f"logit_bias takes token ids and their biases (or false), got {list(pair)!r}: "
+            except (TypeError, ValueError, OverflowError):
+                raise BadRequest(f"logit_bias takes token ids and their biases (or false), got {pair!r:.80}: "
                                  "tokenize text first (POST /tokenize)", param="logit_bias") from None
-            if value is False:
-                value = -math.inf
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise BadRequest(f"logit_bias values are numbers (or false: never), got {value!r}", param="logit_bias")
-            biases[token] = float(value)
+            biases[token] = _bias_value(value)
         return tuple(sorted(biases.items()))
 
     def completion_request(self, *, max_tokens: int | None, **prompt: Any) -> CompletionRequest:
@@ -209,14 +205,25 @@ class GenerationBody(Fenced):
         return given[0] if given else None
 
 
+def _bias_value(value: Any) -> float:
+    """A logit_bias value as a float: false is -inf (never); a number must be within MAX_BIAS (checked here: an
+    integer of hundreds of digits has no float)."""
+    if value is False:
+        return -math.inf
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not -MAX_BIAS <= value <= MAX_BIAS:
+        raise BadRequest(f"logit_bias values are numbers between -{MAX_BIAS:g} and {MAX_BIAS:g} (or false: never), "
+                         f"got {value!r:.40}", param="logit_bias")
+    return float(value)
+
+
 class CompletionBody(GenerationBody):
     """POST /v1/completions."""
 
     prompt: str | list[str] | list[int]
-    max_tokens: int | None = Field(default=16, ge=-1)  # OpenAI's default for completions
+    max_tokens: int | None = Field(default=16, ge=-1, le=INT32_MAX)  # OpenAI's default for completions
     echo: bool | None = False
     suffix: str | None = None
-    best_of: int | None = None
+    best_of: Int32 | None = None
     logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)  # legacy: the alternatives per token
 
     def check_supported(self) -> None:
@@ -286,7 +293,7 @@ class ChatBody(GenerationBody):
     """POST /v1/chat/completions."""
 
     messages: list[ChatMessageBody]
-    max_completion_tokens: int | None = Field(default=None, ge=-1)  # the newer name of max_tokens
+    max_completion_tokens: int | None = Field(default=None, ge=-1, le=INT32_MAX)  # the newer name of max_tokens
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     tools: list[ToolBody] | None = None
@@ -327,55 +334,9 @@ def template_messages(messages: list[ChatMessageBody]) -> list[dict[str, Any]]:
     message that duo does not honour."""
     for i, message in enumerate(messages):
         message.check_fields(f"messages[{i}].")
-    return [template_message("system" if m.role == "developer" else m.role, m.text(i),
-                             [call.model_dump() for call in m.tool_calls] if m.tool_calls else None,
-                             m.tool_call_id) for i, m in enumerate(messages)]
-
-
-Body = TypeVar("Body", bound=BaseModel)
-
-
-async def parse_body(raw: bytes, kind: type[Body], max_items: int) -> Body:
-    """`raw` JSON as a `kind`, on a worker thread. A body of megabytes (a prompt of token ids, thousands of
-    messages) costs CPU under the GIL wherever it runs: a `prompt` or `messages` list of more than `max_items`
-    (the context: it could not fit) is refused before the per-item validation, which costs the most (1.5M ids:
-    0.5 s, against 0.17 s to read the JSON); what is left is bounded by the body's size (max_body_bytes).
-    RequestValidationError, as FastAPI raises it, when it is not a `kind`; BadRequest when a list is too long."""
-    return await asyncio.to_thread(_validated, raw, kind, max_items)
-
-
-def _validated(raw: bytes, kind: type[Body], max_items: int) -> Body:
-    # Python's JSON parser, as FastAPI's: it keeps a lone surrogate, which the prompt's check then names.
     try:
-        data = json.loads(raw) if raw.strip() else None
-    except ValueError as error:
-        detail = error.msg if isinstance(error, json.JSONDecodeError) else str(error)
-        raise RequestValidationError([{"type": "json_invalid", "loc": ("body", 0), "msg": "JSON decode error",
-                                       "ctx": {"error": detail}}]) from None
-    for field in ("prompt", "messages"):
-        if isinstance(data, dict) and isinstance(items := data.get(field), list) and len(items) >= max_items:
-            raise too_long(f"{field} holds {len(items)} items; the context holds {max_items} tokens", param=field)
-    try:
-        return kind.model_validate(data)
-    except ValidationError as error:
-        raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in error.errors()]) from None
-
-
-def document_bodies(app: FastAPI, bodies: dict[str, type[BaseModel]]) -> None:
-    """Describe each POST path's JSON body in /openapi.json, as FastAPI would had it parsed the body itself."""
-    generate = app.openapi
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            schema = generate()
-            components = schema.setdefault("components", {}).setdefault("schemas", {})
-            for path, kind in bodies.items():
-                body = kind.model_json_schema(ref_template="#/components/schemas/{model}")
-                components.update(body.pop("$defs", {}))
-                components[kind.__name__] = body
-                schema["paths"][path]["post"]["requestBody"] = {
-                    "required": True,
-                    "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{kind.__name__}"}}}}
-        return app.openapi_schema
-
-    app.openapi = openapi  # type: ignore[method-assign]
+        return [template_message("system" if m.role == "developer" else m.role, m.text(i),
+                                 [call.model_dump() for call in m.tool_calls] if m.tool_calls else None,
+                                 m.tool_call_id) for i, m in enumerate(messages)]
+    except ToolError as error:
+        raise BadRequest(str(error), param=error.param) from error

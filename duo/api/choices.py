@@ -10,7 +10,8 @@ from dataclasses import replace
 from typing import Any
 
 from duo.api.answers import NativeFormat, ResponseFormat, sse
-from duo.api.completion import Completion, CompletionRequest, Completions, Piece
+from duo.api.completion import Completion, Completions, Piece
+from duo.api.requests import CompletionRequest
 
 DONE = "data: [DONE]\n\n"
 
@@ -66,20 +67,16 @@ def choice_requests(request: CompletionRequest, n: int) -> list[CompletionReques
 
 
 async def start_choices(completions: Completions, requests: Sequence[CompletionRequest]) -> Choices:
-    """Start every choice. The first decodes the prompt; the others start once it has given its first token: the
-    prompt is then in its cells, which each of them adopts (duo.model.Context.adopt_prefix) instead of decoding it
-    again. QueueFull or a ClientError as Completions.start raises them, with every choice started closed. One
-    request of several choices takes its places at a time (Completions.starting_choices): two taking theirs one by
-    one could each hold some and wait for the other's forever (their choices run only once all have started)."""
-    async with completions.starting_choices:
-        started = Choices([Choice(await completions.start(requests[0]))])
-        try:
-            await started.choices[0].read_head()
-            for request in requests[1:]:
-                started.choices.append(Choice(await completions.start(request)))
-        except BaseException:
-            await started.aclose()
-            raise
+    """Start every choice (their places taken together, the request prepared once: Completions.start_choices). The
+    first decodes the prompt; the others start once it has given its first token: the prompt is then in its cells,
+    which each of them adopts (duo.model.Context.adopt_prefix) instead of decoding it again. QueueFull or a
+    ClientError as Completions.start raises them, with every choice started closed."""
+    started = Choices([Choice(completion) for completion in await completions.start_choices(requests)])
+    try:
+        await started.choices[0].read_head()
+    except BaseException:
+        await started.aclose()
+        raise
     return started
 
 
@@ -143,12 +140,16 @@ async def merged_events(formats: Sequence[ResponseFormat | NativeFormat], choice
 
 
 async def merge(streams: Sequence[AsyncIterator[str]]) -> AsyncIterator[tuple[int, str]]:
-    """The items of all `streams` as each comes, with the index of its stream; closing this closes them all."""
-    queue: asyncio.Queue[tuple[int, str | None]] = asyncio.Queue()
+    """The items of all `streams` as each comes, with the index of its stream; closing this closes them all. A stream
+    is read one item ahead at most: a client that reads slowly holds its choices' generations back as it would hold
+    one (each item can be kilobytes: a token with 20 logprobs), instead of their text piling up here."""
+    queue: asyncio.Queue[tuple[int, str | None]] = asyncio.Queue()  # at most one item and one end per stream
+    room = [asyncio.Semaphore(1) for _ in streams]  # a stream's item waits until its last one was taken
 
     async def pump(i: int, stream: AsyncIterator[str]) -> None:
         try:
             async for item in stream:
+                await room[i].acquire()
                 queue.put_nowait((i, item))
         finally:
             queue.put_nowait((i, None))
@@ -162,6 +163,7 @@ async def merge(streams: Sequence[AsyncIterator[str]]) -> AsyncIterator[tuple[in
                 live -= 1
             else:
                 yield i, item
+                room[i].release()
     finally:
         for task in tasks:
             task.cancel()

@@ -15,8 +15,8 @@ from duo import wire
 from duo._proto import duo_pb2 as pb
 from duo._proto import duo_pb2_grpc as pb_grpc
 from duo.api.admission import QueueFull
-from duo.api.completion import (BadRequest, ClientError, CompletionRequest, Completions, NotReady, Piece, ShuttingDown,
-                                failure_message)
+from duo.api.completion import Completions, Piece, failure_message, request_fault
+from duo.api.requests import BadRequest, ClientError, CompletionRequest, NotReady, ShuttingDown
 from duo.constraint import GrammarSpec
 from duo.runtime import MAX_CLIENT_RPCS, WRITE_TIMEOUT_S, WriteTimeout, client_server_options, write_within
 
@@ -45,6 +45,7 @@ class TargetServicer(pb_grpc.TargetServicer):
             params, seed = wire.sampling_from_pb(message.sampling, self.completions.loaded_model())
             request = CompletionRequest(prompt=message.prompt, messages=messages_from_pb(message.messages),
                                         max_tokens=message.max_tokens, params=params, seed=seed,
+                                        penalties=wire.penalties_from_pb(message.sampling),
                                         stop=list(message.stop),
                                         cache_prompt=not message.HasField("cache_prompt") or message.cache_prompt,
                                         grammar=GrammarSpec(message.grammar.kind, message.grammar.source, "grammar")
@@ -65,7 +66,8 @@ class TargetServicer(pb_grpc.TargetServicer):
             self.completions.metrics.client_write_timeouts.inc()
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(error))
         except Exception as error:  # this request's own failure: it alone ends
-            await context.abort(grpc.StatusCode.INTERNAL, failure_message(error))
+            status = grpc.StatusCode.INVALID_ARGUMENT if request_fault(error) else grpc.StatusCode.INTERNAL
+            await context.abort(status, failure_message(error))
 
     async def Tokenize(self, message: pb.TokenizeRequest, context: grpc.aio.ServicerContext) -> pb.TokenizeResponse:
         try:

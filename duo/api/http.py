@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Any, TypeVar
 
+import numpy as np
 import uvicorn
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -19,13 +20,15 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from duo.api.admission import QueueFull
 from duo.api.answers import (ApiError, ChatFormat, CompletionFormat, NativeFormat, ResponseFormat, api_error,
-                             server_error)
-from duo.api.bodies import ChatBody, CompletionBody, GenerationBody, document_bodies, parse_body, template_messages
+                             generation_error, server_error)
+from duo.api.bodies import ChatBody, CompletionBody, GenerationBody, template_messages
 from duo.api.choices import (Choices, choice_requests, collect, collect_all, merged_events, start_choices,
                              whole_answer)
-from duo.api.completion import ClientError, Completion, CompletionRequest, Completions, ShuttingDown, failure_message
+from duo.api.completion import Completion, Completions, failure_message
 from duo.api.metrics import CONTENT_TYPE, Metrics
 from duo.api.native import ApplyTemplateBody, DetokenizeBody, InfillBody, NativeCompletionBody, TokenizeBody
+from duo.api.parsing import document_bodies, parse_body
+from duo.api.requests import ClientError, CompletionRequest, ShuttingDown
 from duo.model import ModelError
 from duo.runtime import WRITE_TIMEOUT_S, HttpServer, WriteTimeout, within, write_within
 
@@ -195,11 +198,11 @@ class OpenAIApi:
         return {"id": name, "object": "model", "created": 0, "owned_by": "duo"}
 
     async def completion(self, request: Request) -> Response:
-        body = await parse_body(await request.body(), CompletionBody, self.completions.max_items())
+        body = await parse_body(await request.body(), CompletionBody, self.completions.body_limits())
         return await self._generate(body, body.to_request, request, CompletionFormat(self._name(body)))
 
     async def chat(self, request: Request) -> Response:
-        body = await parse_body(await request.body(), ChatBody, self.completions.max_items())
+        body = await parse_body(await request.body(), ChatBody, self.completions.body_limits())
         functions = body.callable_functions()
         return await self._generate(body, body.to_request, request,
                                     ChatFormat(self._name(body), functions,
@@ -213,7 +216,7 @@ class OpenAIApi:
         return await self._native(request, InfillBody)
 
     async def _native(self, request: Request, kind: type[NativeCompletionBody]) -> Response:
-        body = await parse_body(await request.body(), kind, self.completions.max_items())
+        body = await parse_body(await request.body(), kind, self.completions.body_limits())
         output = NativeFormat(self._name(body), body.response_fields)
         if body.warm_up:  # nothing to generate: the answer an editor's warm-up waits for
             body.check_supported()  # its fields are checked all the same
@@ -222,26 +225,34 @@ class OpenAIApi:
         return await self._generate(body, body.to_request, request, output)
 
     async def tokenize(self, request: Request) -> dict[str, Any]:
-        body = await parse_body(await request.body(), TokenizeBody, self.completions.max_items())
+        body = await parse_body(await request.body(), TokenizeBody, self.completions.body_limits())
         body.check_fields()
+        self.completions.check_text_size(body.content, "content")
         model = self.completions.loaded_model()
-        tokens = await self.completions.tokenizing(model.tokenize, body.content, add_special=body.add_special,
-                                                   parse_special=body.parse_special)
-        if not body.with_pieces:
-            return {"tokens": tokens}
-        return {"tokens": [{"id": token, "piece": _piece(model.token_piece(token, special=True))} for token in tokens]}
+
+        def tokens() -> list[int] | list[dict[str, Any]]:  # on a worker thread: long texts take a while
+            ids = model.tokenize(body.content, add_special=body.add_special, parse_special=body.parse_special)
+            if not body.with_pieces:
+                return ids
+            return [{"id": token, "piece": _piece(model.token_piece(token, special=True))} for token in ids]
+
+        return {"tokens": await self.completions.tokenizing(tokens)}
 
     async def detokenize(self, request: Request) -> dict[str, Any]:
-        body = await parse_body(await request.body(), DetokenizeBody, self.completions.max_items())
+        body = await parse_body(await request.body(), DetokenizeBody, self.completions.body_limits())
         body.check_fields()
         model = self.completions.loaded_model()
-        if not all(0 <= token < model.n_vocab for token in body.tokens):
-            raise ApiError(400, f"token ids must be between 0 and {model.n_vocab - 1}", param="tokens")
-        text = await self.completions.tokenizing(model.detokenize, body.tokens)
-        return {"content": text.decode(errors="replace")}
+
+        def text() -> str:  # on a worker thread, the range check too: a context's worth of ids
+            ids = np.asarray(body.tokens, dtype=np.int64)
+            if ids.size and not (ids.min() >= 0 and ids.max() < model.n_vocab):
+                raise ApiError(400, f"token ids must be between 0 and {model.n_vocab - 1}", param="tokens")
+            return model.detokenize(body.tokens).decode(errors="replace")
+
+        return {"content": await self.completions.tokenizing(text)}
 
     async def apply_template(self, request: Request) -> dict[str, Any]:
-        body = await parse_body(await request.body(), ApplyTemplateBody, self.completions.max_items())
+        body = await parse_body(await request.body(), ApplyTemplateBody, self.completions.body_limits())
         body.check_fields()
         model = self.completions.loaded_model()
         tools = [tool.model_dump(exclude_none=True) for tool in body.tools or []]
@@ -265,9 +276,10 @@ class OpenAIApi:
                         output: ResponseFormat | NativeFormat) -> Response:
         n = body.choice_count(self.completions.admission.parallel)
         formats = [output] + [copy.deepcopy(output) for _ in range(n - 1)]  # each choice's own, one answer's id
+        wanted = await asyncio.to_thread(to_request)  # a loop over the client's biases, tools and messages
         try:
             completion: Completion | Choices = await unless_disconnected(request, self.completions.start(
-                to_request()) if n == 1 else start_choices(self.completions, choice_requests(to_request(), n)))
+                wanted) if n == 1 else start_choices(self.completions, choice_requests(wanted, n)))
         except ClientGone:
             return Response(status_code=CLIENT_CLOSED)
         if body.stream:
@@ -284,7 +296,7 @@ class OpenAIApi:
             except ShuttingDown as error:
                 return api_error(error).response()
             except Exception as error:  # this request's own failure: it alone ends, in OpenAI's shape
-                return server_error(failure_message(error)).response()
+                return generation_error(error).response()
         return JSONResponse(output.whole(pieces) if isinstance(completion, Completion)
                             else whole_answer(formats, pieces))
 

@@ -61,20 +61,29 @@ def fim_tokens(model: Model, fim: FimInput, n_ctx: int, n_predict: int) -> list[
     suffix = suffix[:max(0, n_batch // 4 - (2 + len(prompt)))]
     bos = [model.special_token("bos")] if model.vocab().add_bos and model.special_token("bos") is not None else []
     core = bos + [pre, *prefix, *prompt, suf, *suffix, mid]
-    extra = _extra_tokens(model, fim.extra, text)
     # The chunks get what is left after a batch and twice the tokens to predict, and never the room the answer needs.
-    n_extra = min(max(0, n_ctx - n_batch - 2 * (n_predict or -1)), len(extra),
-                  max(0, n_ctx - len(core) - max(n_predict, 1)))
-    return extra[len(extra) - n_extra:] + core
+    budget = min(max(0, n_ctx - n_batch - 2 * (n_predict or -1)), max(0, n_ctx - len(core) - max(n_predict, 1)))
+    extra = _extra_tokens(model, fim.extra, text, budget)
+    return extra[len(extra) - min(budget, len(extra)):] + core
 
 
-def _extra_tokens(model: Model, chunks: tuple[tuple[str, str], ...], text: Callable[[str], list[int]]) -> list[int]:
+def _extra_tokens(model: Model, chunks: tuple[tuple[str, str], ...], text: Callable[[str], list[int]],
+                  budget: int) -> list[int]:
+    """The chunks under the repository's name, each under its file's, then the current file's separator; of which
+    the caller keeps the last `budget` tokens, so the chunks are tokenized from the last one back until they fill it
+    (an editor may send hundreds of chunks; those that cannot fit cost nothing)."""
     rep, sep = model.special_token("fim_rep"), model.special_token("fim_sep")
-    tokens = [rep, *text(REPO_NAME)] if rep is not None else []
-    for filename, chunk in chunks:
-        tokens += [sep, *text(filename + "\n")] if sep is not None else text(SNIPPET_SEPARATOR)
-        tokens += text(chunk)
-    return tokens + ([sep, *text(CURRENT_FILE)] if sep is not None else [])
+    tail = [sep, *text(CURRENT_FILE)] if sep is not None else []
+    pieces: list[list[int]] = [tail]
+    held = len(tail)
+    for filename, chunk in reversed(chunks):
+        if held >= budget:
+            return [token for piece in reversed(pieces) for token in piece]
+        head = [sep, *text(filename + "\n")] if sep is not None else text(SNIPPET_SEPARATOR)
+        pieces.append(head + text(chunk))
+        held += len(pieces[-1])
+    pieces.append([rep, *text(REPO_NAME)] if rep is not None else [])
+    return [token for piece in reversed(pieces) for token in piece]
 
 
 def stops_for(stop: list[str] | tuple[str, ...], n_indent: int, t_max_predict_ms: int,

@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from duo.api.bodies import ChatMessageBody, Fenced, GenerationBody
-from duo.api.completion import CompletionRequest
 from duo.api.infill import FimInput
+from duo.api.limits import INT32_MAX, MAX_RESPONSE_FIELD_LENGTH, MAX_RESPONSE_FIELDS, Int32
+from duo.api.requests import CompletionRequest
 from duo.api.tools import ToolBody
 
 
@@ -19,10 +20,11 @@ class NativeCompletionBody(GenerationBody):
     each under its path)."""
 
     prompt: str | list[int]
-    n_indent: int = Field(default=0, ge=0)
-    t_max_predict_ms: int = 0  # <= 0: no time limit
-    t_max_prompt_ms: int = 0   # accepted and not enforced, as llama-server leaves it (a prompt is read whole)
-    response_fields: list[str] | None = None
+    n_indent: int = Field(default=0, ge=0, le=INT32_MAX)
+    t_max_predict_ms: Int32 = 0  # <= 0: no time limit
+    t_max_prompt_ms: Int32 = 0   # accepted and not enforced, as llama-server leaves it (a prompt is read whole)
+    response_fields: list[Annotated[str, Field(max_length=MAX_RESPONSE_FIELD_LENGTH)]] | None = Field(
+        default=None, max_length=MAX_RESPONSE_FIELDS)
 
     def native_request(self, **prompt: Any) -> CompletionRequest:
         return self.completion_request(max_tokens=self.token_limit("max_tokens"), n_indent=self.n_indent,

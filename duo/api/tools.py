@@ -25,6 +25,7 @@ from typing import Any, Callable, Literal, Sequence
 
 from pydantic import BaseModel
 
+from duo.api.limits import MAX_JSON_DEPTH, nesting_depth
 from duo.constraint import JSON_OPTIONS
 
 
@@ -244,7 +245,7 @@ class CallParser:
     def _parsed(self, raw: str) -> list[ToolCall] | None:
         try:
             value = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past what the parser follows: text
             return None
         items = value if self.format.listed and isinstance(value, list) else [value]
         if self.format.listed != isinstance(value, list) or not items:
@@ -291,7 +292,15 @@ def template_message(role: str, content: str, tool_calls: Sequence[dict[str, Any
 
 
 def _as_object(arguments: str) -> Any:
+    """The arguments as JSON where they are (as sent where not); ToolError where they nest deeper than the template's
+    tojson can write (it recurses once per level)."""
     try:
-        return json.loads(arguments)
+        value = json.loads(arguments)
+        too_deep = nesting_depth(value) > MAX_JSON_DEPTH
     except ValueError:
         return arguments
+    except RecursionError:  # deeper than the parser follows, so deeper than the bound too
+        too_deep = True
+    if too_deep:
+        raise ToolError(f"a tool call's arguments nest more than {MAX_JSON_DEPTH} levels deep", param="messages")
+    return value

@@ -9,7 +9,7 @@ from typing import Iterable, Protocol, Sequence
 import numpy as np
 
 from duo import wire
-from duo.constraint import Cursor, GrammarError
+from duo.constraint import Compiler, CompilerBusy, Cursor, GrammarError
 from duo._proto import duo_pb2 as pb
 from duo.draft.batch import DraftCache, RoundReport, Step, Work, plan_works
 from duo.draft.branches import Branch, Doubt, branch_length
@@ -72,6 +72,7 @@ class Drafter:
         self.observer = observer
         self.round_cost = RoundCost()
         self.guess_rate = shared_guess_rate()  # how often draws follow the context's guess, over all sessions
+        self.compiler = Compiler()  # the sessions' grammars, each within its budget
         self.cache: DraftCache | None = None
         self._making: asyncio.Future[DraftCache] | None = None
 
@@ -122,6 +123,9 @@ class Drafter:
         """A session drafting after `message.committed`; InvalidEvent or ModelError when it cannot be."""
         params, seed, coupled = self._checked_open(message)
         cursor = await self._grammar_cursor(message)
+        lookup = ContextLookup(list(message.committed)) if message.lookup else None
+        if lookup is not None:  # the prompt indexed before a slot is taken: a cancelled open then holds none
+            await lookup.index_off_loop()
         await self.start()
         slot = self.cache.take_slot()
         return DraftSession(
@@ -131,18 +135,19 @@ class Drafter:
             max_ahead=message.max_ahead, p_min=message.p_min, slot=slot, n_ctx=self.n_ctx,
             coupled_seed=seed if coupled else None, max_branches=self.max_branches, branch_len=self.branch_len,
             cursor=cursor, output_start=message.output_start, penalties=wire.penalties_from_pb(message.sampling),
-            lookup=ContextLookup(list(message.committed)) if message.lookup else None,
+            lookup=lookup,
             guess_rate=GuessRate(self.guess_rate))
 
     async def _grammar_cursor(self, message: pb.OpenSession) -> Cursor | None:
-        """The session's grammar compiled for the draft's vocabulary (off the event loop: up to ~100 ms, and the
-        vocabulary's first build ~1.5 s), so that it drafts inside it; None for free text."""
+        """The session's grammar compiled for the draft's vocabulary within its budget, on a thread of its own
+        (duo.constraint.Compiler: the first mask too, which would otherwise stall the model thread every session
+        shares), so that it drafts inside it; None for free text."""
         if not message.grammar:
             return None
         try:
-            return await asyncio.to_thread(Cursor.compile, self.model, message.grammar)
-        except GrammarError as error:
-            raise InvalidEvent(f"the session's grammar does not compile: {error}") from error
+            return await self.compiler.compile(self.model, message.grammar)
+        except (GrammarError, CompilerBusy) as error:
+            raise InvalidEvent(f"the session's grammar cannot be drafted with: {error}") from error
 
     def _checked_open(self, message: pb.OpenSession) -> tuple[SamplingParams, int | None, bool]:
         """The session's sampling, its seed, and whether it is COUPLED (a sampled session with a seed)."""

@@ -7,7 +7,7 @@ import collections
 import logging
 import time
 from dataclasses import dataclass
-from typing import AsyncIterable, AsyncIterator, Callable
+from typing import Any, AsyncIterable, AsyncIterator, Callable
 
 import grpc
 
@@ -174,6 +174,9 @@ class Connection:
         self.overflowed = False  # the target stopped reading (MAX_OUTBOX, OUTBOX_STALL_S): the stream ends
         self.waiting_since = 0.0  # when the oldest event in the outbox was queued (meaningless while it is empty)
         self._closing: asyncio.Future[None] | None = None  # its sessions' release, once it overflowed
+        # Sessions being opened (on tasks of their own), each with the events that came for it meanwhile.
+        self._opening: dict[int, list[tuple[str, Any]]] = {}
+        self._openings: set[asyncio.Task[None]] = set()
 
     @property
     def holding(self) -> int:
@@ -198,6 +201,9 @@ class Connection:
     async def stop(self) -> None:
         """End the stream's work and free every slot it holds, whatever was under way."""
         self.reader.cancel()
+        for opening in self._openings:
+            opening.cancel()  # before the sessions are gathered: none is added after
+        await asyncio.gather(*self._openings, return_exceptions=True)
         sessions = list(self.sessions.values())
         self.sessions.clear()
         await self.drafter.close(*sessions)
@@ -218,11 +224,36 @@ class Connection:
     async def _read(self, request_iterator: AsyncIterable[pb.TargetEvent]) -> None:
         async for event in request_iterator:
             kind = event.WhichOneof("event")
-            if kind == "open":
-                await self._open(event.open)
-            elif kind is not None:
-                await self._follow(kind, getattr(event, kind))
+            if kind is not None:
+                await self._dispatch(kind, getattr(event, kind))
             self.wake()
+
+    async def _dispatch(self, kind: str, message: pb.OpenSession | pb.Commit | pb.Steer | pb.CloseSession) -> None:
+        """Open a session on a task of its own (compiling its grammar takes up to duo.constraint.COMPILE_BUDGET_S,
+        which the other sessions' commits, steers and opens must not wait for); an event for a session being
+        opened waits for its open, in the order it came."""
+        queued = self._opening.get(message.session_id)
+        if queued is not None:
+            queued.append((kind, message))
+        elif kind == "open":
+            self._opening[message.session_id] = []
+            task = asyncio.create_task(self._open_then_follow(message))
+            self._openings.add(task)
+            task.add_done_callback(self._openings.discard)
+        else:
+            await self._follow(kind, message)
+
+    async def _open_then_follow(self, message: pb.OpenSession) -> None:
+        """Open the session, then apply what came for it meanwhile; from then on its events go straight through."""
+        queued = self._opening[message.session_id]
+        try:
+            await self._open(message)
+            while queued:
+                kind, event = queued.pop(0)
+                await (self._open(event) if kind == "open" else self._follow(kind, event))
+        finally:
+            del self._opening[message.session_id]
+        self.wake()
 
     async def _open(self, message: pb.OpenSession) -> None:
         if (old := self.sessions.pop(message.session_id, None)) is not None:

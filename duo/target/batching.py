@@ -18,12 +18,11 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
-from duo.constraint import Cursor, mask_rows
 from duo.costs import StepCosts
-from duo.penalties import Penalties, penalize_rows
+from duo.penalties import OutputCounts, Penalties, penalize_rows
 from duo.model import Context, ModelError, Part, common_prefix_length
 from duo.runtime import ModelWorker, within
-from duo.sampling import SamplingParams, SparseDist, Verdict, log_probs, verify
+from duo.sampling import NoTokenAllowed, SamplingParams, SparseDist, Verdict, log_probs, verify
 from duo.target.policy import AdaptivePolicy, choose_together
 
 log = logging.getLogger("duo.target")
@@ -64,8 +63,11 @@ class VerifyWork:
     # The tokens generated so far (where a grammar or penalties need them): row i of the step follows them and
     # the first i drafts, and is masked by the grammar's cursor there, and transformed by the penalties.
     output: list[int] = field(default_factory=list)
-    cursor: Cursor | None = None
+    # Under a grammar, row i's mask (True: allowed) after the output and the first i pending drafts, computed off the
+    # model thread before the call (duo.target.generation): rows past them (after a drafted end) are never committed.
+    masks: list[np.ndarray] | None = None
     penalties: Penalties = Penalties()
+    counted: OutputCounts | None = None  # where penalties are active: the counts of the output's tokens
     logprobs: int = -1  # >= 0: each committed token's log-probability and this many alternatives' (-1: none)
 
 
@@ -125,56 +127,71 @@ class StepBatcher:
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.observers: list[CallObserver] = []
-        self._clearing: set[asyncio.Future[None]] = set()  # sequences being emptied (cache_prompt false)
+        # Sequences whose cells may hold a private request's tokens (cache_prompt false: it shares its prompt with no
+        # other request, while it runs or after it ended): never a source of adoption, emptied by the adopt of the
+        # next request that takes one. Of those, the ones a private request holds now.
+        self._private: set[int] = set()
+        self._held_privately: set[int] = set()
 
     @property
     def running(self) -> int:
         """Requests holding a sequence."""
         return self.context.n_seq - len(self._free)
 
-    def join(self, prompt: Sequence[int]) -> int:
+    def join(self, prompt: Sequence[int], private: bool = False) -> int:
         """A sequence for a new request: of the free ones, the one whose cells lose the least of what they
         hold (`prompt` continues its conversation, or it is empty) rather than another conversation's
-        cache, a later turn of which may come; among equals, the one free the longest.
+        cache, a later turn of which may come; among equals, the one free the longest. A `private` request
+        (cache_prompt false) takes nothing from any cells, and no request takes from its own.
 
-        adopt() then gives it the longest prefix of `prompt` held anywhere, whichever sequence it took.
+        adopt() then gives it the longest prefix of `prompt` held by a sequence no private request holds or left,
+        whichever sequence it took.
         """
         if not self._free:
             raise ModelError(f"all {self.context.n_seq} sequences of the target's context are in use")
+        wanted = [] if private else prompt
 
-        def lost(seq: int) -> int:  # read while the model thread may run a call: a hint, never a hazard
-            held = self.context.held(seq)
-            return len(held) - common_prefix_length(held, prompt)
+        def lost(seq: int) -> int:
+            if seq in self._private:
+                return 0  # cells no other request may use
+            # One copy, made in one step (a list's copy holds the GIL throughout): the model thread may be rolling
+            # this sequence back meanwhile (a request that left during a call), and reading the live list twice,
+            # its length and then its tokens, could index past its new end. The copy may be stale: a hint.
+            held = list(self.context.held(seq))
+            return len(held) - common_prefix_length(held, wanted)
 
         seq = min(self._free, key=lost)  # the first of equals: _free is in the order they were freed
         self._free.remove(seq)
+        if private:
+            self._private.add(seq)
+            self._held_privately.add(seq)
         return seq
 
     async def adopt(self, seq: int, prompt: Sequence[int]) -> int:
-        """Give the request on `seq` the longest prefix of `prompt` that any sequence holds, with no
-        recompute (duo.model.Context.adopt_prefix); the prompt tokens it need not decode.
+        """Give the request on `seq` the longest prefix of `prompt` that a sequence holds, with no recompute
+        (duo.model.Context.fork), from no sequence a private request holds or left; the prompt tokens it need
+        not decode.
 
         On the model thread, which runs one job at a time in order: no call touches the context meanwhile.
         """
-        return await self.worker.run(self.context.adopt_prefix, seq, list(prompt))
+        wanted = [] if seq in self._held_privately else list(prompt)
+        adopted = await self.worker.run(_adopt_shared_prefix, self.context, seq, wanted, frozenset(self._private))
+        if seq not in self._held_privately:
+            self._private.discard(seq)  # the adopt emptied what a private request left there
+        return adopted
 
     def leave(self, seq: int, keep: bool = True) -> None:
         """The request on `seq` ended: its sequence is free for another, its cells kept until then (a
         later request may start from them; `keep` False: none may, they hold nothing to share)."""
         if not keep:
-            # Queued on the model thread before any later request's work on this sequence (it runs its
-            # jobs in order), so none can start from these cells.
-            clearing = asyncio.ensure_future(self.worker.run(self.context.clear, seq))
-            self._clearing.add(clearing)
-            clearing.add_done_callback(self._cleared)
+            # Emptied by the adopt of the next request that takes it, in that job: a clear queued apart from it
+            # would reach the model thread only when its task first ran, after work submitted meanwhile (the next
+            # request's adopt, which would start from these cells; the context's close).
+            self._private.add(seq)
+        self._held_privately.discard(seq)
         self.away(seq)
         self._queue = [(work, future) for work, future in self._queue if work.seq != seq]
         self._free.append(seq)
-
-    def _cleared(self, clearing: asyncio.Future[None]) -> None:
-        self._clearing.discard(clearing)
-        if not clearing.cancelled() and clearing.exception() is not None:  # the context closed meanwhile
-            log.debug("clearing a sequence failed: %s", clearing.exception())
 
     def away(self, seq: int) -> None:
         """The request on `seq` will not ask for a while (it waits for drafts): do not wait for it."""
@@ -292,6 +309,22 @@ class StepBatcher:
         return min(chunk, room)
 
 
+def _adopt_shared_prefix(context: Context, seq: int, prompt: list[int], private: frozenset[int]) -> int:
+    """Make sequence `seq` hold the longest prefix of `prompt` that it or a sequence outside `private` holds, and
+    nothing else (as duo.model.Context.adopt_prefix, which knows no private sequence); its length. `seq` is emptied
+    first where it is in `private`: what a private request left there is no one's to share."""
+    if seq in private:
+        context.clear(seq)
+    sources = [source for source in range(context.n_seq) if source == seq or source not in private]
+    shared = {source: common_prefix_length(context.held(source), prompt) for source in sources}
+    source = max(sources, key=lambda s: (shared[s], s == seq))  # among equals its own cells: no copy
+    if source == seq:
+        context.rollback(shared[seq], seq)
+    else:
+        context.fork(seq, shared[source], source)
+    return shared[source]
+
+
 def one_token_seconds(context: Context, calls: int = ALONE_TIMING_CALLS) -> float:
     """The median seconds of a one-token call on sequence 0 (left empty after): decoding alone, timed by the
     model thread while nothing else runs on it, before the first request."""
@@ -319,9 +352,10 @@ def _decode_and_verify(context: Context,
             continue
         try:
             if work.penalties.active:  # p is the target's after the output each row follows
-                penalize_rows(work.penalties, work.output, item.part.tokens[1:], logits)
-            if work.cursor is not None:  # p becomes the constrained target distribution, row by row
-                mask_rows(work.cursor, work.output, item.part.tokens[1:], logits)
+                penalize_rows(work.penalties, work.counted, item.part.tokens[1:], logits)
+            if work.masks is not None:  # p becomes the constrained target distribution, row by row
+                for row, allowed in zip(logits, work.masks):
+                    row[~allowed] = -np.inf
             verdict = verify(item.drafts, item.dists, logits, work.params, work.rng, work.coupled_seed, work.pos + 1)
             if work.logprobs >= 0:  # from the rows as verified: after the penalties and the grammar
                 verdict = replace(verdict, logprobs=[log_probs(row, token, work.logprobs)
@@ -329,6 +363,9 @@ def _decode_and_verify(context: Context,
             # Cache entries are right up to the last accepted draft that was in the batch.
             context.rollback(work.pos + 1 + min(verdict.n_accepted, len(item.part.tokens) - 1), work.seq)
             results.append(verdict)
+        except NoTokenAllowed as error:  # the request's own logit_bias and grammar: no traceback to read
+            log.info("sequence %d ends: %s", work.seq, error)
+            results.append(error)
         except Exception as error:  # this request's alone; the others' verdicts stand
             log.exception("verifying session on sequence %d failed", work.seq)
             results.append(error)

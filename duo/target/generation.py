@@ -17,6 +17,7 @@ from duo._proto import duo_pb2 as pb
 from duo.costs import StepCosts
 from duo.lookup import ContextLookup
 from duo.model import Model, ModelError
+from duo.penalties import OutputCounts
 from duo.runtime import ModelWorker, within
 from duo.sampling import COUPLED, GREEDY, RESIDUAL, SparseDist, Verdict
 from duo.target.batching import CallObserver, PrefillWork, StepBatcher, VerifyWork, one_token_seconds
@@ -78,6 +79,8 @@ class Generation:
         self.cursor = request.constraint  # the output's grammar, walked along what is verified (duo.constraint)
         self.lookup = ContextLookup(self.committed) if settings.lookup else None
         self.split = (0, 0, 0)  # this step's drafts: from the model's chain, forced by the grammar, from the lookup
+        # What the penalties count: the output's tokens, kept up at each commit (duo.penalties).
+        self.output_counts = OutputCounts(model.n_vocab) if request.penalties.active else None
 
     # The draft link calls these.
     def open_message(self) -> pb.OpenSession:
@@ -131,9 +134,11 @@ class Generation:
             except asyncio.TimeoutError:
                 return
 
-    def verify_work(self, seq: int, room: int, policy: AdaptivePolicy | None) -> VerifyWork:
+    async def verify_work(self, seq: int, room: int, policy: AdaptivePolicy | None) -> VerifyWork:
         """This step's work for the batched call: the pending drafts it may verify (`room`: positions
-        the context has left; the batch never runs past it), the model's chain first, then free drafts."""
+        the context has left; the batch never runs past it), the model's chain first, then free drafts.
+        Under a grammar the drafts are checked on a worker thread: llguidance's calls can take a while, and some
+        hold the GIL, so none runs on the event loop."""
         pending, dists = self.chain.pending()
         if policy is not None and not policy.switch.speculating:
             pending, dists = [], []  # the draft rests: its chain waits, free drafts may still pay
@@ -142,14 +147,13 @@ class Generation:
         # What the output's grammar and penalties look at: the tokens generated so far.
         needed = self.cursor is not None or self.request.penalties.active
         output = self.committed[len(self.request.prompt_tokens):] if needed else []
-        if self.cursor is not None:
-            self.cursor.move_to(output)
-            # A draft the grammar forbids would be rejected: no verify row is spent on it, nor on what follows.
-            pending = pending[:self.cursor.valid_prefix(pending)]
         # k drafts in the batch commit k + 1 tokens at most: the context must hold them all.
         limit = max(0, min(self.settings.draft_max, room - 2))
-        # Drafts past the batch's `limit` still count: the batch's last row checks the first of them.
-        forced, found = self._free_drafts(pending, limit + 1) if len(pending) <= limit else ([], [])
+        if self.cursor is None:
+            pending, forced, found = self._drafts(pending, output, limit)
+            masks = None
+        else:
+            pending, forced, found, masks = await asyncio.to_thread(self._constrained_drafts, pending, output, limit)
         free = forced + found
         self.split = (len(pending), len(forced), len(found))
         dists = dists[:len(pending)] + [SparseDist.point(token) for token in free]
@@ -161,7 +165,24 @@ class Generation:
                           policy=policy,
                           params=self.request.params, rng=self.rng,
                           coupled_seed=self.seed if self.verification == COUPLED else None, output=output,
-                          cursor=self.cursor, penalties=self.request.penalties, logprobs=self.request.logprobs)
+                          masks=masks, penalties=self.request.penalties, counted=self.output_counts,
+                          logprobs=self.request.logprobs)
+
+    def _drafts(self, pending: list[int], output: list[int], limit: int) -> tuple[list[int], list[int], list[int]]:
+        """The chain's drafts and the free drafts after them (_free_drafts)."""
+        # Drafts past the batch's `limit` still count: the batch's last row checks the first of them.
+        forced, found = self._free_drafts(pending, limit + 1) if len(pending) <= limit else ([], [])
+        return pending, forced, found
+
+    def _constrained_drafts(self, pending: list[int], output: list[int],
+                            limit: int) -> tuple[list[int], list[int], list[int], list[np.ndarray]]:
+        """Under the grammar, on a worker thread: the chain's drafts it allows (a draft it forbids would be rejected:
+        no verify row is spent on it, nor on what follows), the free drafts after them, and the masks of the rows
+        the batch may verify, so that the model thread every request shares computes none."""
+        self.cursor.move_to(output)
+        first = self.cursor.allowed()  # first: it builds the lexer states forced() needs without the GIL
+        pending, forced, found = self._drafts(pending[:self.cursor.valid_prefix(pending)], output, limit)
+        return pending, forced, found, [first, *self.cursor.masks_after(output, (pending + forced + found)[:limit])]
 
     def _free_drafts(self, pending: list[int], limit: int) -> tuple[list[int], list[int]]:
         """Drafts that cost no drafting, proposed with certainty (q = 1: residual verification accepts one with
@@ -188,6 +209,8 @@ class Generation:
                 finish = "length"
                 break
         self.committed.extend(tokens)
+        if self.output_counts is not None:
+            self.output_counts.extend(tokens)
         self.chain.on_commit()
         self.last_commit_at = time.monotonic()
         self.starved_since = None if self.chain.has_pending() else self.last_commit_at
@@ -277,13 +300,15 @@ class Target:
         if len(request.prompt_tokens) >= n_ctx:
             raise ModelError(f"the prompt has {len(request.prompt_tokens)} tokens; the context holds "
                              f"{n_ctx}: shorten it or start duo-target with a larger --ctx-size")
-        seq = batcher.join(request.prompt_tokens)
+        seq = batcher.join(request.prompt_tokens, private=not (request.cache_prompt and self.prompt_cache))
         try:
             if self.link:
                 if generation.policy is not None:
                     generation.max_ahead = generation.policy.max_ahead()
                 self.link.register(generation)
             shared = request.cache_prompt and self.prompt_cache
+            if generation.lookup is not None:  # the prompt indexed off the event loop: steps index only their commits
+                await generation.lookup.index_off_loop()  # (nothing extends the committed tokens before the first step)
             generation.stats.cached_prompt_tokens = await self._prefill(batcher, seq, request.prompt_tokens[:-1], shared)
             while True:
                 step = await self._step(generation, batcher, seq)
@@ -354,7 +379,7 @@ class Target:
             batcher.away(seq)
             waited = await self._wait_if_worth_it(generation, policy)
         start = len(generation.committed)
-        work = generation.verify_work(seq, batcher.context.n_ctx - (start - 1), policy)
+        work = await generation.verify_work(seq, batcher.context.n_ctx - (start - 1), policy)
         result = await batcher.run(work)
         step = generation.commit(result.verdict, result.n_verified, result.batch_size)
         # The call's time (model work only, never the wait behind other work on the model thread).

@@ -1,0 +1,76 @@
+"""A client's request as duo reads it, whatever its transport, and the errors a request can get."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from duo.api.infill import FimInput
+from duo.api.limits import MAX_STOP_STRINGS
+from duo.api.tools import ToolUse
+from duo.constraint import GrammarSpec
+from duo.penalties import Penalties
+from duo.sampling import SamplingParams
+
+
+class ClientError(Exception):
+    """A request that cannot be served now; the message says why and what to do."""
+
+
+class BadRequest(ClientError):
+    """The request itself is wrong; `param` names the field to fix where there is one."""
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+        self.code = code
+
+
+class UnknownModel(BadRequest):
+    """The request names a model this server does not serve."""
+
+
+class NotReady(ClientError):
+    """The model is still loading."""
+
+
+class ShuttingDown(NotReady):
+    """duo-target is stopping: no new request, and a running one that outlives the grace period ends."""
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    """A request as a client sent it; exactly one of prompt, messages, prompt_tokens is used."""
+
+    prompt: str = ""
+    messages: Sequence[Mapping[str, Any]] = ()  # rendered with the model's chat template
+    prompt_tokens: Sequence[int] | None = None  # a prompt already tokenized (an empty one is refused)
+    max_tokens: int = 0                        # 0: until end of generation or a full context
+    params: SamplingParams = SamplingParams()
+    seed: int | None = None
+    stop: Sequence[str] = ()
+    cache_prompt: bool = True                  # false: no prompt prefix shared with other requests
+    grammar: GrammarSpec | None = None         # the output must match it (duo.constraint)
+    tool_use: ToolUse | None = None            # chat: the tools the template renders, and whether a call is due
+    penalties: Penalties = Penalties()         # presence, frequency and repeat penalties, logit_bias
+    logprobs: int = -1                         # >= 0: each token's logprob and this many alternatives'
+    fim: FimInput | None = None                # fill-in-the-middle: the prompt is built around the hole
+    infill_sampler: bool = False               # llama.cpp's infill sampler after the truncations
+    n_indent: int = 0                          # llama-server's code-completion stop rules (duo.api.infill)
+    t_max_predict_ms: int = 0
+    arrived: float = field(default_factory=time.monotonic)
+
+
+def too_long(message: str, param: str = "prompt") -> BadRequest:
+    """A prompt that cannot fit the context: what to do about it."""
+    return BadRequest(f"{message}: shorten the prompt or start duo-target with a larger --ctx-size",
+                      param=param, code="context_length_exceeded")
+
+
+def check_stops(stops: Sequence[str]) -> None:
+    if len(stops) > MAX_STOP_STRINGS:
+        raise BadRequest(f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(stops)}", param="stop")
+    if any(not stop for stop in stops):
+        raise BadRequest("stop strings must not be empty", param="stop")
