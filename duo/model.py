@@ -9,7 +9,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 import numpy as np
 from jinja2 import TemplateError
@@ -387,16 +387,20 @@ class Context:
         self._ctx.kv_cache_seq_cp(source, seq, 0, n)
         self._held[seq] = self._held[source][:n]
 
-    def adopt_prefix(self, seq: int, tokens: Sequence[int]) -> int:
-        """Make sequence `seq` hold the longest prefix of `tokens` that any sequence holds, and nothing
-        else; return its length (the tokens that need no decoding).
+    def adopt_prefix(self, seq: int, tokens: Sequence[int], private: Collection[int] = ()) -> int:
+        """Make sequence `seq` hold the longest prefix of `tokens` that it or a sequence outside `private` holds,
+        and nothing else; return its length (the tokens that need no decoding). `private` sequences' cells are no
+        one's to share (cache_prompt false): `seq` among them is emptied first.
 
         Requests that share a system prompt, or a conversation's next turn (its prompt is the previous
         prompt and answer plus a new message), then skip the shared part: its own cells where `seq`
         holds it, else cells shared with the sequence that does (fork), with no recompute either way.
         """
-        shared = [common_prefix_length(held, tokens) for held in self._held]
-        source = max(range(self.n_seq), key=lambda s: (shared[s], s == seq))
+        if seq in private:
+            self.clear(seq)
+        sources = [source for source in range(self.n_seq) if source == seq or source not in private]
+        shared = {source: common_prefix_length(self._held[source], tokens) for source in sources}
+        source = max(sources, key=lambda s: (shared[s], s == seq))  # among equals its own cells: no copy
         n = shared[source]
         if source == seq:
             self.rollback(n, seq)

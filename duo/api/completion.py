@@ -286,9 +286,6 @@ class Completions:
         return self.target
 
 
-
-
-
 def failure_message(error: Exception) -> str:
     """What a client is told when its own request failed while generating, logged here: a ModelError says
     what failed, and so does the request's own doing (request_fault); anything else is a bug, logged with the

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import statistics
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Callable, Protocol, Sequence
 
 import numpy as np
@@ -60,14 +60,12 @@ class VerifyWork:
     params: SamplingParams
     rng: np.random.Generator
     coupled_seed: int | None
-    # The tokens generated so far (where a grammar or penalties need them): row i of the step follows them and
-    # the first i drafts, and is masked by the grammar's cursor there, and transformed by the penalties.
-    output: list[int] = field(default_factory=list)
-    # Under a grammar, row i's mask (True: allowed) after the output and the first i pending drafts, computed off the
-    # model thread before the call (duo.target.generation): rows past them (after a drafted end) are never committed.
+    # Row i of the step follows the tokens generated so far and the first i drafts. Under a grammar, row i's mask
+    # (True: allowed) there, computed off the model thread before the call (duo.target.generation): rows past them
+    # (after a drafted end) are never committed. Where penalties are active, the counts of the output's tokens.
     masks: list[np.ndarray] | None = None
     penalties: Penalties = Penalties()
-    counted: OutputCounts | None = None  # where penalties are active: the counts of the output's tokens
+    counted: OutputCounts | None = None
     logprobs: int = -1  # >= 0: each committed token's log-probability and this many alternatives' (-1: none)
 
 
@@ -169,13 +167,13 @@ class StepBatcher:
 
     async def adopt(self, seq: int, prompt: Sequence[int]) -> int:
         """Give the request on `seq` the longest prefix of `prompt` that a sequence holds, with no recompute
-        (duo.model.Context.fork), from no sequence a private request holds or left; the prompt tokens it need
-        not decode.
+        (duo.model.Context.adopt_prefix), from no sequence a private request holds or left; the prompt tokens it
+        need not decode.
 
         On the model thread, which runs one job at a time in order: no call touches the context meanwhile.
         """
         wanted = [] if seq in self._held_privately else list(prompt)
-        adopted = await self.worker.run(_adopt_shared_prefix, self.context, seq, wanted, frozenset(self._private))
+        adopted = await self.worker.run(self.context.adopt_prefix, seq, wanted, frozenset(self._private))
         if seq not in self._held_privately:
             self._private.discard(seq)  # the adopt emptied what a private request left there
         return adopted
@@ -307,22 +305,6 @@ class StepBatcher:
         while chunk * 2 <= room and self.call_costs.batch_seconds(step_tokens + chunk * 2) <= limit:
             chunk *= 2
         return min(chunk, room)
-
-
-def _adopt_shared_prefix(context: Context, seq: int, prompt: list[int], private: frozenset[int]) -> int:
-    """Make sequence `seq` hold the longest prefix of `prompt` that it or a sequence outside `private` holds, and
-    nothing else (as duo.model.Context.adopt_prefix, which knows no private sequence); its length. `seq` is emptied
-    first where it is in `private`: what a private request left there is no one's to share."""
-    if seq in private:
-        context.clear(seq)
-    sources = [source for source in range(context.n_seq) if source == seq or source not in private]
-    shared = {source: common_prefix_length(context.held(source), prompt) for source in sources}
-    source = max(sources, key=lambda s: (shared[s], s == seq))  # among equals its own cells: no copy
-    if source == seq:
-        context.rollback(shared[seq], seq)
-    else:
-        context.fork(seq, shared[source], source)
-    return shared[source]
 
 
 def one_token_seconds(context: Context, calls: int = ALONE_TIMING_CALLS) -> float:

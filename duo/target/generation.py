@@ -144,15 +144,13 @@ class Generation:
             pending, dists = [], []  # the draft rests: its chain waits, free drafts may still pay
         if self.verification == RESIDUAL and None in dists:
             pending = pending[:dists.index(None)]  # rejection sampling needs the q each token came from
-        # What the output's grammar and penalties look at: the tokens generated so far.
-        needed = self.cursor is not None or self.request.penalties.active
-        output = self.committed[len(self.request.prompt_tokens):] if needed else []
         # k drafts in the batch commit k + 1 tokens at most: the context must hold them all.
         limit = max(0, min(self.settings.draft_max, room - 2))
         if self.cursor is None:
-            pending, forced, found = self._drafts(pending, output, limit)
+            pending, forced, found = self._drafts(pending, limit)
             masks = None
-        else:
+        else:  # the grammar looks at the tokens generated so far
+            output = self.committed[len(self.request.prompt_tokens):]
             pending, forced, found, masks = await asyncio.to_thread(self._constrained_drafts, pending, output, limit)
         free = forced + found
         self.split = (len(pending), len(forced), len(found))
@@ -164,11 +162,11 @@ class Generation:
                           dists=dists, limit=min(len(pending), limit), draft_min=self.settings.draft_min,
                           policy=policy,
                           params=self.request.params, rng=self.rng,
-                          coupled_seed=self.seed if self.verification == COUPLED else None, output=output,
+                          coupled_seed=self.seed if self.verification == COUPLED else None,
                           masks=masks, penalties=self.request.penalties, counted=self.output_counts,
                           logprobs=self.request.logprobs)
 
-    def _drafts(self, pending: list[int], output: list[int], limit: int) -> tuple[list[int], list[int], list[int]]:
+    def _drafts(self, pending: list[int], limit: int) -> tuple[list[int], list[int], list[int]]:
         """The chain's drafts and the free drafts after them (_free_drafts)."""
         # Drafts past the batch's `limit` still count: the batch's last row checks the first of them.
         forced, found = self._free_drafts(pending, limit + 1) if len(pending) <= limit else ([], [])
@@ -181,7 +179,7 @@ class Generation:
         the batch may verify, so that the model thread every request shares computes none."""
         self.cursor.move_to(output)
         first = self.cursor.allowed()  # first: it builds the lexer states forced() needs without the GIL
-        pending, forced, found = self._drafts(pending[:self.cursor.valid_prefix(pending)], output, limit)
+        pending, forced, found = self._drafts(pending[:self.cursor.valid_prefix(pending)], limit)
         return pending, forced, found, [first, *self.cursor.masks_after(output, (pending + forced + found)[:limit])]
 
     def _free_drafts(self, pending: list[int], limit: int) -> tuple[list[int], list[int]]:
