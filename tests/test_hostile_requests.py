@@ -101,6 +101,11 @@ def test_a_list_longer_than_what_the_model_can_use_is_refused_before_validation(
     assert response.status_code == 400 and response.json()["error"]["param"] == param, response.text
 
 
+def test_detokenize_ids_no_machine_integer_holds_are_a_400(served_alone):
+    response = post(served_alone, "/detokenize", '{"tokens": [3, ' + str(HUGE) + "]}")
+    assert response.status_code == 400 and response.json()["error"]["param"] == "tokens", response.text
+
+
 @pytest.mark.parametrize("depth", [MAX_JSON_DEPTH + 1, 1000, 100_000])
 def test_a_body_nested_too_deeply_is_a_400_not_a_recursion_error(depth):
     raw = '{"prompt": "hi", "json_schema": ' + '{"a": ' * depth + "1" + "}" * depth + "}"

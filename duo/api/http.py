@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Any, TypeVar
 
-import numpy as np
 import uvicorn
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -243,9 +242,8 @@ class OpenAIApi:
         body.check_fields()
         model = self.completions.loaded_model()
 
-        def text() -> str:  # on a worker thread, the range check too: a context's worth of ids
-            ids = np.asarray(body.tokens, dtype=np.int64)
-            if ids.size and not (ids.min() >= 0 and ids.max() < model.n_vocab):
+        def text() -> str:  # on a worker thread, the range check too: a context's worth of ids (of any size)
+            if body.tokens and not (min(body.tokens) >= 0 and max(body.tokens) < model.n_vocab):
                 raise ApiError(400, f"token ids must be between 0 and {model.n_vocab - 1}", param="tokens")
             return model.detokenize(body.tokens).decode(errors="replace")
 
