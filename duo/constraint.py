@@ -116,6 +116,14 @@ def tokenizer_for(model: VocabModel) -> LLTokenizer:
         return _tokenizers[model]
 
 
+def build_tokenizer_in_background(model: VocabModel) -> None:
+    """Start building the model's vocabulary for grammars (tokenizer_for) on a thread of its own, as the process
+    starts: the build holds the GIL for ~0.3 s, which the process then pays once before it has much to do, not in the
+    middle of serving the first grammar; and it starts serving without waiting for it (a draft restarted after a crash
+    drafts at once; a grammar that comes meanwhile waits for the build in tokenizer_for)."""
+    threading.Thread(target=tokenizer_for, args=(model,), name="duo-grammar-vocabulary", daemon=True).start()
+
+
 class Cursor:
     """An llguidance matcher walking the constrained part of one sequence (the tokens after the prompt).
 

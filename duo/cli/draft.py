@@ -11,7 +11,7 @@ import grpc
 
 from duo import wire
 from duo._proto import duo_pb2_grpc as pb_grpc
-from duo.constraint import tokenizer_for
+from duo.constraint import build_tokenizer_in_background
 from duo.draft.drafter import KV_CELLS_PER_CONTEXT, Drafter
 from duo.draft.metrics import DraftMetrics
 from duo.draft.service import DraftServicer, SessionLimits
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     if not model.can_rollback:
         print(f"duo-draft: {args.model} is a recurrent/hybrid model; drafting needs rollback", file=sys.stderr)
         return 1
-    tokenizer_for(model)  # grammars' vocabulary: its build holds the GIL for ~0.3 s, here rather than mid-drafting
+    build_tokenizer_in_background(model)
     model.warm_up()
     return run_async(serve(args, model, metrics, http))
 

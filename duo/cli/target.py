@@ -20,7 +20,7 @@ from duo.api.grpc import client_server, set_serving
 from duo.api.http import create_app, http_server
 from duo.api.metrics import Metrics
 from duo.backends import on_native_abort
-from duo.constraint import tokenizer_for
+from duo.constraint import build_tokenizer_in_background
 from duo.model import MAX_SEQUENCES, N_BATCH, Model, ModelError
 from duo.models.hub import CATALOG, DEFAULT_TARGET, HubError, resolve_model
 from duo.runtime import (WRITE_TIMEOUT_S, ModelWorker, add_process_arguments, check_can_listen, host_port,
@@ -185,7 +185,7 @@ def load_model(path: Path, args: argparse.Namespace, options: dict[str, Any]) ->
         raise ModelError(f"{path.name} is a recurrent/hybrid model; speculation needs rollback")
     model.warm_up()
     model.vocab()  # the draft link's handshake sends it: built here rather than on the event loop
-    tokenizer_for(model)  # grammars' vocabulary: its build holds the GIL for ~0.3 s, here rather than mid-serving
+    build_tokenizer_in_background(model)
     return model
 
 
