@@ -5,7 +5,7 @@ ngram-* speculative modes, vLLM's and SGLang's n-gram proposers).
 What a coding assistant writes is often in its context already: an edited function, a diff, a test that repeats
 the code under test, JSON echoing its input. Those tokens cost nothing to propose. A proposal is a draft with a
 point distribution (q = 1): residual verification accepts it with probability p(x) and otherwise samples the
-residual, p without x, so the output stays exactly the target's (duo.sampling.verify_stochastic); greedy and
+residual, p without x, so the output stays exactly the target's (duo.sampling.verification.verify_stochastic); greedy and
 coupled verification accept it only where it is the target's own choice.
 
 The index maps every n-gram (MIN_N..MAX_N tokens) of the context but the one ending at its last token to where its

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from duo._proto import duo_pb2 as pb
-from duo.infill_sampler import infill_vocab
-from duo.model import Model, Vocab
-from duo.penalties import Penalties
-from duo.sampling import SamplingParams, SparseDist
+from duo.model import Model
+from duo.vocab import Vocab
+from duo.sampling.distributions import SparseDist
+from duo.sampling.ops.dry import Dry
+from duo.sampling.ops.infill import infill_vocab
+from duo.sampling.ops.penalties import Penalties
+from duo.sampling.params import SamplingParams
 
 PROTOCOL = "duo/3"  # 2: branches; 3: coupled sampling (OpenSession.verification)
 # Branches per chain the draft keeps at most (duo-draft --max-branches); the target accepts this many
@@ -33,33 +37,66 @@ class ChainChunk:
 
 
 def sampling_to_pb(params: SamplingParams, seed: int | None, penalties: Penalties = Penalties()) -> pb.SamplingParams:
+    dry = penalties.dry
     message = pb.SamplingParams(temperature=params.temperature, top_k=params.top_k,
                                 top_p=params.top_p, min_p=params.min_p, presence_penalty=penalties.presence,
                                 frequency_penalty=penalties.frequency, repeat_penalty=penalties.repeat,
                                 repeat_last_n=penalties.repeat_last_n, logit_bias=dict(penalties.bias),
-                                infill=params.infill is not None)
+                                infill=params.infill is not None, typical_p=params.typical_p,
+                                top_n_sigma=params.top_n_sigma, min_keep=params.min_keep,
+                                xtc_probability=params.xtc_probability, xtc_threshold=params.xtc_threshold,
+                                dynatemp_range=params.dynatemp_range, dynatemp_exponent=params.dynatemp_exponent,
+                                mirostat=params.mirostat, mirostat_tau=params.mirostat_tau,
+                                mirostat_eta=params.mirostat_eta, dry_multiplier=dry.multiplier, dry_base=dry.base,
+                                dry_allowed_length=dry.allowed_length, dry_penalty_last_n=dry.penalty_last_n,
+                                dry_sequence_breakers=list(dry.breakers))
     if seed is not None:
         message.seed = seed
     return message
 
 
 def penalties_from_pb(message: pb.SamplingParams) -> Penalties:
-    """The penalties (unchecked: Penalties.validate); repeat_penalty 0 and an unset repeat_last_n are the defaults."""
+    """The penalties (unchecked: Penalties.validate; DRY's restart sequences not yet found: Penalties.for_vocab);
+    repeat_penalty 0 and an unset optional field are the defaults."""
     window = message.repeat_last_n if message.HasField("repeat_last_n") else Penalties.repeat_last_n
+    dry = Dry(multiplier=float(message.dry_multiplier), base=_field(message, "dry_base", float, Dry.base),
+              allowed_length=_field(message, "dry_allowed_length", int, Dry.allowed_length),
+              penalty_last_n=_field(message, "dry_penalty_last_n", int, Dry.penalty_last_n),
+              breakers=tuple(message.dry_sequence_breakers))
     return Penalties(presence=float(message.presence_penalty), frequency=float(message.frequency_penalty),
                      repeat=float(message.repeat_penalty) or 1.0, repeat_last_n=window,
-                     bias=tuple(sorted((int(token), float(value)) for token, value in message.logit_bias.items())))
+                     bias=tuple(sorted((int(token), float(value)) for token, value in message.logit_bias.items())),
+                     dry=dry)
 
 
 def sampling_from_pb(message: pb.SamplingParams, model: Model | None) -> tuple[SamplingParams, int | None]:
-    """The params and the seed (None when unset); top_p 0 means an unset field, i.e. 1. `model`: the receiving
-    side's, whose vocabulary the infill sampler reads where the message asks for it (None: it cannot)."""
+    """The params and the seed (None when unset); top_p and typical_p 0 mean an unset field, i.e. 1. `model`: the
+    receiving side's, whose vocabulary the infill sampler reads where the message asks for it (None: it cannot)."""
     if message.infill and model is None:
         raise ValueError("the infill sampler needs the model's vocabulary")
+    defaults = SamplingParams()
     params = SamplingParams(temperature=float(message.temperature), top_k=int(message.top_k),
                             top_p=float(message.top_p) or 1.0, min_p=float(message.min_p),
-                            infill=infill_vocab(model) if message.infill else None)
+                            infill=infill_vocab(model) if message.infill else None,
+                            typical_p=float(message.typical_p) or 1.0, top_n_sigma=float(message.top_n_sigma),
+                            min_keep=int(message.min_keep), xtc_probability=float(message.xtc_probability),
+                            xtc_threshold=_field(message, "xtc_threshold", float, defaults.xtc_threshold),
+                            dynatemp_range=float(message.dynatemp_range),
+                            dynatemp_exponent=_field(message, "dynatemp_exponent", float, defaults.dynatemp_exponent),
+                            mirostat=int(message.mirostat),
+                            mirostat_tau=_field(message, "mirostat_tau", float, defaults.mirostat_tau),
+                            mirostat_eta=_field(message, "mirostat_eta", float, defaults.mirostat_eta))
     return params, (message.seed if message.HasField("seed") else None)
+
+
+def _field(message: pb.SamplingParams, name: str, kind: type, default: Any) -> Any:
+    """An optional field's value, or its default where unset."""
+    return kind(getattr(message, name)) if message.HasField(name) else default
+
+
+def mu_from_pb(message: pb.OpenSession | pb.Commit) -> float | None:
+    """Mirostat's state mu a message carries (None where it carries none)."""
+    return float(message.mirostat_mu) if message.HasField("mirostat_mu") else None
 
 
 def vocab_to_pb(vocab: Vocab) -> pb.Vocab:

@@ -19,7 +19,8 @@ import numpy as np
 from scipy.stats import chisquare
 
 from duo.model import Model
-from duo.sampling import SamplingParams, distribution
+from duo.sampling.distributions import distribution
+from duo.sampling.params import SamplingParams
 
 TOP = 8  # the most probable tokens (or ranks) tested apart; the rest are pooled
 

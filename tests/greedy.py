@@ -18,7 +18,9 @@ import numpy as np
 
 from duo.constraint import Cursor
 from duo.model import Model
-from duo.sampling import SamplingParams, coupled_ranking, distribution
+from duo.sampling.coupled import coupled_ranking
+from duo.sampling.distributions import distribution
+from duo.sampling.params import SamplingParams
 
 NEAR_TIE = 0.01  # logits: ten times the drift batching was seen to cause
 

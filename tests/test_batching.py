@@ -10,7 +10,7 @@ import pytest
 from duo.costs import StepCosts
 from duo.model import Part
 from duo.runtime import ModelWorker
-from duo.sampling import SamplingParams
+from duo.sampling.params import SamplingParams
 from duo.target.batching import MIN_PREFILL_CHUNK, StepBatcher
 from duo.target.generation import Target
 from duo.target.request import Request, SpecSettings

@@ -14,7 +14,8 @@ from duo.draft.drafter import Drafter
 from duo.draft.session import DraftSession, Slot
 from duo.draft.value import Round
 from duo.runtime import ModelWorker
-from duo.sampling import SamplingParams, SparseDist
+from duo.sampling.distributions import SparseDist
+from duo.sampling.params import SamplingParams
 from test_draft_and_plan import FixedExtraCost, draft_until_idle
 
 PROMPT = [9707, 11, 1879]

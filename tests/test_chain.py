@@ -199,7 +199,7 @@ def test_has_pending_says_whether_pending_holds_tokens_through_a_chains_life():
 def _tagged(epoch: int, position: int):
     """A distribution that names the line and position it was sent for (ids: the epoch; probs: one)."""
     import numpy as np
-    from duo.sampling import SparseDist
+    from duo.sampling.distributions import SparseDist
 
     return SparseDist(ids=np.array([epoch * 10_000 + position]), probs=np.array([1.0]))
 

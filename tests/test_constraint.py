@@ -13,7 +13,9 @@ import pytest
 from duo.constraint import Cursor, GrammarError, grammar_of
 from duo.model import Part
 from duo.runtime import ModelWorker
-from duo.sampling import SamplingParams, coupled_ranking, distribution
+from duo.sampling.coupled import coupled_ranking
+from duo.sampling.distributions import distribution
+from duo.sampling.params import SamplingParams
 from duo.target.batching import VerifyWork, _decode_and_verify, _Planned
 from duo.target.generation import Generation, Target
 from duo.target.request import Request, SpecSettings, StepRecord

@@ -10,13 +10,16 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from duo import sampling
 from duo._proto import duo_pb2 as pb
 from duo._proto import duo_pb2_grpc as pb_grpc
 from duo.draft.drafter import Drafter, InvalidEvent
-from duo.noise import noise_key, uniforms
 from duo.runtime import ModelWorker
-from duo.sampling import SamplingParams, coupled_sample, distribution, verify_coupled
+from duo.sampling import coupled, verification
+from duo.sampling.coupled import coupled_sample
+from duo.sampling.distributions import distribution
+from duo.sampling.noise import noise_key, uniforms
+from duo.sampling.params import SamplingParams
+from duo.sampling.verification import verify_coupled
 from greedy import leaves_coupled_path_only_at_a_near_tie
 from processes import generate, start, wait_for_draft
 from test_draft_and_plan import draft_once
@@ -84,10 +87,10 @@ def test_the_coupled_sample_is_a_function_of_seed_position_and_logits():
     assert [coupled_sample(dist, 9, p) for p in range(50)] != [coupled_sample(dist, 10, p) for p in range(50)]
 
 
-@pytest.mark.parametrize("cut", [sampling._RACE_CUT, 2.0, 0.01])  # small cuts: many rivals past the cut race
+@pytest.mark.parametrize("cut", [coupled.RACE_CUT, 2.0, 0.01])  # small cuts: many rivals past the cut race
 def test_the_bounded_race_equals_the_whole_vocabulary_race_for_every_seed(monkeypatch, cut):
-    monkeypatch.setattr(sampling, "_RACE_CUT", cut)
-    monkeypatch.setattr(sampling, "_TAIL_WEIGHT", np.exp(-cut) * (1 + 1e-9))
+    monkeypatch.setattr(coupled, "RACE_CUT", cut)
+    monkeypatch.setattr(coupled, "TAIL_WEIGHT", np.exp(-cut) * (1 + 1e-9))
     rng = np.random.default_rng(int(cut * 100))
     for trial in range(120):
         n_vocab = 151936 if trial % 10 == 0 else 4096
@@ -97,8 +100,8 @@ def test_the_bounded_race_equals_the_whole_vocabulary_race_for_every_seed(monkey
         logits = logits.astype(rng.choice([np.float32, np.float64]))
         params = SamplingParams(temperature=float(rng.choice([0.05, 0.3, 0.7, 1.0, 2.0])))
         seed, position, n = int(rng.integers(2**64, dtype=np.uint64)), int(rng.integers(10**6)), trial % 3 + 1
-        full_ids, full_keys = sampling.coupled_ranking(distribution(logits, params), seed, position, n)
-        ids, keys = sampling.coupled_race(logits, params, seed, position, n)
+        full_ids, full_keys = coupled.coupled_ranking(distribution(logits, params), seed, position, n)
+        ids, keys = coupled.coupled_race(logits, params, seed, position, n)
         assert ids.tolist() == full_ids.tolist()
         assert np.diff(keys) == pytest.approx(np.diff(full_keys))  # keys up to ln of the normaliser
 
@@ -120,10 +123,10 @@ def test_coupled_verification_outputs_the_targets_own_samples_whatever_the_draft
 def test_verify_takes_the_coupled_path_only_with_a_seed():
     rows = np.random.default_rng(2).normal(0, 1, size=(2, 40)).astype(np.float32)
     params = SamplingParams(temperature=1.0)
-    coupled = sampling.verify([5], None, rows, params, np.random.default_rng(), coupled_seed=3, start=9)
+    coupled = verification.verify([5], None, rows, params, np.random.default_rng(), coupled_seed=3, start=9)
     assert coupled.tokens == verify_coupled([5], rows, params, 3, 9).tokens
     with pytest.raises(ValueError, match="draft distributions"):
-        sampling.verify([5], None, rows, params, np.random.default_rng())  # residual needs q
+        verification.verify([5], None, rows, params, np.random.default_rng())  # residual needs q
 
 
 def open_message(verification: int, seed: int | None = 5, **sampling_fields) -> pb.OpenSession:

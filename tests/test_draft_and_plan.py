@@ -11,7 +11,7 @@ from duo.draft.drafter import Drafter
 from duo.draft.session import DraftSession
 from duo.draft.value import RoundCost
 from duo.runtime import ModelWorker
-from duo.sampling import SamplingParams
+from duo.sampling.params import SamplingParams
 from duo.target.batching import StepBatcher
 from duo.target.generation import Generation
 from duo.target.request import Request, SpecSettings

@@ -23,7 +23,9 @@ from duo.draft.service import DraftServicer, SessionLimits
 from duo.draft.session import DraftSession, proposes
 from duo.model import Context, Model, ModelError
 from duo.runtime import ModelWorker
-from duo.sampling import SamplingParams, SparseDist, sample, verify
+from duo.sampling.distributions import SparseDist, sample
+from duo.sampling.params import SamplingParams
+from duo.sampling.verification import verify
 from duo.target.generation import SYNC_WAIT_S
 from exact_fit import first_two_p_values
 from greedy import leaves_greedy_path_only_at_a_near_tie
@@ -40,7 +42,7 @@ SAMPLED = pb.SamplingParams(temperature=1.0)
 
 def emitted(p: list[float], q: list[float], sends: Callable[[int], bool], n: int = 20_000) -> np.ndarray:
     """Frequencies of the token the target emits at one position: the draft draws x ~ q and proposes it
-    when sends(x); the target verifies it (duo.sampling.verify), or decodes alone without a proposal."""
+    when sends(x); the target verifies it (duo.sampling.verification.verify), or decodes alone without a proposal."""
     rng = np.random.default_rng(0)
     target_row, params = np.log([p]), SamplingParams(temperature=1.0)
     q_dist = SparseDist(np.arange(len(q)), np.array(q))

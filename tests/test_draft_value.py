@@ -10,7 +10,7 @@ from duo.draft.branches import Branch, Doubt
 from duo.draft.session import DraftSession, Slot
 from duo.draft.value import (MAX_TIMED_TOKENS, MIN_VALUE, PRIOR_ACCEPTANCE, PRIOR_ALTERNATIVE,
                              Calibration, Horizon, Round, RoundCost, confidence, ranked_rounds, with_riders)
-from duo.sampling import SamplingParams
+from duo.sampling.params import SamplingParams
 from test_draft_and_plan import FixedExtraCost
 
 OPEN = Horizon(chain_open=True, fork_limit=100, branch_cap=4, new_branches=4)

@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from duo._proto import duo_pb2 as pb
-from duo.sampling import SamplingParams
+from duo.sampling.params import SamplingParams
 from exact_fit import first_two_p_values
 from greedy import leaves_greedy_path_only_at_a_near_tie
 from processes import Process, free_port, generate, start, wait_for_draft

@@ -8,7 +8,11 @@ from typing import Sequence
 
 import numpy as np
 
-from duo.sampling import SamplingParams, coupled_ranking, distribution
+from duo.sampling.coupled import coupled_ranking
+
+from duo.sampling.distributions import distribution
+
+from duo.sampling.params import SamplingParams
 from greedy import NEAR_TIE, leaves_coupled_path_only_at_a_near_tie, leaves_greedy_path_only_at_a_near_tie
 
 VOCAB, EOS = 12, 11

@@ -15,7 +15,8 @@ from duo.draft.batch import Work, draw_step
 from duo.draft.guess import GuessRate, guess_length
 from duo.draft.session import DraftSession, Slot
 from duo.draft.value import RoundCost
-from duo.sampling import SamplingParams, distribution
+from duo.sampling.distributions import distribution
+from duo.sampling.params import SamplingParams
 from duo.target.generation import Generation
 from duo.target.request import Request, SpecSettings
 from greedy import leaves_greedy_path_only_at_a_near_tie

@@ -19,6 +19,7 @@ FLOORS: list[set[str]] = [
     {"duo.target", "duo.draft"},  # each process's loop
     {"duo.models"},               # model files: catalog, pulls, files on disk
     {"duo"},                      # what both processes share: the modules at the top of the package
+    {"duo.sampling"},             # the sampling math: numpy alone
 ]
 
 

@@ -10,7 +10,7 @@ import httpx
 import numpy as np
 import pytest
 
-from duo.sampling import log_probs
+from duo.sampling.distributions import log_probs
 from test_http_api import client, model_name, post
 
 PROMPT = "Once upon a time"

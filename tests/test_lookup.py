@@ -10,9 +10,11 @@ import threading
 import numpy as np
 
 from duo.lookup import MAX_N, MIN_N, ContextLookup
-from duo.penalties import Penalties
 from duo.runtime import ModelWorker
-from duo.sampling import SamplingParams, SparseDist, distribution, verify_stochastic
+from duo.sampling.distributions import SparseDist, distribution
+from duo.sampling.ops.penalties import Penalties
+from duo.sampling.params import SamplingParams
+from duo.sampling.verification import verify_stochastic
 from duo.target.generation import Target
 from duo.target.policy import AdaptivePolicy, choose_together
 from duo.target.request import Request, SpecSettings

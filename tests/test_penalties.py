@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from duo import wire
-from duo.penalties import OutputCounts, Penalties, penalize_rows
 from duo.runtime import ModelWorker
-from duo.sampling import SamplingParams
+from duo.sampling.ops.penalties import OutputCounts, Penalties
+from duo.sampling.ops.rows import penalize_rows
+from duo.sampling.params import SamplingParams
 from duo.target.generation import Target
 from duo.target.request import Request, SpecSettings, StepRecord
 from greedy import leaves_transformed_greedy_path_only_at_a_near_tie
@@ -62,7 +63,7 @@ def test_rows_penalized_from_counts_kept_at_each_commit_are_exactly_those_of_the
         rows = rng.normal(0, 3, (len(drafts) + 1, n_vocab)).astype(np.float32)  # negative and positive logits
         expected = np.array([reference_transform(penalties, row.copy(), output + drafts[:i])
                              for i, row in enumerate(rows)])
-        penalize_rows(penalties, counted, drafts, rows)
+        penalize_rows(penalties, rows, output, drafts, counted)
         assert np.array_equal(rows, expected)
         committed = drafts[:rng.integers(0, len(drafts) + 1)] + rng.integers(0, n_vocab, 1).tolist()
         output += committed
@@ -158,7 +159,7 @@ def test_a_verifier_that_ignores_the_drafts_history_is_caught(target_model, monk
         return alone[done:done + 8]
 
     monkeypatch.setattr(batching, "penalize_rows",
-                        lambda p, counted, drafts, rows: [p.apply(row, [], counted) for row in rows])
+                        lambda p, rows, committed, drafts, counted: [p.apply(row, [], counted) for row in rows])
     tokens, _ = answer(target_model, prompt, penalties, ScriptedDraft(right))
     assert not leaves_transformed_greedy_path_only_at_a_near_tie(target_model, prompt, tokens, 24, penalties.apply)
 

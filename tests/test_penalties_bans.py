@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 from duo.constraint import Cursor, grammar_of
-from duo.penalties import Penalties
 from duo.runtime import ModelWorker
-from duo.sampling import NoTokenAllowed, SamplingParams
+from duo.sampling.distributions import NoTokenAllowed
+from duo.sampling.ops.penalties import Penalties
+from duo.sampling.params import SamplingParams
 from duo.target.generation import Target
 from duo.target.request import Request, SpecSettings
 from test_http_api import post

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from duo.runtime import ModelWorker
-from duo.sampling import SamplingParams
+from duo.sampling.params import SamplingParams
 from duo.target.generation import Target
 from duo.target.request import Request, SpecSettings
 from test_batching import SYSTEM

@@ -10,17 +10,10 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from duo import sampling
-from duo.sampling import (
-    SamplingParams,
-    SparseDist,
-    Verdict,
-    distribution,
-    sample,
-    verify,
-    verify_greedy,
-    verify_stochastic,
-)
+from duo.sampling import coupled, distributions, verification
+from duo.sampling.distributions import SparseDist, distribution, sample
+from duo.sampling.params import SamplingParams
+from duo.sampling.verification import Verdict, verify, verify_greedy, verify_stochastic
 
 QWEN_VOCAB = 151936
 ALPHA = 1e-3  # chi-square p-value below which "the output is not target-distributed"
@@ -241,13 +234,13 @@ def test_nan_or_inf_logits_are_rejected(bad: list, params: SamplingParams) -> No
 ], ids=["greedy distribution", "truncated distribution", "greedy verification", "coupled", "residual"])
 def test_a_row_whose_every_token_is_banned_raises_no_token_allowed_saying_what_to_fix(choose) -> None:
     rows = np.full((2, 4), -np.inf, np.float32)
-    with pytest.raises(sampling.NoTokenAllowed, match="logit_bias and grammar leave no token allowed"):
+    with pytest.raises(distributions.NoTokenAllowed, match="logit_bias and grammar leave no token allowed"):
         choose(rows)
 
 
 def test_log_probs_list_only_the_tokens_the_row_allows() -> None:
     row = np.array([-np.inf, 2.0, -np.inf, 1.0, -np.inf], np.float32)  # a grammar's mask, logit_bias false
-    logprob, top = sampling.log_probs(row, 1, 5)
+    logprob, top = distributions.log_probs(row, 1, 5)
     assert [token for token, _ in top] == [1, 3] and logprob == top[0][1]
     assert all(np.isfinite(value) for _, value in top)
 
@@ -635,16 +628,16 @@ def textbook_verify_stochastic(drafts: list[int], qs: list[SparseDist], rows: np
         if q_x > 0 and rng.random() * q_x < p_x:
             tokens.append(x)
             continue
-        return tokens + [sampling._sample_residual(p, q, rng) if q_x > 0 else sample(p, rng)]
+        return tokens + [verification._sample_residual(p, q, rng) if q_x > 0 else sample(p, rng)]
     if rows.shape[0] > len(drafts):
         tokens.append(sample(distribution(rows[-1], params), rng))
     return tokens
 
 
-@pytest.mark.parametrize("cut", [sampling._RACE_CUT, 2.0, 0.3])  # small cuts: p(x) is seldom settled early
+@pytest.mark.parametrize("cut", [coupled.RACE_CUT, 2.0, 0.3])  # small cuts: p(x) is seldom settled early
 def test_rejection_sampling_decides_every_row_as_the_whole_distribution_would(monkeypatch, cut) -> None:
-    monkeypatch.setattr(sampling, "_RACE_CUT", cut)
-    monkeypatch.setattr(sampling, "_TAIL_WEIGHT", np.exp(-cut) * (1 + 1e-9))
+    monkeypatch.setattr(coupled, "RACE_CUT", cut)
+    monkeypatch.setattr(coupled, "TAIL_WEIGHT", np.exp(-cut) * (1 + 1e-9))
     rng = np.random.default_rng(int(cut * 10))
     for trial in range(150):
         n_vocab = QWEN_VOCAB if trial % 15 == 0 else 2048

@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 from duo.model import Model
-from duo.sampling import SamplingParams, SparseDist, Verdict, distribution, sample, verify_stochastic
+from duo.sampling.distributions import SparseDist, distribution, sample
+from duo.sampling.params import SamplingParams
+from duo.sampling.verification import Verdict, verify_stochastic
 from exact_fit import first_two_p_values
 from test_sampling import verify_resampling_from_p
 

@@ -9,10 +9,10 @@ import pytest
 
 from duo._proto import duo_pb2 as pb
 from duo.runtime import ModelWorker
-from duo.sampling import SamplingParams
+from duo.sampling.params import SamplingParams
 from duo.target.generation import SYNC_WAIT_S, Generation, Target
-from duo.target.request import Request, SpecSettings, StepRecord
 from duo.target.policy import AdaptivePolicy
+from duo.target.request import Request, SpecSettings, StepRecord
 from duo.wire import ChainChunk
 
 BLOCK_S = 0.15  # another request's work on the model thread, in front of every step

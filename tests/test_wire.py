@@ -5,7 +5,8 @@ import pytest
 
 from duo import wire
 from duo._proto import duo_pb2 as pb
-from duo.sampling import SamplingParams, SparseDist
+from duo.sampling.distributions import SparseDist
+from duo.sampling.params import SamplingParams
 
 N_VOCAB = 100
 

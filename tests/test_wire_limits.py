@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from duo._proto import duo_pb2 as pb
-from duo.sampling import SamplingParams
+from duo.sampling.params import SamplingParams
 from processes import generate
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}

@@ -41,7 +41,7 @@ class Vocab(_message.Message):
     def __init__(self, vocab_type: _Optional[int] = ..., bos: _Optional[int] = ..., eos: _Optional[int] = ..., add_bos: _Optional[bool] = ..., add_eos: _Optional[bool] = ..., token_texts: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
-    __slots__ = ("temperature", "top_k", "top_p", "min_p", "seed", "presence_penalty", "frequency_penalty", "repeat_penalty", "repeat_last_n", "logit_bias", "infill")
+    __slots__ = ("temperature", "top_k", "top_p", "min_p", "seed", "presence_penalty", "frequency_penalty", "repeat_penalty", "repeat_last_n", "logit_bias", "infill", "typical_p", "top_n_sigma", "min_keep", "xtc_probability", "xtc_threshold", "dynatemp_range", "dynatemp_exponent", "mirostat", "mirostat_tau", "mirostat_eta", "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers")
     class LogitBiasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -60,6 +60,21 @@ class SamplingParams(_message.Message):
     REPEAT_LAST_N_FIELD_NUMBER: _ClassVar[int]
     LOGIT_BIAS_FIELD_NUMBER: _ClassVar[int]
     INFILL_FIELD_NUMBER: _ClassVar[int]
+    TYPICAL_P_FIELD_NUMBER: _ClassVar[int]
+    TOP_N_SIGMA_FIELD_NUMBER: _ClassVar[int]
+    MIN_KEEP_FIELD_NUMBER: _ClassVar[int]
+    XTC_PROBABILITY_FIELD_NUMBER: _ClassVar[int]
+    XTC_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    DYNATEMP_RANGE_FIELD_NUMBER: _ClassVar[int]
+    DYNATEMP_EXPONENT_FIELD_NUMBER: _ClassVar[int]
+    MIROSTAT_FIELD_NUMBER: _ClassVar[int]
+    MIROSTAT_TAU_FIELD_NUMBER: _ClassVar[int]
+    MIROSTAT_ETA_FIELD_NUMBER: _ClassVar[int]
+    DRY_MULTIPLIER_FIELD_NUMBER: _ClassVar[int]
+    DRY_BASE_FIELD_NUMBER: _ClassVar[int]
+    DRY_ALLOWED_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    DRY_PENALTY_LAST_N_FIELD_NUMBER: _ClassVar[int]
+    DRY_SEQUENCE_BREAKERS_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_k: int
     top_p: float
@@ -71,7 +86,22 @@ class SamplingParams(_message.Message):
     repeat_last_n: int
     logit_bias: _containers.ScalarMap[int, float]
     infill: bool
-    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repeat_penalty: _Optional[float] = ..., repeat_last_n: _Optional[int] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., infill: _Optional[bool] = ...) -> None: ...
+    typical_p: float
+    top_n_sigma: float
+    min_keep: int
+    xtc_probability: float
+    xtc_threshold: float
+    dynatemp_range: float
+    dynatemp_exponent: float
+    mirostat: int
+    mirostat_tau: float
+    mirostat_eta: float
+    dry_multiplier: float
+    dry_base: float
+    dry_allowed_length: int
+    dry_penalty_last_n: int
+    dry_sequence_breakers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repeat_penalty: _Optional[float] = ..., repeat_last_n: _Optional[int] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., infill: _Optional[bool] = ..., typical_p: _Optional[float] = ..., top_n_sigma: _Optional[float] = ..., min_keep: _Optional[int] = ..., xtc_probability: _Optional[float] = ..., xtc_threshold: _Optional[float] = ..., dynatemp_range: _Optional[float] = ..., dynatemp_exponent: _Optional[float] = ..., mirostat: _Optional[int] = ..., mirostat_tau: _Optional[float] = ..., mirostat_eta: _Optional[float] = ..., dry_multiplier: _Optional[float] = ..., dry_base: _Optional[float] = ..., dry_allowed_length: _Optional[int] = ..., dry_penalty_last_n: _Optional[int] = ..., dry_sequence_breakers: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TargetEvent(_message.Message):
     __slots__ = ("open", "commit", "steer", "close")
@@ -86,7 +116,7 @@ class TargetEvent(_message.Message):
     def __init__(self, open: _Optional[_Union[OpenSession, _Mapping]] = ..., commit: _Optional[_Union[Commit, _Mapping]] = ..., steer: _Optional[_Union[Steer, _Mapping]] = ..., close: _Optional[_Union[CloseSession, _Mapping]] = ...) -> None: ...
 
 class OpenSession(_message.Message):
-    __slots__ = ("session_id", "committed", "sampling", "max_ahead", "p_min", "verification", "grammar", "output_start", "lookup")
+    __slots__ = ("session_id", "committed", "sampling", "max_ahead", "p_min", "verification", "grammar", "output_start", "lookup", "mirostat_mu")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -96,6 +126,7 @@ class OpenSession(_message.Message):
     GRAMMAR_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_START_FIELD_NUMBER: _ClassVar[int]
     LOOKUP_FIELD_NUMBER: _ClassVar[int]
+    MIROSTAT_MU_FIELD_NUMBER: _ClassVar[int]
     session_id: int
     committed: _containers.RepeatedScalarFieldContainer[int]
     sampling: SamplingParams
@@ -105,17 +136,20 @@ class OpenSession(_message.Message):
     grammar: str
     output_start: int
     lookup: bool
-    def __init__(self, session_id: _Optional[int] = ..., committed: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_ahead: _Optional[int] = ..., p_min: _Optional[float] = ..., verification: _Optional[_Union[Verification, str]] = ..., grammar: _Optional[str] = ..., output_start: _Optional[int] = ..., lookup: _Optional[bool] = ...) -> None: ...
+    mirostat_mu: float
+    def __init__(self, session_id: _Optional[int] = ..., committed: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_ahead: _Optional[int] = ..., p_min: _Optional[float] = ..., verification: _Optional[_Union[Verification, str]] = ..., grammar: _Optional[str] = ..., output_start: _Optional[int] = ..., lookup: _Optional[bool] = ..., mirostat_mu: _Optional[float] = ...) -> None: ...
 
 class Commit(_message.Message):
-    __slots__ = ("session_id", "start", "tokens")
+    __slots__ = ("session_id", "start", "tokens", "mirostat_mu")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MIROSTAT_MU_FIELD_NUMBER: _ClassVar[int]
     session_id: int
     start: int
     tokens: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, session_id: _Optional[int] = ..., start: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ...) -> None: ...
+    mirostat_mu: float
+    def __init__(self, session_id: _Optional[int] = ..., start: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., mirostat_mu: _Optional[float] = ...) -> None: ...
 
 class Steer(_message.Message):
     __slots__ = ("session_id", "max_ahead")

@@ -15,7 +15,7 @@ drafts from), the per-position acceptance probabilities are:
               that has probability exp(-e S_i), S_i = sum_{j != i} max(.), and E[exp(-E S_i)] = 1/(1 + S_i), so
                   a = sum_i 1 / sum_j max(p_j/p_i, q_j/q_i)      (each term <= min(p_i, q_i)),
               summed over the whole vocabulary in O(n log n) (see coupled_exact). Cross-check: Monte Carlo
-              over --noise-draws seeds per position with duo's own noise (duo.noise.uniforms, the race
+              over --noise-draws seeds per position with duo's own noise (duo.sampling.noise.uniforms, the race
               of coupled_sample), with its standard error over the noise (assuming the hash is ideal noise).
   argmax      a = p(argmax q): the draft proposes its argmax, the target samples (llama-server's default).
 
@@ -37,14 +37,10 @@ import numpy as np
 from duo.bench.cluster import ROOT
 from duo.model import Model
 from duo.models import hub
-from duo.noise import uniforms
-from duo.sampling import (
-    SamplingParams,
-    SparseDist,
-    coupled_sample,
-    distribution,
-    sample,
-)
+from duo.sampling.coupled import coupled_sample
+from duo.sampling.distributions import SparseDist, distribution, sample
+from duo.sampling.noise import uniforms
+from duo.sampling.params import SamplingParams
 
 PROMPTS = ("Write a snake game in Python.", "Write a quicksort in C.",
            "Explain Python decorators with an example.")

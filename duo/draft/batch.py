@@ -266,7 +266,7 @@ def draw_one(work: Work, guessed: int, logits: np.ndarray) -> Drawn | None:
             return None
     if work.fork is None and not proposes(logits, session.p_min):
         return None
-    return draw(session, logits, len(work.tokens) + guessed)
+    return draw(session, logits, len(work.tokens) + guessed, work.fork is None)
 
 
 def constrain(work: Work, tokens: list[int], output: list[int], logits: np.ndarray) -> bool:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from duo.sampling import SparseDist
+from duo.sampling.distributions import SparseDist
 
 @dataclass(frozen=True)
 class Doubt:

@@ -9,8 +9,8 @@ from typing import Iterable, Protocol, Sequence
 import numpy as np
 
 from duo import wire
-from duo.constraint import Compiler, CompilerBusy, Cursor, GrammarError
 from duo._proto import duo_pb2 as pb
+from duo.constraint import Compiler, CompilerBusy, Cursor, GrammarError
 from duo.draft.batch import DraftCache, RoundReport, Step, Work, plan_works
 from duo.draft.branches import Branch, Doubt, branch_length
 from duo.draft.guess import GuessRate, guess_length, shared_guess_rate
@@ -19,7 +19,8 @@ from duo.draft.value import RoundCost, with_riders
 from duo.lookup import ContextLookup
 from duo.model import Model, ModelError
 from duo.runtime import ModelWorker
-from duo.sampling import SamplingParams, SparseDist
+from duo.sampling.distributions import SparseDist
+from duo.sampling.params import SamplingParams
 
 # duo-draft --kv-cells by default: room for this many sessions at their longest (--ctx-size), or for
 # many more shorter ones: the cells are shared.
@@ -122,6 +123,8 @@ class Drafter:
     async def open(self, message: pb.OpenSession) -> DraftSession:
         """A session drafting after `message.committed`; InvalidEvent or ModelError when it cannot be."""
         params, seed, coupled = self._checked_open(message)
+        # DRY's restart sequences in the draft's own vocabulary: the first time for its breakers, a walk of it
+        penalties = await asyncio.to_thread(wire.penalties_from_pb(message.sampling).for_vocab, self.model)
         cursor = await self._grammar_cursor(message)
         lookup = ContextLookup(list(message.committed)) if message.lookup else None
         if lookup is not None:  # the prompt indexed before a slot is taken: a cancelled open then holds none
@@ -134,9 +137,8 @@ class Drafter:
             rng=np.random.default_rng(None if seed is None else [seed, 1]),  # not the target's
             max_ahead=message.max_ahead, p_min=message.p_min, slot=slot, n_ctx=self.n_ctx,
             coupled_seed=seed if coupled else None, max_branches=self.max_branches, branch_len=self.branch_len,
-            cursor=cursor, output_start=message.output_start, penalties=wire.penalties_from_pb(message.sampling),
-            lookup=lookup,
-            guess_rate=GuessRate(self.guess_rate))
+            cursor=cursor, output_start=message.output_start, penalties=penalties, lookup=lookup,
+            guess_rate=GuessRate(self.guess_rate), committed_mu=_opening_mu(message, params))
 
     async def _grammar_cursor(self, message: pb.OpenSession) -> Cursor | None:
         """The session's grammar compiled for the draft's vocabulary within its budget, on a thread of its own
@@ -176,8 +178,9 @@ class Drafter:
             raise InvalidEvent("a COUPLED session needs sampling.seed: the noise both sides share derives from it")
         return params, seed, coupled
 
-    def commit(self, session: DraftSession, start: int, tokens: Sequence[int]) -> None:
-        """Apply the target's commit of `tokens` at positions [start, start + len(tokens))."""
+    def commit(self, session: DraftSession, start: int, tokens: Sequence[int], mu: float | None = None) -> None:
+        """Apply the target's commit of `tokens` at positions [start, start + len(tokens)), after which its mirostat
+        state is `mu` (None: unchanged, or none)."""
         if start != session.committed:
             raise InvalidEvent(f"a commit at position {start}, but {session.committed} tokens are committed: "
                                "a commit must continue the committed sequence")
@@ -185,7 +188,7 @@ class Drafter:
         if start + len(tokens) >= self.n_ctx:
             raise ModelError(f"the session outgrew the draft's context of {self.n_ctx} tokens; start duo-draft "
                              "with a larger --ctx-size")
-        session.apply_commit(start, tokens)
+        session.apply_commit(start, tokens, _checked_mu(mu) if session.params.mirostat else None)
 
     def steer(self, session: DraftSession, max_ahead: int) -> None:
         self._check_max_ahead(max_ahead)
@@ -361,3 +364,18 @@ class _Release:
     def close(self) -> None:
         for session in self.sessions:
             self.cache.release(session)
+
+
+def _opening_mu(message: pb.OpenSession, params: SamplingParams) -> float | None:
+    """Mirostat's state after the committed tokens as the session opens: the target's, or its start (2 tau)."""
+    if not params.mirostat:
+        return None
+    mu = _checked_mu(wire.mu_from_pb(message))
+    return params.start_mu() if mu is None else mu
+
+
+def _checked_mu(mu: float | None) -> float | None:
+    """A mirostat state from the target: a finite number (None: the target sent none; the draft keeps its own)."""
+    if mu is not None and not np.isfinite(mu):
+        raise InvalidEvent(f"mirostat_mu must be a finite number, got {mu}")
+    return mu

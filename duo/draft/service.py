@@ -17,7 +17,8 @@ from duo._proto import duo_pb2_grpc as pb_grpc
 from duo.draft.drafter import Drafted, Drafter, InvalidEvent
 from duo.draft.metrics import DraftMetrics
 from duo.draft.session import DraftSession
-from duo.model import IncompatibleVocab, Model, ModelError, check_compatible
+from duo.model import Model, ModelError
+from duo.vocab import IncompatibleVocab, check_compatible
 
 log = logging.getLogger("duo.draft")
 
@@ -277,7 +278,7 @@ class Connection:
             return
         try:
             if kind == "commit":
-                self.drafter.commit(session, message.start, message.tokens)
+                self.drafter.commit(session, message.start, message.tokens, wire.mu_from_pb(message))
             elif kind == "steer":
                 self.drafter.steer(session, message.max_ahead)
             else:

@@ -13,8 +13,11 @@ from duo.draft.guess import GuessRate
 from duo.draft.value import Calibration, Horizon, Round, ranked_rounds
 from duo.lookup import ContextLookup
 from duo.model import common_prefix_length
-from duo.penalties import OutputCounts, Penalties
-from duo.sampling import SamplingParams, SparseDist, coupled_race, distribution, sample
+from duo.sampling.coupled import coupled_race, coupled_ranking
+from duo.sampling.distributions import SparseDist, advance, distribution, sample
+from duo.sampling.ops.penalties import OutputCounts, Penalties
+from duo.sampling.ops.rows import penalize_rows
+from duo.sampling.params import SamplingParams
 
 # A token drawn: (its id, the distribution it was drawn from or None where none travels, its Doubt or None).
 Drawn = tuple[int, SparseDist | None, Doubt | None]
@@ -61,7 +64,7 @@ class DraftSession:
     branch_shared: int = 0
     # The output starts at position output_start. Its grammar (duo.constraint): what the chain draws is masked with
     # `cursor`, what branches draw with a copy of it (each walks its own sequence; model thread only). Its
-    # penalties transform what it draws from, after the output before each position (duo.penalties).
+    # penalties transform what it draws from, after the output before each position (duo.sampling.ops.penalties).
     cursor: Cursor | None = None
     branch_cursor: Cursor | None = None
     output_start: int = 0
@@ -71,6 +74,10 @@ class DraftSession:
     # often its draws follow a guess.
     lookup: ContextLookup | None = None
     guess_rate: GuessRate | None = None
+    # Mirostat's state (duo.sampling.ops.mirostat): the target's after the committed tokens, and the draft's own walk
+    # along its chain from there (chain position -> mu before its token; model thread writes, commits prune).
+    committed_mu: float | None = None
+    mus: dict[int, float] = field(default_factory=dict)
 
     @property
     def rejection_sampled(self) -> bool:
@@ -114,7 +121,12 @@ class DraftSession:
             self.output_counts = OutputCounts(logits.size)
         counted = self.output_counts
         counted.extend(tokens[self.output_start + len(counted.tokens):committed])
-        self.penalties.apply(logits, tokens[self.output_start + len(counted.tokens):], counted)
+        penalize_rows(self.penalties, logits[None], tokens[:committed], tokens[committed:], counted)
+
+    def mu_at(self, position: int) -> float | None:
+        """Mirostat's mu for the token at `position`: the draft's walk where it drew the chain up to there, else the
+        target's after the committed tokens (None without mirostat)."""
+        return self.mus.get(position, self.committed_mu)
 
     def cells_held(self) -> int:
         """KV cells its sequences hold (model thread): cells the branch shares with the chain count once."""
@@ -124,12 +136,16 @@ class DraftSession:
         epoch, self.next_epoch = self.next_epoch, self.next_epoch + 1
         return epoch
 
-    def apply_commit(self, start: int, tokens: Sequence[int]) -> None:
+    def apply_commit(self, start: int, tokens: Sequence[int], mu: float | None = None) -> None:
         """Keep the chain where the target agreed with it; else take the branch that assumed what the
-        target committed, or restart the chain (a new epoch) from the commit."""
+        target committed, or restart the chain (a new epoch) from the commit. `mu`: mirostat's state after it."""
         end = start + len(tokens)
         self.commits += 1
         agreed = common_prefix_length(self.chain[start:end], tokens)
+        if mu is not None:  # the walk goes on from the target's mu, along the chain where it still holds
+            kept = list(self.mus.items()) if agreed == len(tokens) else []  # a copy: the model thread writes
+            self.mus = {position: value for position, value in kept if position > end}
+            self.committed_mu = mu
         self._judge(start, tokens, agreed)
         if agreed == len(tokens):
             self.branches = [branch for branch in self.branches if branch.fork >= end]  # the rest were wrong
@@ -181,23 +197,34 @@ def proposes(logits: np.ndarray, p_min: float) -> bool:
     return bool(1.0 / np.exp(shifted).sum() >= p_min)
 
 
-def draw(session: DraftSession, logits: np.ndarray, position: int) -> Drawn:
+def draw(session: DraftSession, logits: np.ndarray, position: int, chain: bool = True) -> Drawn:
     """The token at `position` after these logits, the distribution it was drawn from (None where the
-    target needs none: coupled sessions) and, when the session drafts branches, its Doubt."""
+    target needs none: coupled sessions) and, when the session drafts branches, its Doubt. Under mirostat, a draw
+    on the chain (not a branch) walks the draft's mu on to the next position."""
     if session.coupled_seed is not None:
-        return draw_coupled(session, logits, position)
-    dist = distribution(logits, session.params)
+        return draw_coupled(session, logits, position, chain)
+    mu = session.mu_at(position)
+    dist = distribution(logits, session.params, mu)
     token = sample(dist, session.rng)
+    if mu is not None and chain:
+        session.mus[position + 1] = advance(session.params, mu, dist, token)
     doubt = doubt_of(logits, token, dist, session.params.greedy) if session.max_branches else None
     return token, dist, doubt
 
 
-def draw_coupled(session: DraftSession, logits: np.ndarray, position: int) -> tuple[int, None, Doubt | None]:
+def draw_coupled(session: DraftSession, logits: np.ndarray, position: int,
+                 chain: bool = True) -> tuple[int, None, Doubt | None]:
     """The draft's coupled sample: the winner of the race that decides the target's token, run with
     q instead of p. Its runner-up is the branch's alternative: when the target's race ends otherwise,
     the token that came second with q is the likeliest winner with p."""
-    ids, keys = coupled_race(logits, session.params, session.coupled_seed, position,
-                             n=2 if session.max_branches else 1)
+    n, mu = 2 if session.max_branches else 1, session.mu_at(position)
+    if mu is None:
+        ids, keys = coupled_race(logits, session.params, session.coupled_seed, position, n)
+    else:
+        dist = distribution(logits, session.params, mu)
+        ids, keys = coupled_ranking(dist, session.coupled_seed, position, n)
+        if chain:
+            session.mus[position + 1] = advance(session.params, mu, dist, int(ids[0]))
     if not session.max_branches:
         return int(ids[0]), None, None
     alternative = int(ids[1]) if ids.size > 1 else None

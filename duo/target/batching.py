@@ -19,10 +19,13 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 
 from duo.costs import StepCosts
-from duo.penalties import OutputCounts, Penalties, penalize_rows
 from duo.model import Context, ModelError, Part, common_prefix_length
 from duo.runtime import ModelWorker, within
-from duo.sampling import NoTokenAllowed, SamplingParams, SparseDist, Verdict, log_probs, verify
+from duo.sampling.distributions import NoTokenAllowed, SparseDist, log_probs
+from duo.sampling.ops.penalties import OutputCounts, Penalties
+from duo.sampling.ops.rows import penalize_rows
+from duo.sampling.params import SamplingParams
+from duo.sampling.verification import Verdict, verify
 from duo.target.policy import AdaptivePolicy, choose_together
 
 log = logging.getLogger("duo.target")
@@ -67,6 +70,8 @@ class VerifyWork:
     penalties: Penalties = Penalties()
     counted: OutputCounts | None = None
     logprobs: int = -1  # >= 0: each committed token's log-probability and this many alternatives' (-1: none)
+    committed: Sequence[int] = ()  # the prompt and the committed output (DRY reads them), unchanged until the result
+    mu: float | None = None  # mirostat's state after them (None without mirostat)
 
 
 @dataclass(frozen=True)
@@ -333,12 +338,13 @@ def _decode_and_verify(context: Context,
             results.append(len(item.part.tokens))
             continue
         try:
-            if work.penalties.active:  # p is the target's after the output each row follows
-                penalize_rows(work.penalties, work.counted, item.part.tokens[1:], logits)
+            if work.penalties.active:  # p is the target's after the tokens each row follows
+                penalize_rows(work.penalties, logits, work.committed, item.part.tokens[1:], work.counted)
             if work.masks is not None:  # p becomes the constrained target distribution, row by row
                 for row, allowed in zip(logits, work.masks):
                     row[~allowed] = -np.inf
-            verdict = verify(item.drafts, item.dists, logits, work.params, work.rng, work.coupled_seed, work.pos + 1)
+            verdict = verify(item.drafts, item.dists, logits, work.params, work.rng, work.coupled_seed, work.pos + 1,
+                             work.mu)
             if work.logprobs >= 0:  # from the rows as verified: after the penalties and the grammar
                 verdict = replace(verdict, logprobs=[log_probs(row, token, work.logprobs)
                                                      for row, token in zip(logits, verdict.tokens)])

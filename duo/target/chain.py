@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from duo.sampling import SparseDist
+from duo.sampling.distributions import SparseDist
 from duo.wire import MAX_BRANCHES
 
 

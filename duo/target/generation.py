@@ -17,9 +17,10 @@ from duo._proto import duo_pb2 as pb
 from duo.costs import StepCosts
 from duo.lookup import ContextLookup
 from duo.model import Model, ModelError
-from duo.penalties import OutputCounts
 from duo.runtime import ModelWorker, within
-from duo.sampling import COUPLED, GREEDY, RESIDUAL, SparseDist, Verdict
+from duo.sampling.distributions import SparseDist
+from duo.sampling.ops.penalties import OutputCounts
+from duo.sampling.verification import COUPLED, GREEDY, RESIDUAL, Verdict
 from duo.target.batching import CallObserver, PrefillWork, StepBatcher, VerifyWork, one_token_seconds
 from duo.target.chain import DraftChain
 from duo.target.link import DraftLink
@@ -79,8 +80,9 @@ class Generation:
         self.cursor = request.constraint  # the output's grammar, walked along what is verified (duo.constraint)
         self.lookup = ContextLookup(self.committed) if settings.lookup else None
         self.split = (0, 0, 0)  # this step's drafts: from the model's chain, forced by the grammar, from the lookup
-        # What the penalties count: the output's tokens, kept up at each commit (duo.penalties).
+        # What the penalties count: the output's tokens, kept up at each commit (duo.sampling.ops.penalties).
         self.output_counts = OutputCounts(model.n_vocab) if request.penalties.active else None
+        self.mu = request.params.start_mu()  # mirostat's state after the committed tokens (duo.sampling.ops.mirostat)
 
     # The draft link calls these.
     def open_message(self) -> pb.OpenSession:
@@ -92,7 +94,7 @@ class Generation:
                               max_ahead=self.max_ahead, p_min=self.settings.draft_p_min,
                               verification=pb.COUPLED if self.verification == COUPLED else pb.RESIDUAL,
                               grammar=self.request.grammar, output_start=len(self.request.prompt_tokens),
-                              lookup=self.settings.lookup)
+                              lookup=self.settings.lookup, mirostat_mu=self.mu)
 
     def on_chunk(self, chunk: ChainChunk) -> None:
         """Chain tokens the link has checked against this session's bounds."""
@@ -164,7 +166,7 @@ class Generation:
                           params=self.request.params, rng=self.rng,
                           coupled_seed=self.seed if self.verification == COUPLED else None,
                           masks=masks, penalties=self.request.penalties, counted=self.output_counts,
-                          logprobs=self.request.logprobs)
+                          logprobs=self.request.logprobs, committed=self.committed, mu=self.mu)
 
     def _drafts(self, pending: list[int], limit: int) -> tuple[list[int], list[int], list[int]]:
         """The chain's drafts and the free drafts after them (_free_drafts)."""
@@ -207,6 +209,7 @@ class Generation:
                 finish = "length"
                 break
         self.committed.extend(tokens)
+        self.mu = verdict.mu  # what the verdict's tokens left (a stop cut short ends the request)
         if self.output_counts is not None:
             self.output_counts.extend(tokens)
         self.chain.on_commit()
@@ -408,7 +411,8 @@ class Target:
             unsent = generation.committed[generation.told:]
             if unsent:
                 self.link.send(pb.TargetEvent(commit=pb.Commit(session_id=generation.session_id,
-                                                               start=generation.told, tokens=unsent)))
+                                                               start=generation.told, tokens=unsent,
+                                                               mirostat_mu=generation.mu)))
             generation.told = len(generation.committed)
         if policy is not None:
             self._steer(generation, policy.max_ahead())

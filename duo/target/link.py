@@ -12,7 +12,7 @@ import grpc
 from duo import wire
 from duo._proto import duo_pb2 as pb
 from duo._proto import duo_pb2_grpc as pb_grpc
-from duo.model import IncompatibleVocab, Vocab, check_compatible
+from duo.vocab import IncompatibleVocab, Vocab, check_compatible
 from duo.runtime import MAX_MESSAGE_BYTES, grpc_channel_options, within
 from duo.target.chain import DraftChain
 from duo.wire import ChainChunk

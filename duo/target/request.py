@@ -6,8 +6,9 @@ import time
 from dataclasses import dataclass, field
 
 from duo.constraint import Cursor
-from duo.penalties import Penalties
-from duo.sampling import COUPLED, GREEDY, RESIDUAL, SamplingParams
+from duo.sampling.ops.penalties import Penalties
+from duo.sampling.params import SamplingParams
+from duo.sampling.verification import COUPLED, GREEDY, RESIDUAL
 
 
 @dataclass(frozen=True)

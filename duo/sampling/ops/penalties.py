@@ -1,17 +1,20 @@
 """Logit transforms before sampling: OpenAI's presence and frequency penalties and logit_bias, llama.cpp's repeat
-penalty. Each row's transform depends on the output before it, so under speculation a verified row is transformed
-with the committed output plus the drafts before that row (and the draft transforms what it drafts from the same
-way): the target's distribution at every position is exactly the one it would sample alone.
+penalty and DRY (duo.sampling.ops.dry). Each row's transform depends on the tokens before it, so under speculation a
+verified row is transformed with the committed tokens plus the drafts before that row, and the draft transforms what
+it drafts from the same way (duo.sampling.ops.rows): the target's distribution at every position is exactly the one
+it would sample alone.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Sequence
 
 import numpy as np
+
+from duo.sampling.ops.dry import Dry, DryVocab, restart_sequences
 
 MAX_BIAS = 100.0  # OpenAI's range for logit_bias values; -inf (llama.cpp's `false`) bans a token
 MAX_REPEAT_LAST_N = 2**31 - 1  # the wire's int32 (proto/duo.proto: SamplingParams.repeat_last_n)
@@ -37,18 +40,20 @@ class OutputCounts:
 
 @dataclass(frozen=True)
 class Penalties:
-    """What a request's output so far does to the next logits. Order as llama.cpp's sampler chain: the biases,
-    then the repeat penalty, then presence and frequency."""
+    """What a request's tokens so far do to the next logits. Order as llama.cpp's sampler chain: the biases,
+    then the repeat penalty, then presence and frequency (over the output), then DRY (over the whole context)."""
 
     presence: float = 0.0    # subtracted once from every token the output holds (OpenAI: -2 to 2)
     frequency: float = 0.0   # subtracted once per time the output holds it (OpenAI: -2 to 2)
     repeat: float = 1.0      # llama.cpp: a logit of a token among the last `repeat_last_n` is divided by it where
     repeat_last_n: int = 64  # positive, multiplied where not (-1: the whole output, 0: off)
     bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
+    dry: Dry = Dry()
 
     @property
     def active(self) -> bool:
-        return bool(self.presence or self.frequency or self.bias or (self.repeat != 1.0 and self.repeat_last_n))
+        return bool(self.presence or self.frequency or self.bias or (self.repeat != 1.0 and self.repeat_last_n)
+                    or self.dry.active)
 
     @cached_property  # built once per request (a frozen dataclass keeps it in its __dict__): a row costs one add
     def _bias_arrays(self) -> tuple[np.ndarray, np.ndarray]:
@@ -56,6 +61,13 @@ class Penalties:
         ids = np.fromiter((token for token, _ in self.bias), dtype=np.int64, count=len(self.bias))
         values = np.fromiter((value for _, value in self.bias), dtype=np.float64, count=len(self.bias))
         return ids, values
+
+    def for_vocab(self, vocab: DryVocab) -> Penalties:
+        """These penalties with DRY's restart sequences found in `vocab`, the applying side's (the first time for a
+        list of breakers, a walk of the vocabulary: call it off the event loop)."""
+        if not self.dry.active or self.dry.restarts is not None:
+            return self
+        return replace(self, dry=replace(self.dry, restarts=restart_sequences(vocab, self.dry.breakers)))
 
     def validate(self, n_vocab: int) -> None:
         """ValueError naming the field and its range."""
@@ -68,6 +80,7 @@ class Penalties:
             raise ValueError(f"repeat_last_n must be -1 (the whole output), 0 (off) or up to {MAX_REPEAT_LAST_N}, "
                              f"got {self.repeat_last_n}")
         self._validate_bias(n_vocab)
+        self.dry.validate()
 
     def _validate_bias(self, n_vocab: int) -> None:
         if len(self.bias) > n_vocab:
@@ -88,7 +101,7 @@ class Penalties:
 
     def apply(self, logits: np.ndarray, output: Sequence[int], counted: OutputCounts | None = None) -> np.ndarray:
         """`logits` (one row, changed in place and returned) after the tokens generated before it: the committed
-        output that `counted` holds, if given, then `output`."""
+        output that `counted` holds, if given, then `output`. DRY reads the whole context: duo.sampling.ops.rows."""
         if self.bias:
             ids, values = self._bias_arrays
             logits[ids] += values.astype(logits.dtype)
@@ -116,8 +129,3 @@ def _distinct_counts(counted: OutputCounts | None, output: Sequence[int]) -> tup
     return (np.concatenate([earlier, later]),
             np.concatenate([counted.counts[earlier], later_counts + counted.counts[later]]))
 
-
-def penalize_rows(penalties: Penalties, counted: OutputCounts, drafts: Sequence[int], rows: np.ndarray) -> None:
-    """Transform verification rows in place: row i follows the committed output `counted` holds, then drafts[:i]."""
-    for i, row in enumerate(rows):
-        penalties.apply(row, drafts[:i], counted)

@@ -19,12 +19,9 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from duo.model import Model
 
 # The most candidates the transform takes: step 2 compares every pair (llama.cpp's quadratic loop), so a
 # request must truncate first; llama.vscode and llama.vim send top_k 40.
@@ -42,10 +39,20 @@ class InfillVocab:
     piece: Callable[[int], bytes]
 
 
-_vocabs: weakref.WeakKeyDictionary[Model, InfillVocab] = weakref.WeakKeyDictionary()
+class InfillModel(Protocol):
+    """What the transform reads of a model (duo.model.Model is one)."""
+
+    def special_token(self, name: str) -> int | None: ...
+
+    def end_of_generation_ids(self) -> list[int]: ...
+
+    def token_piece(self, token: int, *, special: bool = False) -> bytes: ...
 
 
-def infill_vocab(model: Model) -> InfillVocab:
+_vocabs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its InfillVocab
+
+
+def infill_vocab(model: InfillModel) -> InfillVocab:
     """`model`'s InfillVocab, built once per model (finding its end-of-generation tokens walks the vocabulary)."""
     if model not in _vocabs:
         eot = model.special_token("eot")

@@ -1,0 +1,46 @@
+"""Mirostat (Basu et al. 2021; llama.cpp's mirostat and mirostat-v2): a truncation steered by a state mu, the surprise
+allowed, which each drawn token moves towards the target surprise tau.
+
+After a token x drawn from the truncated, renormalised q: mu' = mu - eta (-log2 q(x) - tau). Row i's distribution
+depends on mu after the tokens before it, so under speculation the target walks mu along the chain it verifies (an
+accepted draft, then the recovered or bonus token) and keeps the mu of what it committed (duo.sampling.verification).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+V1_SAMPLE = 100  # mirostat v1 estimates the Zipf exponent from the m most probable tokens (llama.cpp's m)
+
+
+def next_mu(mu: float, prob: float, tau: float, eta: float) -> float:
+    """mu after drawing a token whose probability in the distribution it was drawn from is `prob`."""
+    return mu - eta * (-math.log2(prob) - tau)
+
+
+def v2_size(weights: np.ndarray, mass: float, mu: float) -> int:
+    """Mirostat v2: how many of the most probable tokens have a surprise -log2 p <= mu (p = weight / mass), at least
+    one; they are a prefix of the ranking."""
+    return max(int(np.count_nonzero(weights >= mass * 2.0 ** -mu)), 1)
+
+
+def v1_size(leading_probs: np.ndarray, mu: float, n_vocab: int) -> int:
+    """Mirostat v1's k from the ranked probabilities of the V1_SAMPLE most probable tokens: the Zipf exponent
+      s = sum t_i b_i / sum t_i^2,  t_i = ln((i + 2) / (i + 1)),  b_i = ln(p_i / p_(i+1)),
+    then k = (e 2^mu / (1 - N^-e))^(1 / s) with e = s - 1 and N the vocabulary's size, as an integer from 1 to N
+    (computed in logs: 2^mu overflows for a large mu; e -> 0 takes the limit e / (1 - N^-e) -> 1 / ln N)."""
+    p = leading_probs[leading_probs > 0]
+    if p.size < 2:
+        return 1
+    i = np.arange(p.size - 1)
+    t = np.log((i + 2) / (i + 1))
+    s = float(np.dot(t, np.log(p[:-1] / p[1:])) / np.dot(t, t))
+    e = s - 1
+    ratio = 1 / math.log(n_vocab) if abs(e) < 1e-12 else e / -math.expm1(-e * math.log(n_vocab))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_k = np.float64(math.log(ratio) + mu * math.log(2)) / np.float64(s)
+    if np.isnan(log_k):
+        return 1
+    return int(min(max(math.exp(min(float(log_k), 700.0)), 1.0), n_vocab))
