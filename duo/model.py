@@ -16,66 +16,12 @@ from jinja2 import TemplateError
 
 from duo.backends import add_rpc_server, describe_devices, extra_buffers_safe, gpu_layers_for, llama
 from duo.errors import ModelError
+from duo.vocab import Vocab
 
-# llama.cpp's rules for a draft/target pair (common/speculative.cpp): the first few ids are
-# control tokens that may legitimately differ, and a few extra tokens at the end are tolerated.
-VOCAB_CHECK_START_ID = 5
-VOCAB_MAX_SIZE_DIFFERENCE = 128
 # Sequences one context may hold (llama.cpp's LLAMA_MAX_SEQ, which its Python binding does not export).
 MAX_SEQUENCES = 256
 # Tokens per llama_decode call (llama.cpp's default n_batch): a verify batch must fit in one.
 N_BATCH = 512
-
-
-class IncompatibleVocab(ModelError):
-    """A draft model's vocabulary does not match the target's."""
-
-
-@dataclass(frozen=True)
-class Vocab:
-    """What a draft/target pair must agree on, with the full token texts for a precise diagnosis."""
-
-    vocab_type: int
-    bos: int
-    eos: int
-    add_bos: bool
-    add_eos: bool
-    token_texts: tuple[bytes, ...]
-
-    @property
-    def n_vocab(self) -> int:
-        return len(self.token_texts)
-
-
-def check_compatible(target: Vocab, draft: Vocab) -> None:
-    """Raise IncompatibleVocab unless `draft` may draft for `target` under llama.cpp's rules."""
-    if target.vocab_type != draft.vocab_type:
-        raise IncompatibleVocab(
-            f"vocabulary types differ: target {target.vocab_type}, draft {draft.vocab_type}")
-    if target.add_bos != draft.add_bos or (target.add_bos and target.bos != draft.bos):
-        raise IncompatibleVocab(
-            f"BOS differs: target add_bos={target.add_bos} id={target.bos}, "
-            f"draft add_bos={draft.add_bos} id={draft.bos}")
-    if target.add_eos != draft.add_eos or (target.add_eos and target.eos != draft.eos):
-        raise IncompatibleVocab(
-            f"EOS differs: target add_eos={target.add_eos} id={target.eos}, "
-            f"draft add_eos={draft.add_eos} id={draft.eos}")
-    size_difference = abs(target.n_vocab - draft.n_vocab)
-    if size_difference > VOCAB_MAX_SIZE_DIFFERENCE:
-        raise IncompatibleVocab(
-            f"vocabulary sizes differ by {size_difference} (target {target.n_vocab}, draft "
-            f"{draft.n_vocab}); at most {VOCAB_MAX_SIZE_DIFFERENCE} is allowed")
-    n_common = min(target.n_vocab, draft.n_vocab)
-    for token_id in range(VOCAB_CHECK_START_ID, n_common):
-        if target.token_texts[token_id] != draft.token_texts[token_id]:
-            raise IncompatibleVocab(
-                f"token {token_id} differs: target {_clipped(target.token_texts[token_id])}, "
-                f"draft {_clipped(draft.token_texts[token_id])}; the draft must use the target's tokenizer")
-
-
-def _clipped(text: bytes, limit: int = 64) -> str:
-    """A token's text for a message: a peer's vocabulary may hold texts of any size."""
-    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} bytes)"
 
 
 class Model:
@@ -145,6 +91,12 @@ class Model:
     def description(self) -> str:
         return self._model.desc()
 
+    def meta(self) -> dict[str, int]:
+        """llama-server's model meta (/v1/models), whose n_ctx_train clients size their prompts by."""
+        m = self._model
+        return {"vocab_type": int(llama().llama_vocab_type(m.vocab)), "n_vocab": m.n_vocab(),
+                "n_ctx_train": m.n_ctx_train(), "n_embd": m.n_embd(), "n_params": m.n_params(), "size": m.size()}
+
     @property
     def can_rollback(self) -> bool:
         """Recurrent and hybrid models keep a running state that cannot be cut back to a position."""
@@ -191,9 +143,9 @@ class Model:
             self._chat_template = self._model.metadata().get("tokenizer.chat_template") or ""
         return self._chat_template
 
-    def chat_prompt(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] = ()) -> str:
-        """Render chat messages (and the tools the model may call) with the GGUF's own chat template, ready for the
-        assistant's turn."""
+    def chat_prompt(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] = (),
+                    variables: Mapping[str, Any] | None = None) -> str:
+        """The chat (tools, the client's template `variables`) rendered by the GGUF's template for the answer."""
         if self._chat_formatter is None:
             template = self.chat_template()
             if not template:
@@ -204,10 +156,10 @@ class Model:
                 bos_token=self.token_piece(self._model.token_bos(), special=True).decode(errors="replace"),
             )
         try:
-            return self._chat_formatter(messages=[dict(m) for m in messages], tools=list(tools) or None).prompt
+            return self._chat_formatter(messages=[dict(m) for m in messages], tools=list(tools) or None,
+                                        **(variables or {})).prompt
         except (TemplateError, ValueError) as error:
-            # The template's own raise_exception (Gemma, Mistral, Llama 2: roles out of order) raises
-            # ValueError in llama-cpp-python's formatter; a malformed template a TemplateError.
+            # The template's raise_exception (roles out of order) raises ValueError; a malformed template TemplateError.
             raise ModelError(f"the model's chat template rejected the messages: {error}") from error
 
     def vocab(self) -> Vocab:

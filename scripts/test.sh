@@ -4,4 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+# The browser tests drive Debian's Chromium: installed where this machine allows it (root with apt), else they skip.
+if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null 2>&1 \
+        || echo "test.sh: could not install chromium; the browser tests will skip" >&2
+fi
 exec .venv/bin/python -m pytest "$@"

@@ -57,7 +57,7 @@ def test_llama_servers_n_cmpl_answers_an_array_of_native_answers(served_sync):
 
 def test_choices_beyond_what_the_target_runs_at_once_or_unranked_best_of_are_refused(served_alone):
     for body, param in [({"n": 64}, "n"), ({"n": 0}, "n"), ({"n_cmpl": 2, "n": 3}, "n_cmpl"),
-                        ({"n": 2, "best_of": 3}, "best_of"), ({"n": 2, "seed": -1}, "seed")]:
+                        ({"n": 2, "best_of": 3}, "best_of"), ({"n": 2, "seed": -2}, "seed")]:
         response = post(served_alone, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2, **body})
         assert response.status_code == 400 and response.json()["error"]["param"] == param, (body, response.text)
     assert post(served_alone, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "n": 2,

@@ -102,11 +102,12 @@ def test_calls_without_the_right_api_key_are_refused_on_both_endpoints(secured, 
         assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
         assert "authorization: Bearer" in refused.value.details()
         headers = {"Authorization": f"Bearer {key}"} if key else {}
-        for method, path in (("POST", "/v1/completions"), ("GET", "/v1/models")):
+        for method, path in (("POST", "/v1/completions"), ("GET", "/props"), ("POST", "/v1/messages")):
             response = httpx.request(method, f"{secured.http_url}{path}", headers=headers, verify=trusting(pki.ca),
                                      json={"prompt": "hi"})
             assert response.status_code == 401
-            assert response.json()["error"]["code"] == "invalid_api_key"
+            error = response.json()["error"]
+            assert error.get("code") == "invalid_api_key" or error["type"] == "authentication_error"  # Anthropic's
     with grpc.secure_channel(secured.address, credentials(pki)) as channel, pytest.raises(grpc.RpcError) as refused:
         pb_grpc.TargetStub(channel).Tokenize(pb.TokenizeRequest(prompt="hi"), timeout=5)
     assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
@@ -118,13 +119,15 @@ def test_calls_without_the_right_api_key_are_refused_on_both_endpoints(secured, 
     assert answer.choices[0].finish_reason == "length"
 
 
-def test_health_reflection_and_metrics_need_no_api_key(secured, pki):
+def test_health_reflection_metrics_and_the_model_list_need_no_api_key(secured, pki):
     with grpc.secure_channel(secured.address, credentials(pki)) as channel:
         reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
         assert reply.status == health_pb2.HealthCheckResponse.SERVING
     assert httpx.get(f"{secured.http_url}/health", verify=trusting(pki.ca)).status_code == 200
     metrics = httpx.get(f"{secured.http_url}/metrics", verify=trusting(pki.ca))
     assert metrics.status_code == 200 and "duo:generation_tokens_total" in metrics.text
+    models = httpx.get(f"{secured.http_url}/v1/models", verify=trusting(pki.ca))  # public, as llama-server's
+    assert models.status_code == 200 and models.json()["data"][0]["id"] == "tiny-target"
 
 
 def test_duo_generate_takes_the_key_from_the_environment_and_the_ca_from_a_flag(secured, pki):

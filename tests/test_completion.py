@@ -130,7 +130,7 @@ def test_requests_beyond_running_and_waiting_places_are_refused():
 
 
 @pytest.mark.parametrize("request_, words", [
-    (CompletionRequest(prompt="a " * 100), "the context holds 100"),
+    (CompletionRequest(prompt="a " * 100), r"exceeds the available context size \(100 tokens\)"),
     (CompletionRequest(prompt="x" * 401), "far longer than the context"),  # 100 tokens of at most 4 bytes
     (CompletionRequest(prompt=""), "empty"),
     (CompletionRequest(prompt_tokens=[99]), "token ids"),
@@ -207,11 +207,10 @@ def test_admission_comes_before_tokenizing_for_generations_and_for_tokenize_each
 
 
 def test_the_api_key_is_checked_before_any_body_is_read_and_a_trickling_body_times_out():
-    import duo.api.http as openai_api
+    from duo.api.http.gate import Gate
 
     service = Completions(Admission(1, 1), Metrics(), ["m"])
-    app = openai_api.BodyLimit(create_app(service, Metrics(), api_key="k").app, lambda: MAX_BODY_BYTES, "k",
-                               read_timeout=0.2)
+    app = Gate(create_app(service, Metrics(), api_key="k").app.app, lambda: MAX_BODY_BYTES, "k", read_timeout=0.2)
     sent: list[dict] = []
 
     async def send(message) -> None:

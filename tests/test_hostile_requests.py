@@ -190,7 +190,7 @@ class SlowOpening:
         self.applied.append(("open", message.session_id))
         return type("Session", (), {"session_id": message.session_id, "closed": False})()
 
-    def commit(self, session, start: int, tokens: list[int]) -> None:
+    def commit(self, session, start: int, tokens: list[int], mu: float | None = None) -> None:
         self.applied.append(("commit", session.session_id))
 
     async def close(self, *sessions) -> None:

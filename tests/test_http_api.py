@@ -185,12 +185,16 @@ def test_with_a_draft_a_sampled_completion_is_still_complete_and_speculated(serv
     assert stats["draft_connected"] and stats["draft_tokens_verified"] > 0 and stats["verification"] == "residual"
 
 
-def test_models_lists_the_served_model_and_an_unknown_one_is_not_found(served_alone, tiny_target):
+def test_models_lists_the_served_model_with_llama_servers_meta_and_any_name_is_it(served_alone, tiny_target,
+                                                                                  target_model):
     api = client(served_alone)
-    assert [m.id for m in api.models.list()] == [tiny_target.stem]
+    listed = api.models.list().data
+    assert [m.id for m in listed] == [tiny_target.stem]
+    meta = listed[0].model_extra["meta"]
+    assert meta["n_vocab"] == target_model.n_vocab and meta["n_ctx_train"] == target_model.n_ctx_train
+    assert meta["n_params"] > 0 and meta["size"] > 0 and meta["n_embd"] > 0
     assert api.models.retrieve(tiny_target.stem).id == tiny_target.stem
-    with pytest.raises(openai.NotFoundError):
-        api.models.retrieve("gpt-4")
+    assert api.models.retrieve("gpt-4").id == "gpt-4"  # one model is served, whatever name a client gives it
 
 
 # --- bad input -------------------------------------------------------------------------------------
@@ -199,7 +203,6 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 
 
 @pytest.mark.parametrize("path, body, status, words, param", [
-    ("/v1/chat/completions", {**CHAT, "model": "gpt-4"}, 404, ["gpt-4", "tiny-target"], "model"),
     ("/v1/completions", {"prompt": " the" * (CONTEXT_SIZE + 10)}, 400, ["context", "--ctx-size"], "prompt"),
     ("/v1/completions", {"prompt": "hi", "max_tokens": -5}, 400, ["max_tokens"], "max_tokens"),
     ("/v1/chat/completions", {**CHAT, "temperature": 5}, 400, ["temperature", "between 0 and 2"], "temperature"),
@@ -218,14 +221,14 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     ("/v1/completions", {"prompt": ["a", "b"]}, 400, ["one prompt"], "prompt"),
     ("/v1/completions", {"prompt": ""}, 400, ["empty"], "prompt"),
     ("/v1/completions", {"prompt": [10 ** 9]}, 400, ["token ids"], "prompt"),
-    ("/v1/completions", {"prompt": "hi", "seed": -1}, 400, ["seed"], "seed"),
+    ("/v1/completions", {"prompt": "hi", "seed": -2}, 400, ["seed"], "seed"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
      ["text parts"], "messages[0].content"),
     ("/v1/completions", '{"prompt": "\\ud800"}', 400, ["not valid Unicode"], "prompt"),
     ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "\\ud800"}]}', 400, ["not valid Unicode"],
      "messages"),
     ("/v1/nothing", {}, 404, ["not part of this API"], None),
-], ids=["unknown model", "prompt longer than the context", "negative max_tokens", "temperature out of range",
+], ids=["prompt longer than the context", "negative max_tokens", "temperature out of range",
         "top_p zero", "malformed JSON", "not an object", "temperature not a number", "messages not a list",
         "unknown role", "empty messages", "no messages", "n above --parallel", "top_logprobs without logprobs", "completion logprobs above 20",
         "empty stop string", "several prompts", "empty prompt", "token id out of range", "negative seed",
@@ -238,7 +241,8 @@ def test_bad_input_gets_a_4xx_saying_what_to_fix_and_the_server_keeps_serving(
     for word in words:
         assert word in error["message"], error
     assert error["param"] == param
-    assert set(error) == {"message", "type", "param", "code"}
+    overflow = {"n_prompt_tokens", "n_ctx"} if error["code"] == "context_length_exceeded" else set()
+    assert set(error) == {"message", "type", "param", "code"} | overflow
     ok = post(served_alone, "/v1/chat/completions", CHAT)
     assert ok.status_code == 200 and ok.json()["choices"][0]["finish_reason"] == "length"
 

@@ -94,21 +94,28 @@ def test_a_grammar_that_cannot_compile_is_a_400_and_the_server_goes_on(served_sy
 
 
 @pytest.mark.parametrize("path, body, param", [
-    ("/v1/chat/completions", {"messages": MESSAGES, "dry_multiplier": 0.8}, "dry_multiplier"),
-    ("/v1/completions", {"prompt": "hi", "typical_p": 0.9}, "typical_p"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi", "audio": {"id": "a1"}}]},
-     "messages[0].audio"),
-    ("/v1/chat/completions", {"messages": MESSAGES, "reasoning_effort": "high"}, "reasoning_effort"),
-], ids=["llama-server's dry_multiplier", "llama-server's typical_p", "a message's audio", "reasoning_effort"])
-def test_a_field_duo_does_not_honour_is_a_400_naming_it_never_dropped(served_alone, path, body, param):
+    ("/v1/chat/completions", {"messages": MESSAGES, "lora": [{"id": 0, "scale": 1.0}]}, "lora"),
+    ("/v1/completions", {"prompt": "hi", "post_sampling_probs": True, "n_probs": 2}, "post_sampling_probs"),
+    ("/completion", {"prompt": "hi", "grammar": "root ::= \"a\"", "grammar_lazy": True}, "grammar_lazy"),
+    ("/completion", {"prompt": "hi", "image_data": [{"data": "AAAA", "id": 1}]}, "image_data"),
+], ids=["llama-server's lora", "post_sampling_probs", "a lazy grammar", "llama-server's image_data"])
+def test_a_field_llama_server_reads_that_duo_cannot_honour_is_a_400_naming_it_never_dropped(served_alone, path,
+                                                                                             body, param):
     response = post(served_alone, path, {"max_tokens": 4, **body})
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == param and param in error["message"]
+    asks_nothing = {name: False if value is True else [] for name, value in body.items() if name == param}
+    assert post(served_alone, path, {"max_tokens": 4, **body, **asks_nothing}).status_code == 200
 
 
 def test_fields_that_change_nothing_are_ignored(served_alone):
     response = post(served_alone, "/v1/chat/completions", {
         "messages": [{"role": "user", "content": "hi", "name": "ada"}], "max_tokens": 4, "user": "ada",
         "store": False, "metadata": {"a": "b"}, "id_slot": 0})
+    assert response.status_code == 200, response.text
+    # Fields neither llama-server nor duo reads (Open WebUI copies a user's per-model options verbatim): ignored.
+    response = post(served_alone, "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "hi", "audio": {"id": "a1"}}], "max_tokens": 4,
+        "reasoning_effort": "high", "num_ctx": 8192, "keep_alive": "5m", "tfs_z": 0.9})
     assert response.status_code == 200, response.text

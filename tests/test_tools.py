@@ -8,7 +8,8 @@ import json
 import openai
 import pytest
 
-from duo.api.tools import HERMES, LLAMA3, MISTRAL, CallParser, FunctionBody, ToolError, call_format
+from duo.api.deltas import CallClosed, TextDelta, answer_splitter, whole_answer
+from duo.api.tools import GENERIC, HERMES, LLAMA3, MISTRAL, FunctionBody, ToolError, call_format
 from test_http_api import client, model_name, post
 
 WEATHER = {"type": "function", "function": {
@@ -22,20 +23,25 @@ TIME = {"type": "function", "function": {
 ASK = [{"role": "user", "content": "What is the weather in Paris for the next 3 days?"}]
 
 
-def parser() -> CallParser:
-    return CallParser([FunctionBody(name="get_weather"), FunctionBody(name="get_time")])
+FUNCTIONS = [FunctionBody(name="get_weather"), FunctionBody(name="get_time")]
+
+
+def split(text: str, format_=HERMES, size: int | None = None, functions=FUNCTIONS) -> tuple[str, list]:
+    """The content and the calls of `text`, fed `size` characters at a time (whole: as a whole answer is read)."""
+    if size is None:
+        deltas = whole_answer(text, functions, format_)
+    else:
+        splitter = answer_splitter(functions, format_)
+        deltas = [d for at in range(0, len(text), size) for d in splitter.feed(text[at:at + size])] + splitter.finish()
+    return ("".join(d.text for d in deltas if isinstance(d, TextDelta)),
+            [d.call for d in deltas if isinstance(d, CallClosed)])
 
 
 def test_calls_are_parsed_out_of_the_text_however_it_streams():
     text = ('Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n'
             '</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>')
-    for size in (1, 3, 7, len(text)):
-        p, content, calls = parser(), "", []
-        for at in range(0, len(text), size):
-            more, done = p.feed(text[at:at + size])
-            content, calls = content + more, calls + done
-        rest, last = p.finish()
-        content, calls = content + rest, calls + last
+    for size in (1, 3, 7, None):
+        content, calls = split(text, size=size)
         assert content == "Let me look.\n"
         assert [(c.name, json.loads(c.arguments)) for c in calls] == [
             ("get_weather", {"city": "Paris", "days": 3}), ("get_time", {"zone": "CET"})]
@@ -49,10 +55,7 @@ def test_calls_are_parsed_out_of_the_text_however_it_streams():
     "a < b and <tool_ is not a call",
 ])
 def test_text_that_is_no_call_of_an_offered_function_stays_content(text):
-    p = parser()
-    content, calls = p.feed(text)
-    rest, last = p.finish()
-    assert calls == last == [] and content + rest == text
+    assert split(text) == (text, [])
 
 
 FORMATTED = {
@@ -65,74 +68,68 @@ FORMATTED = {
 @pytest.mark.parametrize("format_", [MISTRAL, LLAMA3], ids=["Mistral", "Llama 3.x"])
 def test_mistrals_and_llamas_call_formats_are_parsed_however_they_stream(format_):
     text = FORMATTED[format_]
-    for size in (1, 5, len(text)):
-        p = CallParser([FunctionBody(name="get_weather"), FunctionBody(name="get_time")], format_)
-        content, calls = "", []
-        for at in range(0, len(text), size):
-            more, done = p.feed(text[at:at + size])
-            content, calls = content + more, calls + done
-        rest, last = p.finish()
-        assert content + rest == "" and (calls + last)[0].name == "get_weather"
-        assert json.loads((calls + last)[0].arguments) == {"city": "Paris", "days": 3}
+    for size in (1, 5, None):
+        content, calls = split(text, format_, size)
+        assert content == "" and calls[0].name == "get_weather"
+        assert json.loads(calls[0].arguments) == {"city": "Paris", "days": 3}
     if format_ is MISTRAL:
-        assert len(calls + last) == 2 and all(len(c.id) == 9 and c.id.isalnum() for c in calls + last)
+        assert len(calls) == 2 and all(len(c.id) == 9 and c.id.isalnum() for c in calls)
 
 
 def test_a_llama_answer_that_is_not_a_bare_call_is_content_as_it_streams():
-    p = CallParser([FunctionBody(name="get_weather")], LLAMA3)
-    content, _ = p.feed("The weather {is} fine")
-    assert content == "The weather {is} fine"  # streamed at once: it does not start with a call
+    splitter = answer_splitter([FunctionBody(name="get_weather")], LLAMA3)
+    assert splitter.feed("The weather {is} fine") == [TextDelta("The weather {is} fine")]  # at once: no call starts so
 
 
 @pytest.mark.parametrize("template, format_", [
     ("{% if tools %}... <tool_call> ...{% endif %}", HERMES),
     ("{% for tool in tools %}...{% endfor %}[TOOL_CALLS] ", MISTRAL),
-    ("{{- 'Respond in the format {\"name\": function name, \"parameters\": dictionary of argument name and its "
-     "value}.' }}{% if tools %}{% endif %}", LLAMA3),
+    ("{{- '<|start_header_id|>ipython<|end_header_id|>' }}{% if tools %}{% endif %}", LLAMA3),
+    ("{{ messages }}", GENERIC),  # no tool syntax: llama.cpp's generic JSON answer
 ])
 def test_the_call_format_is_the_one_the_template_asks_for(template, format_):
     assert call_format(template) is format_
 
 
-@pytest.mark.parametrize("template, says", [("{{ messages }}", "does not take tools"),
-                                            ("{{ tools }} <function=", "does not parse")])
-def test_a_template_without_tools_or_in_another_format_is_refused(template, says):
-    with pytest.raises(ToolError, match=says):
-        call_format(template)
+def test_a_model_without_a_template_takes_no_tools():
+    with pytest.raises(ToolError, match="no chat template"):
+        call_format("")
 
 
-@pytest.mark.parametrize("format_", [HERMES, MISTRAL, LLAMA3], ids=["Hermes", "Mistral", "Llama 3.x"])
-def test_a_required_call_in_each_format_is_written_so_that_it_parses(target_model, format_):
-    """The grammar and the parser agree: the tiny target, forced by the grammar, writes a call the parser reads."""
+def required_text(model, format_, functions, parallel=False) -> str:
+    """What the tiny `model` writes under the grammar of a call required in `format_`."""
     import asyncio
 
     from duo.api.tools import call_grammar
     from duo.constraint import Cursor, grammar_of
     from duo.runtime import ModelWorker
-    from duo.sampling import SamplingParams
+    from duo.sampling.params import SamplingParams
     from duo.target.generation import Target
     from duo.target.request import Request, SpecSettings
 
-    functions = [FunctionBody(**WEATHER["function"]), FunctionBody(**TIME["function"])]
-
     def token_of(text: str) -> int | None:
-        tokens = target_model.tokenize(text, add_special=False)
+        tokens = model.tokenize(text, add_special=False)
         return tokens[0] if len(tokens) == 1 else None
 
-    grammar = grammar_of("lark", call_grammar(functions, False, format_, token_of))
+    grammar = grammar_of("lark", call_grammar(functions, parallel, format_, token_of))
 
     async def run() -> list[int]:
-        target = Target(target_model, ModelWorker(), None, n_ctx=256, settings=SpecSettings())
-        request = Request(target_model.tokenize("Weather?"), SamplingParams(), max_tokens=80, grammar=grammar,
-                          constraint=Cursor.compile(target_model, grammar))
+        target = Target(model, ModelWorker(), None, n_ctx=256, settings=SpecSettings())
+        request = Request(model.tokenize("Weather?"), SamplingParams(), max_tokens=120, grammar=grammar,
+                          constraint=Cursor.compile(model, grammar))
         return [t async for step, _ in target.generate(request) for t in step.tokens]
 
-    text = target_model.detokenize(asyncio.run(run())).decode()
-    p = CallParser(functions, format_)
-    content, calls = p.feed(text)
-    rest, last = p.finish()
-    assert content + rest == "" and len(calls + last) == 1, text
-    call = (calls + last)[0]
+    return model.detokenize(asyncio.run(run())).decode()
+
+
+@pytest.mark.parametrize("format_", [HERMES, MISTRAL, LLAMA3, GENERIC], ids=["Hermes", "Mistral", "Llama 3.x", "generic"])
+def test_a_required_call_in_each_format_is_written_so_that_it_parses(target_model, format_):
+    """The grammar and the parser agree: the tiny target, forced by the grammar, writes a call the parser reads."""
+    functions = [FunctionBody(**WEATHER["function"]), FunctionBody(**TIME["function"])]
+    text = required_text(target_model, format_, functions)
+    content, calls = split(text, format_, functions=functions)
+    assert content == "" and len(calls) == 1, text
+    call = calls[0]
     assert call.name in {"get_weather", "get_time"} and isinstance(json.loads(call.arguments), dict)
 
 

@@ -24,7 +24,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from duo import wire
 from duo._proto import duo_pb2 as pb
 from duo._proto import duo_pb2_grpc as pb_grpc
-from duo.model import Model, Vocab
+from duo.model import Model
+from duo.vocab import Vocab
 from duo.target import link as duo_link
 from duo.target.chain import DraftChain
 from duo.target.request import SpecSettings

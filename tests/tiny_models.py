@@ -173,7 +173,7 @@ def _packed_tokens(edits: tuple[tuple[int, str], ...], extra: int) -> tuple[_Pac
     return out, _Packed(types, gguf.GGUFValueType.INT32)
 
 
-def _add_tokenizer(writer: gguf.GGUFWriter, edits: dict[int, str], extra: int) -> None:
+def _add_tokenizer(writer: gguf.GGUFWriter, edits: dict[int, str], extra: int, chat_template: str | None) -> None:
     tokens, types = _packed_tokens(tuple(sorted(edits.items())), extra)
     for field in _tokenizer_fields():
         key = field["key"]
@@ -186,6 +186,8 @@ def _add_tokenizer(writer: gguf.GGUFWriter, edits: dict[int, str], extra: int) -
             value = types
         elif key == "tokenizer.ggml.merges":
             value = _packed_merges()
+        elif key == "tokenizer.chat_template" and chat_template is not None:
+            value = chat_template
         writer.add_key_value(key, value, vtype, sub_type)
 
 
@@ -321,6 +323,7 @@ def write_tiny_model(
     tokenizer_edits: dict[int, str] | None = None,
     extra_tokens: int = 0,
     embedding_type: str = "q8_0",
+    chat_template: str | None = None,
 ) -> Path:
     """Write a tiny ``qwen2`` GGUF model with the real Qwen2.5 tokenizer to ``path``.
 
@@ -338,7 +341,8 @@ def write_tiny_model(
     ``tokenizer_edits`` replaces the text of the given token ids (the new text
     must not already be a token); ``extra_tokens`` appends that many unused
     ``[PADn]`` tokens (with embedding rows) after the real vocabulary.  The
-    weights of the existing tokens are unaffected by both.
+    weights of the existing tokens are unaffected by both. ``chat_template`` replaces Qwen2.5's (another model
+    family's template over the same vocabulary and weights).
 
     The token embedding (tied with the output) is Q8_0 or, with ``embedding_type="f32"``,
     F32; the rest is F32. The output matmul over the 151936-token vocabulary is most of a
@@ -385,7 +389,8 @@ def write_tiny_model(
     writer.add_head_count_kv(recipe["n_head_kv"])
     writer.add_rope_freq_base(1_000_000.0)
     writer.add_layer_norm_rms_eps(1e-6)
-    _add_tokenizer(writer, {int(k): v for k, v in recipe["tokenizer_edits"].items()}, recipe["extra_tokens"])
+    _add_tokenizer(writer, {int(k): v for k, v in recipe["tokenizer_edits"].items()}, recipe["extra_tokens"],
+                   chat_template)
     for name, x in weights.items():
         if name == "token_embd.weight" and embedding_type == "q8_0":
             # Q8_0 rather than F16: a smaller file and a faster output matmul.

@@ -8,15 +8,17 @@ import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Protocol
 
 from fastapi.responses import JSONResponse
 
 from duo.api.admission import QueueFull
 from duo.api.completion import Completion, Piece, failure_message, request_fault
 from duo.api.logprobs import chat_logprobs, completion_logprobs, native_probabilities
-from duo.api.requests import BadRequest, ClientError, NotReady, ShuttingDown, UnknownModel
-from duo.api.tools import CallFormat, CallParser, FunctionBody, ToolCall
+from duo.api.requests import BadRequest, ClientError, NotReady, ShuttingDown
+from duo.api.deltas import (CallArguments, CallClosed, CallOpened, Delta, Reasoning, ReasoningDelta, TextDelta,
+                            answer_splitter, whole_answer)
+from duo.api.tools import CallFormat, FunctionBody
 from duo.target.request import GenerationStats
 
 
@@ -24,12 +26,15 @@ class ApiError(Exception):
     """An error answered in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
 
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
+                 code: str | None = None, headers: dict[str, str] | None = None,
+                 details: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.status, self.type, self.param, self.code, self.headers = status, type, param, code, headers
+        self.details = details or {}  # more of the error's fields (they may name another type: llama-server's)
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": str(self), "type": self.type, "param": self.param, "code": self.code}}
+        return {"error": {"message": str(self), "type": self.type, "param": self.param, "code": self.code,
+                          **self.details}}
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
@@ -46,10 +51,8 @@ def generation_error(error: Exception) -> ApiError:
 
 
 def api_error(error: ClientError | QueueFull) -> ApiError:
-    if isinstance(error, UnknownModel):
-        return ApiError(404, str(error), param=error.param, code=error.code)
     if isinstance(error, BadRequest):
-        return ApiError(400, str(error), param=error.param, code=error.code)
+        return ApiError(400, str(error), param=error.param, code=error.code, details=error.details)
     if isinstance(error, QueueFull):
         return ApiError(503, str(error), type="server_error", code="queue_full", headers={"Retry-After": "1"})
     if isinstance(error, ShuttingDown):
@@ -62,6 +65,14 @@ def usage(piece: Piece) -> dict[str, Any]:
     prompt, completion = piece.stats.prompt_tokens, piece.stats.generated_tokens
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
             "prompt_tokens_details": {"cached_tokens": piece.stats.cached_prompt_tokens}}
+
+
+class AnswerShape(Protocol):
+    """How an endpoint shapes one answer: whole (a JSON object) or as server-sent events."""
+
+    def whole(self, pieces: list[Piece]) -> dict[str, Any]: ...
+
+    def events(self, completion: Completion, include_usage: bool) -> AsyncIterator[str]: ...
 
 
 class ResponseFormat(ABC):
@@ -78,6 +89,7 @@ class ResponseFormat(ABC):
 
     def whole(self, pieces: list[Piece]) -> dict[str, Any]:
         last = pieces[-1]
+        self.read(pieces[0])
         text = "".join(piece.text for piece in pieces)
         choice = self.whole_choice(text, last.finish_reason)
         if last.logprobs is not None:
@@ -91,13 +103,16 @@ class ResponseFormat(ABC):
                 yield sse(self._chunk(chunk, include_usage))
             shown = 0  # characters of text sent so far
             async for piece in completion:
-                if piece.text or piece.finish_reason or piece.logprobs:
-                    choice = self.chunk_choice(piece.text, piece.finish_reason)
-                    if piece.logprobs is not None:
-                        choice["logprobs"] = self.shown_logprobs(piece.logprobs, shown)
-                    shown += len(piece.text)
+                self.read(piece)
+                choices = self.chunk_choices(piece.text, piece.finish_reason) if piece.text or piece.finish_reason \
+                    else []
+                if piece.logprobs is not None:
+                    choices = choices or [self.empty_choice(None)]
+                    choices[0]["logprobs"] = self.shown_logprobs(piece.logprobs, shown)
+                shown += len(piece.text)
+                for choice in choices:
                     chunk = self._chunk(choice, include_usage)
-                    if piece.finish_reason:
+                    if choice["finish_reason"]:
                         chunk["duo_stats"] = piece.stats.fields(piece.draft_connected)
                     yield sse(chunk)
                 if piece.finish_reason and include_usage:
@@ -120,6 +135,9 @@ class ResponseFormat(ABC):
     def opening_chunks(self) -> list[dict[str, Any]]:
         return []
 
+    def read(self, piece: Piece) -> None:
+        """Take what a piece says of the whole answer (how its reasoning reads), before its text."""
+
     @abstractmethod
     def shown_logprobs(self, entries: list[dict[str, Any]], offset: int) -> Any:
         """Tokens' logprobs (duo.api.logprobs.described) in this answer's shape; `offset`: text sent before them."""
@@ -128,7 +146,11 @@ class ResponseFormat(ABC):
     def whole_choice(self, text: str, finish_reason: str | None) -> dict[str, Any]: ...
 
     @abstractmethod
-    def chunk_choice(self, text: str, finish_reason: str | None) -> dict[str, Any]: ...
+    def chunk_choices(self, text: str, finish_reason: str | None) -> list[dict[str, Any]]:
+        """The chunks' choices for a piece's text (none while it is held back); the last carries the finish."""
+
+    @abstractmethod
+    def empty_choice(self, finish_reason: str | None) -> dict[str, Any]: ...
 
 
 class CompletionFormat(ResponseFormat):
@@ -138,15 +160,20 @@ class CompletionFormat(ResponseFormat):
     def whole_choice(self, text: str, finish_reason: str | None) -> dict[str, Any]:
         return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
 
-    chunk_choice = whole_choice
+    def chunk_choices(self, text: str, finish_reason: str | None) -> list[dict[str, Any]]:
+        return [self.whole_choice(text, finish_reason)]
+
+    def empty_choice(self, finish_reason: str | None) -> dict[str, Any]:
+        return self.whole_choice("", finish_reason)
 
     def shown_logprobs(self, entries: list[dict[str, Any]], offset: int) -> Any:
         return completion_logprobs(entries, offset)
 
 
 class ChatFormat(ResponseFormat):
-    """Chat answers; with `functions` the model may call, its calls come out of the text as tool_calls
-    (duo.api.tools), finish_reason "tool_calls"."""
+    """Chat answers, split into content, reasoning_content and tool_calls (duo.api.deltas): whole, or streamed as
+    llama-server streams them, each chunk's delta one of content, reasoning_content or one call's entry (its id and
+    name first, then pieces of its arguments); finish_reason "tool_calls" where the model called any."""
 
     object_name = "chat.completion"
     chunk_object_name = "chat.completion.chunk"
@@ -155,42 +182,78 @@ class ChatFormat(ResponseFormat):
     def __init__(self, model: str, functions: list[FunctionBody] | None = None,
                  format_: CallFormat | None = None) -> None:
         super().__init__(model)
-        self.parser = CallParser(functions, format_) if functions and format_ else None
+        self.functions, self.format = functions, format_
+        self.reasoning = Reasoning()
+        self.splitter = None
         self.calls = 0
 
     def opening_chunks(self) -> list[dict[str, Any]]:
         return [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]
 
+    def read(self, piece: Piece) -> None:
+        self.reasoning = piece.reasoning
+
     def shown_logprobs(self, entries: list[dict[str, Any]], offset: int) -> Any:
         return chat_logprobs(entries)
 
     def whole_choice(self, text: str, finish_reason: str | None) -> dict[str, Any]:
-        content, calls, finish_reason = self._split(text, finish_reason)
+        deltas = whole_answer(text, self.functions, self.format, self.reasoning)
+        calls = [delta.call.message() for delta in deltas if isinstance(delta, CallClosed)]
+        content = "".join(delta.text for delta in deltas if isinstance(delta, TextDelta))
+        reasoning = "".join(delta.text for delta in deltas if isinstance(delta, ReasoningDelta))
         message: dict[str, Any] = {"role": "assistant", "content": content or (None if calls else "")}
+        if reasoning:
+            message["reasoning_content"] = reasoning
         if calls:
-            message["tool_calls"] = [call.message() for call in calls]
-        return {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
+            message["tool_calls"] = calls
+        return {"index": 0, "message": message, "logprobs": None,
+                "finish_reason": "tool_calls" if calls and finish_reason else finish_reason}
 
-    def chunk_choice(self, text: str, finish_reason: str | None) -> dict[str, Any]:
-        first = self.calls
-        content, calls, finish_reason = self._split(text, finish_reason)
-        delta: dict[str, Any] = {"content": content} if content else {}
-        if calls:  # each call whole in one delta: the SDK assembles deltas by index
-            delta["tool_calls"] = [{"index": first + i, **call.message()} for i, call in enumerate(calls)]
-        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-
-    def _split(self, text: str, finish_reason: str | None) -> tuple[str, list[ToolCall], str | None]:
-        """The text's content and the calls it completes; at the end, "tool_calls" where the model called any."""
-        if self.parser is None:
-            return text, [], finish_reason
-        content, calls = self.parser.feed(text)
-        if finish_reason:
-            rest, last = self.parser.finish()
-            content, calls = content + rest, calls + last
-        self.calls += len(calls)
+    def chunk_choices(self, text: str, finish_reason: str | None) -> list[dict[str, Any]]:
+        if self.splitter is None:
+            self.splitter = answer_splitter(self.functions, self.format, reasoning=self.reasoning)
+        deltas = self.splitter.feed(text) + (self.splitter.finish() if finish_reason else [])
+        choices = [self._choice(delta) for delta in _joined(deltas) if not isinstance(delta, CallClosed)]
         if finish_reason:
             finish_reason = "tool_calls" if self.calls else finish_reason
-        return content, calls, finish_reason
+            if choices:
+                choices[-1]["finish_reason"] = finish_reason
+            else:
+                choices.append(self.empty_choice(finish_reason))
+        return choices
+
+    def empty_choice(self, finish_reason: str | None) -> dict[str, Any]:
+        return {"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish_reason}
+
+    def _choice(self, delta: Delta) -> dict[str, Any]:
+        """One delta's chunk: clients that read one tool call a delta (LlamaIndex), or drop the calls of a delta
+        that has content (Continue), get every call."""
+        if isinstance(delta, TextDelta):
+            shown: dict[str, Any] = {"content": delta.text}
+        elif isinstance(delta, ReasoningDelta):
+            shown = {"reasoning_content": delta.text}
+        elif isinstance(delta, CallOpened):
+            self.calls += 1
+            shown = {"tool_calls": [{"index": delta.index, "id": delta.id, "type": "function",
+                                     "function": {"name": delta.name, "arguments": ""}}]}
+        else:
+            assert isinstance(delta, CallArguments)
+            shown = {"tool_calls": [{"index": delta.index, "function": {"arguments": delta.text}}]}
+        return {**self.empty_choice(None), "delta": shown}
+
+
+def _joined(deltas: list[Delta]) -> list[Delta]:
+    """`deltas` with neighbouring text of one kind (or pieces of one call's arguments) as one."""
+    joined: list[Delta] = []
+    for delta in deltas:
+        last = joined[-1] if joined else None
+        if isinstance(delta, (TextDelta, ReasoningDelta)) and type(last) is type(delta):
+            joined[-1] = type(delta)(last.text + delta.text)
+        elif isinstance(delta, CallArguments) and isinstance(last, CallArguments) and last.index == delta.index:
+            joined[-1] = CallArguments(delta.index, last.text + delta.text)
+        else:
+            joined.append(delta)
+    return joined
 
 
 def sse(data: dict[str, Any]) -> str:
@@ -245,7 +308,7 @@ class NativeFormat:
 
     def _final(self, last: Piece) -> dict[str, Any]:
         stats = last.stats
-        return {"stop": True, "model": self.model, "stop_type": last.stop_type, "stopping_word": "",
+        return {"stop": True, "model": self.model, "stop_type": last.stop_type, "stopping_word": last.stop_word,
                 "tokens_predicted": stats.generated_tokens, "tokens_evaluated": stats.prompt_tokens,
                 "tokens_cached": stats.cached_prompt_tokens, "truncated": False, "timings": timings(stats),
                 "duo_stats": stats.fields(last.draft_connected)}

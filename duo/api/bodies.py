@@ -3,18 +3,21 @@ CompletionRequest."""
 
 from __future__ import annotations
 
+import logging
 import math
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from duo.api.infill import FimInput
 from duo.api.limits import INT32_MAX, Int32
 from duo.api.requests import BadRequest, CompletionRequest
+from duo.api.sampler_fields import SamplerFields
 from duo.constraint import GrammarSpec
 from duo.api.tools import FunctionBody, ToolBody, ToolChoice, ToolError, template_message, tool_use
-from duo.penalties import MAX_BIAS, Penalties
-from duo.sampling import SamplingParams
+from duo.sampling.ops.penalties import MAX_BIAS, Penalties
+
+log = logging.getLogger("duo.http")
 
 
 class StreamOptions(BaseModel):
@@ -49,41 +52,63 @@ class ResponseFormat(BaseModel):
 
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs
-# Fields that change nothing duo returns, so ignoring them is exact (OpenAI's bookkeeping and routing, llama-server's
-# slot and progress options); every other field is honoured or refused with a 400 naming it, never dropped.
+LLAMA_DEFAULT_SEED = 2**32 - 1  # llama.cpp's "draw a random seed"
+# Fields that change nothing duo returns, ignored without a word (OpenAI's bookkeeping and routing, llama-server's
+# slot and progress options, its own speculation settings: duo's speculation is exact whatever they say).
 IGNORED_FIELDS = frozenset({"user", "store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier",
-                            "id_slot", "timings_per_token", "return_progress"})
-# llama-server's sampling fields at the value that turns them off: sent so (llama.cpp scripts often send every
-# field), they change nothing and are honoured; any other value is refused by name.
-OFF_VALUES = {"typical_p": 1.0, "mirostat": 0, "tfs_z": 1.0, "dry_multiplier": 0.0,
-              "xtc_probability": 0.0, "min_keep": 0}
+                            "id_slot", "timings_per_token", "return_progress", "return_tokens", "n_keep", "n_discard",
+                            "speculative.n_max", "speculative.n_min", "speculative.p_min"})
+# Fields llama-server reads that duo cannot honour: refused by name when set (a false, empty or null value asks for
+# nothing and passes), with what to do instead.
+UNHONOURED = {
+    "lora": "duo-target serves its model without LoRA adapters; leave it out",
+    "post_sampling_probs": "duo reports each token's probabilities before sampling (n_probs), not after; leave it out",
+    "grammar_lazy": "a grammar applies from the first token in duo, not from a trigger; leave it out",
+    "grammar_triggers": "a grammar applies from the first token in duo, not from a trigger; leave it out",
+    "image_data": "duo-target reads text only; send the request without images",
+    "multimodal_data": "duo-target reads text only; send the request without images or audio",
+}
 # llama-server's `samplers`: names (and their one-letter codes, for the string form) of the samplers a request turns
-# on; those it leaves out are off (temperature: 1). duo applies them in its own order (duo.sampling.distribution:
-# temperature first, as OpenAI and vLLM; llama.cpp's default chain takes it last, which differs only where a
-# temperature other than 1 meets top-p or min-p). typ_p, xtc, dry and top_n_sigma are off in duo whatever the list.
+# on; those it leaves out are off (temperature: 1). duo applies them in its own order (duo.sampling.distributions.
+# distribution: temperature first, as OpenAI and vLLM; llama.cpp's default chain takes it last, which differs only
+# where a temperature other than 1 meets top-p, min-p, typical or xtc). Without the list, all but infill are on.
 SAMPLERS = {"top_k": "k", "top-k": "k", "top_p": "p", "top-p": "p", "nucleus": "p", "min_p": "m", "min-p": "m",
             "temperature": "t", "temp": "t", "infill": "i", "penalties": "e", "typ_p": "y", "typical_p": "y",
-            "typical-p": "y", "typ-p": "y", "typ": "y", "xtc": "x", "dry": "d", "top_n_sigma": "s"}
+            "typical-p": "y", "typical": "y", "typ-p": "y", "typ": "y", "xtc": "x", "dry": "d", "top_n_sigma": "s"}
 
 
-class Fenced(BaseModel):
-    """A body part whose fields duo does not know are refused by name (a client's option silently dropped would
-    change its answer without telling it): check_fields()."""
+class LlamaServerFields(BaseModel):
+    """A body part as llama-server reads it: a field it does not read is ignored (logged once per name: clients
+    send fields of other servers freely); a field it reads that duo cannot honour is refused by name
+    (check_fields), never dropped (that would change the answer without telling the client)."""
 
     # inf and NaN are no numbers a field can take (JSON has none: Python's parser reads 1e400 as inf).
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
     def check_fields(self, where: str = "") -> None:
         for name, value in (self.model_extra or {}).items():
-            off = OFF_VALUES.get(name)
-            if name not in IGNORED_FIELDS and not (off is not None and value == off and not isinstance(value, bool)):
-                raise BadRequest(f"{where}{name} is not supported by duo-target; leave it out",
-                                 param=f"{where}{name}")
+            refusal = UNHONOURED.get(name)
+            if refusal is not None and value not in (None, False, [], {}, ""):
+                raise BadRequest(f"{where}{name}: {refusal}", param=f"{where}{name}")
+            if name not in IGNORED_FIELDS:
+                _log_ignored(f"the field {where}{name}")
 
 
-class GenerationBody(Fenced):
+def _log_ignored(what: str) -> None:
+    if what not in _ignored_seen and len(_ignored_seen) < MAX_LOGGED_FIELDS:
+        _ignored_seen.add(what)
+        log.info("ignoring %s: neither duo-target nor llama-server reads it (logged once)", what[:120])
+
+
+# Names already logged as ignored; bounded, so that a client sending ever-new names cannot grow it.
+_ignored_seen: set[str] = set()
+MAX_LOGGED_FIELDS = 1024
+
+
+class GenerationBody(LlamaServerFields, SamplerFields):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
+    LIMIT_NAMES: ClassVar[tuple[str, ...]] = ("max_tokens",)  # the token limit's names, the first taken first
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=-1, le=INT32_MAX)  # -1: until the end of generation or the context
     n_predict: int | None = Field(default=None, ge=-1, le=INT32_MAX)   # llama-server's name for it
@@ -112,6 +137,13 @@ class GenerationBody(Fenced):
     grammar: str | None = None        # llama-server's: a GBNF grammar the output must match
     json_schema: dict[str, Any] | None = None  # llama-server's: a JSON schema the output must match
     samplers: list[str] | str | None = None  # llama-server's: which samplers are on (SAMPLERS)
+    ignore_eos: bool = False          # llama-server's: never end the answer with an end-of-generation token
+
+    @field_validator("seed")
+    @classmethod
+    def _random_seed(cls, seed: int | None) -> int | None:
+        """llama.cpp's -1 (its default seed, 2^32 - 1, as it reads -1) asks for a fresh random seed: as none."""
+        return None if seed in (-1, LLAMA_DEFAULT_SEED) else seed
 
     def check_supported(self) -> None:
         """Refuse, naming the field, what duo cannot do rather than silently ignoring it."""
@@ -131,17 +163,27 @@ class GenerationBody(Fenced):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
-    def token_limit(self, *names: str) -> int:
-        """The most tokens to generate: the first of `names` (max_tokens and its aliases, in order) that the client
-        set, then n_predict; -1 or none of them: until the end of generation or the context (0 here)."""
-        for name in (*names, "n_predict"):
+    def token_limit(self) -> int:
+        """The most tokens to generate: the first of LIMIT_NAMES (max_tokens and its aliases, in order) that the
+        client set, then n_predict; -1 or none of them: until the end of generation or the context (0 here). A
+        warm-up (0) reads its prompt with one token, which its answer drops."""
+        asked = self._asked_limit()
+        if asked is None:
+            return type(self).model_fields[self.LIMIT_NAMES[0]].default or 0
+        return 1 if asked == 0 else max(asked, 0)
+
+    @property
+    def warm_up(self) -> bool:
+        """A token limit of 0 (editors' and llama.vim's warm-ups): as llama-server, the prompt is read into the
+        cache, so that the next request with its prefix starts at once, and nothing is generated."""
+        return self._asked_limit() == 0
+
+    def _asked_limit(self) -> int | None:
+        for name in (*self.LIMIT_NAMES, "n_predict"):
             value = getattr(self, name)
             if name in self.model_fields_set and value is not None:
-                if value == 0:  # /completion answers a warm-up (n_predict 0) before it asks
-                    raise BadRequest(f"{name} must be at least 1 (or -1: until the end of generation)", param=name)
-                return max(value, 0)
-        default = type(self).model_fields[names[0]].default if names else None
-        return default or 0
+                return value
+        return None
 
     def penalties(self) -> Penalties:
         """The request's logit transforms (checked against the vocabulary when the request is prepared)."""
@@ -168,26 +210,32 @@ class GenerationBody(Fenced):
         # Left out of `samplers`, temperature does not scale (1), unless the client asked for greedy outright.
         temperature = 1.0 if self.temperature is None or ("t" not in on and self.temperature != 0) \
             else self.temperature
-        params = SamplingParams(temperature=temperature, top_k=(self.top_k or 0) if "k" in on else 0,
-                                top_p=1.0 if self.top_p is None or "p" not in on else self.top_p,
-                                min_p=(self.min_p or 0.0) if "m" in on else 0.0)
+        params = self.sampling_params(on, temperature=temperature, top_k=(self.top_k or 0) if "k" in on else 0,
+                                      top_p=1.0 if self.top_p is None or "p" not in on else self.top_p,
+                                      min_p=(self.min_p or 0.0) if "m" in on else 0.0)
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        warm_up = self.warm_up  # its one token is dropped: no grammar to compile, no logprobs to read
         return CompletionRequest(max_tokens=max_tokens or 0, params=params, seed=self.seed, stop=stop,
-                                 cache_prompt=self.cache_prompt, grammar=self.grammar_spec(),
-                                 penalties=self.penalties() if "e" in on else Penalties(bias=self._biases()),
-                                 logprobs=self.logprob_count(), infill_sampler="i" in on, **prompt)
+                                 cache_prompt=self.cache_prompt, grammar=None if warm_up else self.grammar_spec(),
+                                 warm_up=warm_up,
+                                 penalties=self.sampler_penalties(
+                                     self.penalties() if "e" in on else Penalties(bias=self._biases()), on),
+                                 logprobs=-1 if warm_up else self.logprob_count(), infill_sampler="i" in on,
+                                 ignore_eos=self.ignore_eos, **prompt)
 
     def samplers_on(self) -> str:
-        """The codes (SAMPLERS) of the samplers the request turns on: all of duo's but infill without `samplers`."""
+        """The codes (SAMPLERS) of the samplers the request turns on: llama-server's default chain (all of them but
+        infill) without `samplers`. A name or letter duo does not know is skipped, as llama-server skips it
+        (SillyTavern lists tfs_z, which llama.cpp no longer has)."""
         if self.samplers is None:
-            return "kpmte"
+            return "edskypmxt"
         names = self.samplers
         codes = list(names) if isinstance(names, str) else [SAMPLERS.get(name) for name in names]
-        unknown = [name for name, code in zip(names, codes) if code not in SAMPLERS.values()]
-        if unknown:
-            raise BadRequest(f"unknown sampler {unknown[0]!r} in samplers; duo knows {', '.join(SAMPLERS)} "
-                             f"(or their letters {''.join(sorted(set(SAMPLERS.values())))})", param="samplers")
-        return "".join(codes)
+        known = set(SAMPLERS.values())
+        for name, code in zip(names, codes):
+            if code not in known:
+                _log_ignored(f"the sampler {name!r} in samplers")
+        return "".join(code for code in codes if code in known)
 
     def logprob_count(self) -> int:
         """How many alternatives each token's logprobs show (-1: no logprobs): llama-server's n_probs here."""
@@ -247,10 +295,10 @@ class CompletionBody(GenerationBody):
         if self.suffix:  # the text after the hole: the model's fill-in-the-middle prompt (duo.api.infill)
             if not isinstance(prompt, str):
                 raise BadRequest("suffix needs the prompt as text (the code before the hole)", param="suffix")
-            return self.completion_request(max_tokens=self.token_limit("max_tokens"), fim=FimInput(prompt, self.suffix))
+            return self.completion_request(max_tokens=self.token_limit(), fim=FimInput(prompt, self.suffix))
         if isinstance(prompt, list):
-            return self.completion_request(max_tokens=self.token_limit("max_tokens"), prompt_tokens=prompt)
-        return self.completion_request(max_tokens=self.token_limit("max_tokens"), prompt=prompt)
+            return self.completion_request(max_tokens=self.token_limit(), prompt_tokens=prompt)
+        return self.completion_request(max_tokens=self.token_limit(), prompt=prompt)
 
 
 class ContentPart(BaseModel):
@@ -271,7 +319,7 @@ class ToolCallBody(BaseModel):
     function: CalledFunction
 
 
-class ChatMessageBody(Fenced):
+class ChatMessageBody(LlamaServerFields):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None  # a participant's name: chat templates do not render it, nor does llama-server
@@ -292,6 +340,7 @@ class ChatMessageBody(Fenced):
 class ChatBody(GenerationBody):
     """POST /v1/chat/completions."""
 
+    LIMIT_NAMES: ClassVar[tuple[str, ...]] = ("max_completion_tokens", "max_tokens")
     messages: list[ChatMessageBody]
     max_completion_tokens: int | None = Field(default=None, ge=-1, le=INT32_MAX)  # the newer name of max_tokens
     logprobs: bool | None = None
@@ -299,6 +348,10 @@ class ChatBody(GenerationBody):
     tools: list[ToolBody] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    # llama-server's: how the model's <think> reasoning is told from its content ("auto" as llama-server's default,
+    # deepseek: reasoning_content), and more variables for the chat template ({"enable_thinking": false}).
+    reasoning_format: Literal["none", "auto", "deepseek", "deepseek-legacy"] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
     def check_supported(self) -> None:
         super().check_supported()
@@ -314,8 +367,10 @@ class ChatBody(GenerationBody):
         except ToolError as error:
             raise BadRequest(str(error), param=error.param) from error
         messages = template_messages(self.messages)
-        return self.completion_request(max_tokens=self.token_limit("max_completion_tokens", "max_tokens"),
-                                       messages=messages, tool_use=use)
+        return self.completion_request(max_tokens=self.token_limit(),
+                                       messages=messages, tool_use=use,
+                                       reasoning_format="deepseek" if self.reasoning_format in (None, "auto") else
+                                       self.reasoning_format, chat_template_kwargs=self.chat_template_kwargs)
 
     def logprob_count(self) -> int:
         return (self.top_logprobs or 0) if self.logprobs else super().logprob_count()

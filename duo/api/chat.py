@@ -21,16 +21,19 @@ def mark(i: int) -> str:
 
 class Tokenizer(Protocol):
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]: ...
-    def chat_prompt(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] = ()) -> str: ...
+    def chat_prompt(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] = (),
+                    variables: Mapping[str, Any] | None = None) -> str: ...
     def vocab(self): ...
+    def detokenize(self, tokens: Sequence[int], *, special: bool = False) -> bytes: ...
+    def token_piece(self, token: int, *, special: bool = False) -> bytes: ...
 
 
 def chat_tokens(model: Tokenizer, messages: Sequence[Mapping[str, Any]], rendered: str,
-                tools: Sequence[Mapping[str, Any]] = ()) -> list[int]:
+                tools: Sequence[Mapping[str, Any]] = (), variables: Mapping[str, Any] | None = None) -> list[int]:
     """The prompt tokens of `messages` (and `tools`), which the model's chat template rendered as `rendered`: one
     BOS at most, and no control token from inside a message's content."""
     tokens: list[int] = []
-    for i, (text, is_content) in enumerate(rendered_pieces(model, messages, rendered, tools)):
+    for i, (text, is_content) in enumerate(rendered_pieces(model, messages, rendered, tools, variables)):
         tokens += model.tokenize(text, add_special=i == 0, parse_special=not is_content)
     bos = model.vocab().bos
     # A template that writes its own BOS (Llama 3, Mistral, Gemma) on a model whose GGUF adds one too.
@@ -40,7 +43,8 @@ def chat_tokens(model: Tokenizer, messages: Sequence[Mapping[str, Any]], rendere
 
 
 def rendered_pieces(model: Tokenizer, messages: Sequence[Mapping[str, Any]], rendered: str,
-                    tools: Sequence[Mapping[str, Any]] = ()) -> list[tuple[str, bool]]:
+                    tools: Sequence[Mapping[str, Any]] = (),
+                    variables: Mapping[str, Any] | None = None) -> list[tuple[str, bool]]:
     """`rendered`, the chat as the template rendered it, as (text, is_content) pieces.
 
     The template is rendered a second time with each content replaced by a mark no text holds (private
@@ -52,7 +56,8 @@ def rendered_pieces(model: Tokenizer, messages: Sequence[Mapping[str, Any]], ren
     contents = [str(message.get("content", "")) for message in messages]
     marks = [mark(i) for i in range(len(messages))]
     skeleton = [{**message, "content": mark} for message, mark in zip(messages, marks)]
-    markup = _cut_at(model.chat_prompt(skeleton, tools) if tools else model.chat_prompt(skeleton), marks)
+    markup = _cut_at(model.chat_prompt(skeleton, tools, variables) if tools or variables else
+                     model.chat_prompt(skeleton), marks)
     if markup is not None:
         for candidates in (contents, [content.strip() for content in contents]):
             pieces = [(markup[0], False)]
@@ -86,3 +91,22 @@ def _found_in_order(rendered: str, contents: Sequence[str]) -> list[tuple[str, b
                 break
     pieces.append((rendered[at:], False))
     return [(text, is_content) for text, is_content in pieces if text]
+
+
+def marker_tokens(model: Tokenizer, markers: Sequence[str]) -> frozenset[int]:
+    """The control tokens that spell `markers` (a call format's markup): an answer's text renders them, as
+    llama-server renders its preserved tokens, so that calls written with them (DeepSeek's <｜tool▁calls▁begin｜>,
+    GPT-OSS' <|channel|>) parse; other control tokens (an end of turn) stay out of the text."""
+    found = set()
+    for marker in markers:
+        for token in model.tokenize(marker, add_special=False, parse_special=True):
+            if not model.token_piece(token) and model.token_piece(token, special=True):
+                found.add(token)
+    return frozenset(found)
+
+
+def answer_text(model: Tokenizer, tokens: Sequence[int], preserved: frozenset[int]) -> bytes:
+    """The bytes of answer `tokens`: the `preserved` control tokens spelled out, the others left out."""
+    if not preserved.intersection(tokens):
+        return model.detokenize(tokens)
+    return b"".join(model.token_piece(token, special=token in preserved) for token in tokens)

@@ -12,17 +12,19 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from duo.api.admission import Admission, QueueFull, Slot
+from duo.api.chat import answer_text, marker_tokens
+from duo.api.deltas import Reasoning
 from duo.api.infill import FimStops, stops_for
 from duo.api.limits import BodyLimits
 from duo.api.logprobs import described
 from duo.api.metrics import Metrics
 from duo.api.preparing import Preparer
-from duo.api.requests import BadRequest, CompletionRequest, NotReady, ShuttingDown, UnknownModel
+from duo.api.requests import BadRequest, CompletionRequest, NotReady, ShuttingDown
 from duo.api.stop import StopMatcher
 from duo.api.tools import CallFormat, ToolError, call_format
 from duo.constraint import Compiler, CompilerBusy, Cursor, GrammarError, GrammarTooCostly
 from duo.model import Model, ModelError
-from duo.sampling import NoTokenAllowed
+from duo.sampling.distributions import NoTokenAllowed
 from duo.target.generation import Target
 from duo.target.request import GenerationStats, Request
 
@@ -40,6 +42,8 @@ class Piece:
     draft_connected: bool
     stop_type: str = ""  # on the last piece, as llama-server says it: "eos", "word" (a stop string) or "limit"
     logprobs: list[dict[str, Any]] | None = None  # where asked, per token (duo.api.logprobs.described)
+    reasoning: Reasoning = Reasoning()  # how the answer's reasoning reads (chat: the prompt may have opened it)
+    stop_word: str = ""  # on the last piece, the stop string that ended the answer, where one did
 
 
 class Completion:
@@ -83,10 +87,11 @@ class Completions:
         self.tokenizing_admission = Admission(TOKENIZE_PARALLEL, TOKENIZE_QUEUE)
         self.compiler = Compiler()  # grammars, each within its budget and on a thread of its own
         self.metrics = metrics
-        self.names = list(names)  # the first is the model's name; the others are accepted as aliases
+        self.names = list(names)  # what /v1/models lists: the model's name first, then its aliases (any name is served)
         self.target: Target | None = None  # set once the model is loaded
         self.context_size = 0
         self._preparer: Preparer | None = None  # set once the model is loaded
+        self._markers: frozenset[int] | None = None  # the template's markup tokens an answer spells out
         self.closing = False  # shutting down: new requests are refused
         self._cut = asyncio.Event()  # the grace period is over: running requests end
 
@@ -119,21 +124,15 @@ class Completions:
     def draft_connected(self) -> bool:
         return self.draft_state == "connected"
 
-    def check_model(self, name: str | None) -> None:
-        if name and name not in self.names:
-            served = ", ".join(map(repr, self.names))
-            raise UnknownModel(f"model {name!r} is not served here; this server serves {served}", param="model",
-                               code="model_not_found")
-
     def preparer(self) -> Preparer:
         """What checks and prepares requests (duo.api.preparing); NotReady while the model loads."""
         if self._preparer is None:
             raise NotReady("the model is still loading; retry in a moment")
         return self._preparer
 
-    def prepare(self, request: CompletionRequest) -> tuple[Request, str]:
-        """The target's Request for `request` and its grammar's field, or BadRequest (Preparer.prepare; off the
-        event loop)."""
+    def prepare(self, request: CompletionRequest) -> tuple[Request, str, Reasoning]:
+        """The target's Request for `request`, its grammar's field and how its answer's reasoning reads, or BadRequest
+        (Preparer.prepare; off the event loop)."""
         return self.preparer().prepare(request)
 
     def tokenize(self, prompt: str = "", messages: Sequence[Mapping[str, Any]] = ()) -> list[int]:
@@ -162,7 +161,7 @@ class Completions:
             self._preparer.check_text_size(text, param)
 
     def call_format(self) -> CallFormat | None:
-        """How the model writes tool calls; None while it loads or where its template takes no tools."""
+        """How the model writes tool calls; None while it loads or where it has no chat template."""
         try:
             return call_format(self.target.model.chat_template()) if self.target else None
         except ToolError:
@@ -185,7 +184,7 @@ class Completions:
                 raise ShuttingDown(SHUTTING_DOWN)
             preparing = asyncio.ensure_future(asyncio.to_thread(self.prepare, requests[0]))  # tokenizing takes a while
             try:
-                prepared, grammar_param = await asyncio.shield(preparing)
+                prepared, grammar_param, reasoning = await asyncio.shield(preparing)
             except asyncio.CancelledError:
                 places.release_after(preparing)  # the client left: the thread works on, and holds the places
                 raise
@@ -199,7 +198,9 @@ class Completions:
                                  constraint=prepared.constraint.copy() if i and prepared.constraint else
                                  prepared.constraint)
                 completions.append((choice, stops))
-            return [Completion(self._pieces(target, choice, stops), slot)
+            answer = _warm_up_answer if requests[0].warm_up else _as_generated
+            preserved = self._marker_tokens(target.model) if requests[0].messages else frozenset()
+            return [Completion(answer(self._pieces(target, choice, stops, reasoning, preserved)), slot)
                     for (choice, stops), slot in zip(completions, places.hand_over())]
 
     async def tokenizing(self, work: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -213,8 +214,15 @@ class Completions:
         finally:
             slot.release()
 
-    async def _pieces(self, target: Target, request: Request,
-                      stops: StopMatcher | FimStops) -> AsyncGenerator[Piece, None]:
+    def _marker_tokens(self, model: Model) -> frozenset[int]:
+        """The control tokens of the chat template's call and reasoning markup (duo.api.chat.marker_tokens)."""
+        if self._markers is None:
+            format_ = self.call_format()
+            self._markers = marker_tokens(model, format_.markers) if format_ else frozenset()
+        return self._markers
+
+    async def _pieces(self, target: Target, request: Request, stops: StopMatcher | FimStops, reasoning: Reasoning,
+                      preserved: frozenset[int]) -> AsyncGenerator[Piece, None]:
         # Characters may span tokens: the decoder holds back bytes until they complete a character.
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         stats = GenerationStats(prompt_tokens=len(request.prompt_tokens), arrived=request.arrived)
@@ -224,13 +232,15 @@ class Completions:
             async with aclosing(target.generate(request)) as steps, aclosing(self._until_cut(steps)) as cuttable:
                 async for step, stats in cuttable:
                     ended = step.finish_reason is not None
-                    text, stopped = stops.feed(decoder.decode(target.model.detokenize(step.tokens), final=ended))
+                    text, stopped = stops.feed(decoder.decode(answer_text(target.model, step.tokens, preserved),
+                                                              final=ended))
                     finish = "stop" if stopped else step.finish_reason
                     if finish and not stopped:
                         text += stops.flush()
                     why = stops.why if stopped else {"stop": "eos", "length": "limit"}.get(finish or "", "")
                     logprobs = None if step.logprobs is None else described(target.model, step.tokens, step.logprobs)
-                    yield Piece(text, step.tokens, finish, stats, self.draft_connected, why, logprobs)
+                    yield Piece(text, step.tokens, finish, stats, self.draft_connected, why, logprobs, reasoning,
+                                stops.word if stopped else "")
                     if finish:
                         # Leaving `aclosing` closes target.generate now, which frees the sessions at once.
                         return
@@ -303,3 +313,17 @@ def request_fault(error: Exception) -> bool:
     """Whether a generation failed of what the request asked for (its grammar costs more than its budget at some
     position, its logit_bias and grammar leave no token), which the client must change: a 400, not a 500."""
     return isinstance(error, (GrammarError, NoTokenAllowed))
+
+
+def _as_generated(pieces: AsyncGenerator[Piece, None]) -> AsyncGenerator[Piece, None]:
+    return pieces
+
+
+async def _warm_up_answer(pieces: AsyncGenerator[Piece, None]) -> AsyncGenerator[Piece, None]:
+    """A warm-up's one piece: its prompt read (its stats say how much of it was cached already) and the token
+    decoded to read it dropped, so that nothing was generated, as llama-server answers n_predict 0."""
+    async with aclosing(pieces):
+        async for piece in pieces:
+            if piece.finish_reason:
+                yield replace(piece, text="", token_ids=[], finish_reason="length", stop_type="limit", logprobs=None,
+                              stats=replace(piece.stats, generated_tokens=0))

@@ -117,6 +117,11 @@ class FimStops:
         self.started: float | None = None
         self.why = "word"
 
+    @property
+    def word(self) -> str:
+        """The stop string that ended the completion ("" where a code-completion rule did)."""
+        return self.stops.word
+
     def feed(self, piece: str) -> tuple[str, bool]:
         if self.started is None:
             self.started = time.monotonic()

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from duo.api.bodies import ChatMessageBody, Fenced, GenerationBody
+from duo.api.bodies import ChatMessageBody, LlamaServerFields, GenerationBody
 from duo.api.infill import FimInput
 from duo.api.limits import INT32_MAX, MAX_RESPONSE_FIELD_LENGTH, MAX_RESPONSE_FIELDS, Int32
 from duo.api.requests import CompletionRequest
@@ -27,13 +27,8 @@ class NativeCompletionBody(GenerationBody):
         default=None, max_length=MAX_RESPONSE_FIELDS)
 
     def native_request(self, **prompt: Any) -> CompletionRequest:
-        return self.completion_request(max_tokens=self.token_limit("max_tokens"), n_indent=self.n_indent,
+        return self.completion_request(max_tokens=self.token_limit(), n_indent=self.n_indent,
                                        t_max_predict_ms=self.t_max_predict_ms, **prompt)
-
-    @property
-    def warm_up(self) -> bool:
-        """n_predict 0 (what editors send to warm the cache): answered at once, with nothing generated."""
-        return self.n_predict == 0 and "max_tokens" not in self.model_fields_set
 
     def to_request(self) -> CompletionRequest:
         self.check_supported()
@@ -65,7 +60,7 @@ class InfillBody(NativeCompletionBody):
         return self.native_request(fim=FimInput(self.input_prefix, self.input_suffix, extra, prompt))
 
 
-class TokenizeBody(Fenced):
+class TokenizeBody(LlamaServerFields):
     """llama-server's POST /tokenize."""
 
     content: str
@@ -74,13 +69,13 @@ class TokenizeBody(Fenced):
     with_pieces: bool = False
 
 
-class DetokenizeBody(Fenced):
+class DetokenizeBody(LlamaServerFields):
     """llama-server's POST /detokenize."""
 
     tokens: list[int]
 
 
-class ApplyTemplateBody(Fenced):
+class ApplyTemplateBody(LlamaServerFields):
     """llama-server's POST /apply-template: the chat as the model's template renders it, not generated from."""
 
     messages: list[ChatMessageBody]

@@ -54,7 +54,7 @@ def check_shape(data: Any, limits: BodyLimits) -> None:
         if bound is not None and len(value) > bound[0]:
             message = f"{field} holds {len(value)} items; {bound[1]}"
             if field in ("prompt", "messages", "input_extra"):
-                raise too_long(message, param=field)
+                raise too_long(message, n_prompt_tokens=len(value), n_ctx=limits.items, param=field)
             raise BadRequest(f"{message}: send fewer", param=field)
 
 

@@ -4,19 +4,27 @@ its grammar compiled, every field checked against the model; off the event loop.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from functools import cached_property
 from typing import Any
 
 from duo.api.chat import chat_tokens
+from duo.api.deltas import Reasoning
 from duo.api.infill import NoFim, fim_tokens
 from duo.api.limits import INT32_MAX, INT32_MIN
 from duo.api.requests import BadRequest, CompletionRequest, check_stops, too_long
-from duo.api.tools import ToolError, call_format, call_grammar
+from duo.api.tools import GENERIC, ToolError, call_format, call_grammar, thinking_opened, with_tools_described
 from duo.constraint import GrammarError, GrammarSpec, grammar_of
-from duo.infill_sampler import infill_vocab
 from duo.model import Model, ModelError
+from duo.sampling.ops.infill import infill_vocab
+from duo.sampling.ops.penalties import Penalties
 from duo.target.request import Request
+
+# The names the template renderer gives values of its own: chat_template_kwargs may not set them.
+RENDERER_NAMES = frozenset({"messages", "tools", "functions", "function_call", "tool_choice", "eos_token", "bos_token",
+                            "raise_exception", "add_generation_prompt", "strftime_now"})
 
 
 class Preparer:
@@ -34,12 +42,21 @@ class Preparer:
                  tools: Sequence[Mapping[str, Any]] = ()) -> list[int]:
         """The prompt's token ids: raw text (special tokens parsed) or chat messages (and tools) rendered with the
         model's chat template. Long prompts take a while: call this off the event loop."""
+        return self._rendered(prompt, messages, tools)[0]
+
+    def _rendered(self, prompt: str = "", messages: Sequence[Mapping[str, Any]] = (),
+                  tools: Sequence[Mapping[str, Any]] = (),
+                  variables: Mapping[str, Any] | None = None) -> tuple[list[int], str]:
+        """The prompt's token ids and its text (the chat rendered, for messages)."""
         model = self.model
         if prompt and messages:
             raise BadRequest("send either prompt or messages, not both")
         if messages:
+            if variables and RENDERER_NAMES & set(variables):
+                raise BadRequest(f"chat_template_kwargs may not set {', '.join(sorted(RENDERER_NAMES & set(variables)))}",
+                                 param="chat_template_kwargs")
             try:
-                prompt = model.chat_prompt(messages, tools)
+                prompt = model.chat_prompt(messages, tools, variables)
             except ModelError as error:
                 raise BadRequest(str(error), param="messages") from error
         try:
@@ -48,20 +65,23 @@ class Preparer:
             raise BadRequest(f"the prompt is not valid Unicode text ({error.reason} at character {error.start})",
                              param="messages" if messages else "prompt") from error
         if size > self.max_prompt_bytes:
-            raise too_long(f"the prompt is far longer than the context of {self.context_size} tokens")
-        return chat_tokens(model, messages, prompt, tools) if messages else model.tokenize(prompt)
+            raise self._far_too_long(size)
+        return (chat_tokens(model, messages, prompt, tools, variables) if messages else model.tokenize(prompt)), prompt
 
-    def prepare(self, request: CompletionRequest) -> tuple[Request, str]:
+    def prepare(self, request: CompletionRequest) -> tuple[Request, str, Reasoning]:
         """The target's Request, its grammar in llguidance's form but not compiled yet (the caller compiles it within
-        a budget: duo.constraint.Compiler), and the field that held the grammar; or BadRequest saying what to fix."""
+        a budget: duo.constraint.Compiler), the field that held the grammar and how the answer's reasoning reads; or
+        BadRequest saying what to fix."""
         model = self.model
         params = replace(request.params, infill=infill_vocab(model)) if request.infill_sampler else request.params
+        penalties = self._penalties(request)
         try:
             params.validate()
-            request.penalties.validate(model.n_vocab)
+            penalties.validate(model.n_vocab)
         except ValueError as error:  # their messages start with the field they name ("top_p must be ...")
             field = str(error).split(" ", 1)[0]
             raise BadRequest(str(error), param=field if field.isidentifier() else None) from error
+        penalties = penalties.for_vocab(model)  # DRY's breakers in the model's tokens
         if request.max_tokens < 0:
             raise BadRequest(f"max_tokens must be >= 0, got {request.max_tokens}", param="max_tokens")
         if request.seed is not None and not 0 <= request.seed < 2 ** 64:
@@ -72,14 +92,45 @@ class Preparer:
         check_stops(request.stop)
         self._check_no_markup(request)
         spec = self._tool_grammar(request) if request.tool_use else request.grammar
-        tokens = (self._fim_tokens(request) if request.fim else list(request.prompt_tokens)
-                  if request.prompt_tokens is not None else self.tokenize(
-                      request.prompt, request.messages, request.tool_use.offered if request.tool_use else ()))
+        tokens, prompt = (self._fim_tokens(request), "") if request.fim else (list(request.prompt_tokens), "") \
+            if request.prompt_tokens is not None else self._chat_rendered(request)
         self._check_prompt(tokens)
+        opened = bool(request.messages) and thinking_opened(prompt, self._format(request))
         return Request(prompt_tokens=tokens, params=params, seed=request.seed, max_tokens=request.max_tokens,
                        cache_prompt=request.cache_prompt, grammar=self._grammar(spec) if spec else "",
-                       penalties=request.penalties, logprobs=request.logprobs,
-                       arrived=request.arrived), spec.param if spec else ""
+                       penalties=penalties, logprobs=request.logprobs,
+                       arrived=request.arrived), spec.param if spec else "", Reasoning(request.reasoning_format, opened)
+
+    def _chat_rendered(self, request: CompletionRequest) -> tuple[list[int], str]:
+        """The request's prompt tokens and text; with tools on a template with no tool syntax (the generic format),
+        the tools are described in the system message instead."""
+        use, messages, tools = request.tool_use, request.messages, ()
+        if use is not None:
+            tools = use.offered
+            if self._format(request) is GENERIC:
+                messages, tools = with_tools_described([dict(m) for m in messages], tools), ()
+        return self._rendered(request.prompt, messages, tools, request.chat_template_kwargs)
+
+    def _format(self, request: CompletionRequest) -> Any:
+        """The template's call format where the request has tools (None without)."""
+        if request.tool_use is None:
+            return None
+        try:
+            return call_format(self.model.chat_template())
+        except ToolError as error:
+            raise BadRequest(str(error), param=error.param) from error
+
+    def _penalties(self, request: CompletionRequest) -> Penalties:
+        """The request's logit transforms; with ignore_eos, every end-of-generation token banned (a bias of -inf, as
+        llama-server's), so the answer runs to its token limit or the context's end."""
+        if not request.ignore_eos:
+            return request.penalties
+        bias = dict(request.penalties.bias) | {token: -math.inf for token in self._end_ids}
+        return replace(request.penalties, bias=tuple(sorted(bias.items())))
+
+    @cached_property
+    def _end_ids(self) -> list[int]:
+        return self.model.end_of_generation_ids()  # one call a token of the vocabulary: once
 
     def _fim_tokens(self, request: CompletionRequest) -> list[int]:
         try:
@@ -108,17 +159,14 @@ class Preparer:
     def _tool_grammar(self, request: CompletionRequest) -> GrammarSpec | None:
         """The request's grammar where it has tools: the call's, when one is due (tool_choice required or a named
         function); BadRequest for a template that cannot take them."""
-        model, use = self.model, request.tool_use
-        try:
-            format_ = call_format(model.chat_template())
-        except ToolError as error:
-            raise BadRequest(str(error), param=error.param) from error
-        if not use.required:
+        use, format_ = request.tool_use, self._format(request)
+        if not use.required and format_ is not GENERIC:
             return request.grammar
-        if request.grammar:
-            raise BadRequest("a required tool call and a response format cannot both hold: send one",
-                             param="tool_choice")
-        return GrammarSpec("lark", call_grammar(use.callable, use.parallel, format_, self._token_of), "tools")
+        if request.grammar:  # the generic format's every answer is written by its grammar
+            raise BadRequest("a required tool call (or tools on a template with no tool syntax) and a response format "
+                             "cannot both hold: send one", param="tool_choice")
+        return GrammarSpec("lark", call_grammar(use.callable, use.parallel, format_, self._token_of, use.required),
+                           "tools")
 
     def _token_of(self, text: str) -> int | None:
         """The id of the model's one token for `text`, if it has one (a call format's markers)."""
@@ -139,19 +187,27 @@ class Preparer:
         more token ids than the context holds, more text than its tokens could spell, more messages than
         tokens (each message renders to one token at least)."""
         if request.prompt_tokens is not None and len(request.prompt_tokens) >= self.context_size:
-            raise too_long(f"the prompt has {len(request.prompt_tokens)} tokens; the context holds "
-                           f"{self.context_size}")
+            raise too_long("the prompt must leave room for one new token", n_prompt_tokens=len(request.prompt_tokens),
+                           n_ctx=self.context_size)
         if len(request.messages) >= self.context_size:
-            raise too_long(f"{len(request.messages)} messages cannot fit a context of {self.context_size} tokens",
-                           param="messages")
+            raise too_long(f"{len(request.messages)} messages take a token each at least",
+                           n_prompt_tokens=len(request.messages), n_ctx=self.context_size, param="messages")
         texts = [request.prompt] + [str(message.get("content", "")) for message in request.messages]
-        if sum(len(text) for text in texts) > self.max_prompt_bytes:  # characters: at least one byte each
-            raise too_long(f"the prompt is far longer than the context of {self.context_size} tokens")
+        size = sum(len(text) for text in texts)  # characters: at least one byte each
+        if size > self.max_prompt_bytes:
+            raise self._far_too_long(size)
 
     def check_text_size(self, text: str, param: str) -> None:
         """BadRequest for a text to tokenize that has more characters than the context's tokens could spell."""
         if len(text) > self.max_prompt_bytes:
-            raise too_long(f"{param} is far longer than the context of {self.context_size} tokens", param=param)
+            raise self._far_too_long(len(text), param)
+
+    def _far_too_long(self, size: int, param: str = "prompt") -> BadRequest:
+        """A prompt of `size` bytes, refused untokenized: no token spells more than the longest vocabulary text, so
+        it has size / that many tokens at least (more than the context holds)."""
+        longest = self.max_prompt_bytes // self.context_size
+        return too_long(f"{param} is far longer than the context", n_prompt_tokens=-(-size // longest),
+                        n_ctx=self.context_size, param=param)
 
     def _check_prompt(self, tokens: list[int]) -> None:
         if not tokens:
@@ -160,5 +216,5 @@ class Preparer:
         if not all(0 <= token < n_vocab for token in tokens):
             raise BadRequest(f"prompt token ids must be between 0 and {n_vocab - 1}", param="prompt")
         if len(tokens) >= self.context_size:
-            raise too_long(f"the prompt has {len(tokens)} tokens; the context holds {self.context_size}, "
-                           "which must leave room for at least one new token")
+            raise too_long("the prompt must leave room for one new token", n_prompt_tokens=len(tokens),
+                           n_ctx=self.context_size)

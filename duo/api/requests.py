@@ -7,12 +7,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from duo.api.deltas import ReasoningFormat
 from duo.api.infill import FimInput
 from duo.api.limits import MAX_STOP_STRINGS
 from duo.api.tools import ToolUse
 from duo.constraint import GrammarSpec
-from duo.penalties import Penalties
-from duo.sampling import SamplingParams
+from duo.sampling.ops.penalties import Penalties
+from duo.sampling.params import SamplingParams
 
 
 class ClientError(Exception):
@@ -22,14 +23,12 @@ class ClientError(Exception):
 class BadRequest(ClientError):
     """The request itself is wrong; `param` names the field to fix where there is one."""
 
-    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
+                 details: Mapping[str, Any] | None = None) -> None:
         super().__init__(message)
         self.param = param
         self.code = code
-
-
-class UnknownModel(BadRequest):
-    """The request names a model this server does not serve."""
+        self.details = dict(details or {})  # more fields of the error object (a context overflow's sizes)
 
 
 class NotReady(ClientError):
@@ -54,19 +53,27 @@ class CompletionRequest:
     cache_prompt: bool = True                  # false: no prompt prefix shared with other requests
     grammar: GrammarSpec | None = None         # the output must match it (duo.constraint)
     tool_use: ToolUse | None = None            # chat: the tools the template renders, and whether a call is due
+    reasoning_format: ReasoningFormat = "deepseek"  # chat: how reasoning is told from content (duo.api.deltas)
+    chat_template_kwargs: Mapping[str, Any] | None = None  # chat: more variables for the template (enable_thinking)
     penalties: Penalties = Penalties()         # presence, frequency and repeat penalties, logit_bias
     logprobs: int = -1                         # >= 0: each token's logprob and this many alternatives'
     fim: FimInput | None = None                # fill-in-the-middle: the prompt is built around the hole
     infill_sampler: bool = False               # llama.cpp's infill sampler after the truncations
     n_indent: int = 0                          # llama-server's code-completion stop rules (duo.api.infill)
     t_max_predict_ms: int = 0
+    ignore_eos: bool = False                   # llama-server's: the end-of-generation tokens are never drawn
+    warm_up: bool = False                      # read the prompt into the cache; the answer drops what follows
     arrived: float = field(default_factory=time.monotonic)
 
 
-def too_long(message: str, param: str = "prompt") -> BadRequest:
-    """A prompt that cannot fit the context: what to do about it."""
-    return BadRequest(f"{message}: shorten the prompt or start duo-target with a larger --ctx-size",
-                      param=param, code="context_length_exceeded")
+def too_long(message: str, *, n_prompt_tokens: int, n_ctx: int, param: str = "prompt") -> BadRequest:
+    """A prompt that cannot fit the context, in llama-server's shape (type exceed_context_size_error, its sizes,
+    its words, which clients look for to shorten and retry) and OpenAI's (code context_length_exceeded).
+    `n_prompt_tokens` is a lower bound where the prompt was refused before it was tokenized."""
+    return BadRequest(f"request ({n_prompt_tokens} tokens) exceeds the available context size ({n_ctx} tokens): "
+                      f"{message}; shorten the prompt or start duo-target with a larger --ctx-size", param=param,
+                      code="context_length_exceeded", details={"type": "exceed_context_size_error",
+                                                               "n_prompt_tokens": n_prompt_tokens, "n_ctx": n_ctx})
 
 
 def check_stops(stops: Sequence[str]) -> None:

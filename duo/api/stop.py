@@ -22,6 +22,7 @@ class StopMatcher:
         self.stops = tuple(stops)
         self.held = ""
         self.stopped = False
+        self.word = ""  # the stop string that ended the completion (llama-server's stopping_word)
 
     def feed(self, piece: str) -> tuple[str, bool]:
         """(text safe to emit, whether a stop string ended the completion)."""
@@ -42,8 +43,12 @@ class StopMatcher:
         return text
 
     def _first_stop(self, text: str) -> int | None:
-        found = [i for i in (text.find(stop) for stop in self.stops) if i >= 0]
-        return min(found) if found else None
+        """Where the first stop string starts (the shortest of those starting there: it completes first)."""
+        found = [(at, len(stop), stop) for stop in self.stops if (at := text.find(stop)) >= 0]
+        if not found:
+            return None
+        at, _, self.word = min(found)
+        return at
 
     def _held_back_length(self, text: str) -> int:
         """Length of the longest suffix of `text` that is a proper prefix of a stop string."""

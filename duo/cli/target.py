@@ -10,6 +10,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 from grpc_health.v1 import health
@@ -25,10 +26,10 @@ from duo.model import MAX_SEQUENCES, N_BATCH, Model, ModelError
 from duo.models.hub import CATALOG, DEFAULT_TARGET, HubError, resolve_model
 from duo.runtime import (WRITE_TIMEOUT_S, ModelWorker, add_process_arguments, check_can_listen, host_port,
                          listen_socket, metrics_server, model_options, run_async, run_server, setup_logging)
-from duo.sampling import COUPLED, RESIDUAL
+from duo.sampling.verification import COUPLED, RESIDUAL
 from duo.target.generation import Target
-from duo.target.request import SpecSettings
 from duo.target.link import DraftLink
+from duo.target.request import SpecSettings
 from duo.tls import channel_credentials, check_pair, server_credentials
 
 log = logging.getLogger("duo.target")
@@ -75,8 +76,16 @@ def build_parser() -> argparse.ArgumentParser:
                            "seed alone decides their text, with or without a draft (default: %(default)s)")
     clients = parser.add_argument_group("clients")
     clients.add_argument("--http", default=None, metavar="[HOST:]PORT",
-                         help="also serve the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, "
-                              "/v1/models, /health, /metrics) here; HOST defaults to 127.0.0.1")
+                         help="also serve the HTTP API (OpenAI's chat, completions and responses, Anthropic's "
+                              "messages, llama-server's native endpoints, /v1/models, /health, /metrics) here; HOST "
+                              "defaults to 127.0.0.1")
+    clients.add_argument("--alias", action="append", default=[], metavar="NAME",
+                         help="one more name /v1/models lists for the model (repeatable); a request may name any "
+                              "model, as llama-server serving one model answers whatever `model` says")
+    clients.add_argument("--cors-origin", action="append", default=None, metavar="ORIGIN",
+                         help="answer browsers' cross-origin requests only from this origin, e.g. "
+                              "http://localhost:3000 (repeatable; default: any origin is echoed, as llama-server "
+                              "does; preflights never need the API key)")
     clients.add_argument("--parallel", type=int, default=4, metavar="N",
                          help="generations running at once, every one's step decoded in one batched model call "
                               "(one context of --ctx-size x N cells, each generation up to --ctx-size tokens)")
@@ -91,8 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help="drop a streaming client that takes no data for this long (it stopped reading), "
                               "freeing its place (default: %(default)g)")
     clients.add_argument("--api-key", default=None, metavar="KEY",
-                         help="require `Authorization: Bearer KEY` (HTTP) or the metadata `authorization: Bearer "
-                              "KEY` (gRPC) on every client call; health checks, reflection and /metrics stay open "
+                         help="require `Authorization: Bearer KEY` (HTTP; also `X-Api-Key: KEY` or the bare key) or "
+                              "the metadata `authorization: Bearer KEY` (gRPC) on every client call; health checks, "
+                              "reflection, /v1/models and /metrics stay open "
                               "(default: $DUO_API_KEY, else no key). Visible to every user of this machine in "
                               "its process list: prefer --api-key-file or $DUO_API_KEY")
     clients.add_argument("--metrics", default=None, metavar="[HOST:]PORT",
@@ -170,11 +180,12 @@ def check_client_flags(args: argparse.Namespace) -> None:
         raise ValueError("--peer-tls-cert needs --peer-tls-ca (the CA that signed the draft's certificate)")
 
 
-def served_names(path: Path, name_or_path: str) -> list[str]:
-    """The model file's stem, and the catalog name it was started with when that differs."""
+def served_names(path: Path, name_or_path: str, aliases: Sequence[str] = ()) -> list[str]:
+    """The model file's stem, the catalog name it was started with when that differs, then --alias names."""
     names = [path.stem]
-    if name_or_path in CATALOG and name_or_path != path.stem:
-        names.append(name_or_path)
+    for name in ([name_or_path] if name_or_path in CATALOG else []) + list(aliases):
+        if name not in names:
+            names.append(name)
     return names
 
 
@@ -195,13 +206,14 @@ async def serve(args: argparse.Namespace, path: Path, settings: SpecSettings, op
     background, then report SERVING and keep the draft linked until stopped."""
     api_key = api_key_from(args)
     metrics = Metrics()
-    completions = Completions(Admission(args.parallel, args.queue_size), metrics, served_names(path, args.model))
+    completions = Completions(Admission(args.parallel, args.queue_size), metrics, served_names(path, args.model, args.alias))
     health_servicer = health.aio.HealthServicer()
     await set_serving(health_servicer, False)
     server = client_server(completions, health_servicer, api_key, write_timeout=args.write_timeout)
     http = []
     if args.http:
-        app = create_app(completions, metrics, api_key, write_timeout=args.write_timeout)
+        app = create_app(completions, metrics, api_key, write_timeout=args.write_timeout,
+                         cors_origins=args.cors_origin)
         http.append((http_server(app, tls_cert=args.tls_cert, tls_key=args.tls_key, debug=args.log_level == "DEBUG"),
                      listen_socket(args.http)))
     if args.metrics:

@@ -1,0 +1,118 @@
+"""The target's HTTP app (FastAPI): its routes, its error handlers, and the server that runs it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp
+
+from duo.api.admission import QueueFull
+from duo.api.answers import ApiError, api_error, server_error
+from duo.api.bodies import ChatBody, CompletionBody
+from duo.api.completion import Completions, failure_message
+from duo.api.http.gate import Cors, Gate
+from duo.api.http.routes import OpenAIApi
+from duo.api.messages import add_messages_routes
+from duo.api.messages.errors import AnthropicErrors
+from duo.api.metrics import Metrics
+from duo.api.native import ApplyTemplateBody, DetokenizeBody, InfillBody, NativeCompletionBody, TokenizeBody
+from duo.api.parsing import document_bodies
+from duo.api.requests import ClientError
+from duo.api.responses import add_responses_routes
+from duo.model import ModelError
+from duo.runtime import WRITE_TIMEOUT_S, HttpServer
+
+# Connections served at once; beyond, uvicorn answers 503 (generations are bounded by --parallel/--queue-size).
+MAX_HTTP_CONNECTIONS = 256
+
+
+def validation_message(error: RequestValidationError) -> ApiError:
+    """FastAPI's 422 as a 400 whose message names the field (or says the body is not JSON)."""
+    first = error.errors()[0]
+    if first.get("type") == "json_invalid":
+        detail = first.get("ctx", {}).get("error", "")
+        return ApiError(400, f"the request body is not valid JSON: {detail}".rstrip(": "))
+    where = [str(part) for part in first.get("loc", ()) if part != "body"]
+    field = ".".join(where)
+    if not field:
+        return ApiError(400, "the request body must be a JSON object, sent with the header "
+                             "`Content-Type: application/json`")
+    return ApiError(400, f"{field}: {first.get('msg', 'invalid value')}", param=field)
+
+
+
+def create_app(completions: Completions, metrics: Metrics, api_key: str | None, *,
+               write_timeout: float = WRITE_TIMEOUT_S, cors_origins: Sequence[str] | None = None) -> ASGIApp:
+    """The app: every route but the public ones (duo.api.http.gate) needs the key when one is set; CORS as
+    llama-server's, narrowed to `cors_origins` where given. A streaming client that takes no event for
+    `write_timeout` seconds is dropped."""
+    api = OpenAIApi(completions, metrics, write_timeout)
+    # No /docs or /redoc: they load their scripts from a CDN. /openapi.json describes the API.
+    app = FastAPI(title="duo-target", docs_url=None, redoc_url=None, strict_content_type=False)
+    for prefix in ("", "/v1"):  # as llama-server: OpenAI's routes with or without /v1 (but /completions, below)
+        app.add_api_route(f"{prefix}/health", api.health, methods=["GET"])
+        app.add_api_route(f"{prefix}/models", api.models, methods=["GET"])
+        app.add_api_route(f"{prefix}/chat/completions", api.chat, methods=["POST"])
+    app.add_api_route("/metrics", api.metrics_text, methods=["GET"])
+    app.add_api_route("/v1/models/{model_id}", api.model, methods=["GET"])
+    app.add_api_route("/v1/completions", api.completion, methods=["POST"])
+    # llama-server's native endpoints: /completions without /v1 is its native /completion, as there.
+    app.add_api_route("/completion", api.native_completion, methods=["POST"])
+    app.add_api_route("/completions", api.native_completion, methods=["POST"])
+    app.add_api_route("/infill", api.infill, methods=["POST"])
+    app.add_api_route("/tokenize", api.tokenize, methods=["POST"])
+    app.add_api_route("/detokenize", api.detokenize, methods=["POST"])
+    app.add_api_route("/apply-template", api.apply_template, methods=["POST"])
+    app.add_api_route("/props", api.props, methods=["GET"])
+    app.add_api_route("/slots", api.slots, methods=["GET"])
+    add_responses_routes(app, api)
+    add_messages_routes(app, api)
+    document_bodies(app, {"/v1/completions": CompletionBody, "/v1/chat/completions": ChatBody,
+                          "/chat/completions": ChatBody,
+                          "/completion": NativeCompletionBody, "/completions": NativeCompletionBody,
+                          "/infill": InfillBody,
+                          "/tokenize": TokenizeBody, "/detokenize": DetokenizeBody,
+                          "/apply-template": ApplyTemplateBody})
+    add_error_handlers(app)
+    return Cors(AnthropicErrors(Gate(app, completions.max_body_bytes, api_key)), cors_origins)
+
+
+def add_error_handlers(app: FastAPI) -> None:
+    async def on_api_error(request: Request, error: ApiError) -> JSONResponse:
+        return error.response()
+
+    async def on_client_error(request: Request, error: Exception) -> JSONResponse:
+        return api_error(error).response()  # type: ignore[arg-type]
+
+    async def on_failure(request: Request, error: Exception) -> JSONResponse:
+        return server_error(failure_message(error)).response()
+
+    async def on_validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
+        return validation_message(error).response()
+
+    async def on_http_error(request: Request, error: HTTPException) -> JSONResponse:
+        if error.status_code in (404, 405):
+            return ApiError(error.status_code, f"{request.method} {request.url.path} is not part of this API "
+                                               "(see /openapi.json)").response()
+        return ApiError(error.status_code, str(error.detail)).response()
+
+    app.add_exception_handler(ApiError, on_api_error)
+    app.add_exception_handler(ClientError, on_client_error)
+    app.add_exception_handler(QueueFull, on_client_error)
+    app.add_exception_handler(ModelError, on_failure)
+    app.add_exception_handler(Exception, on_failure)  # the last resort: a 500 in OpenAI's shape, never plain text
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(HTTPException, on_http_error)
+
+
+def http_server(app: ASGIApp, *, tls_cert: str | None, tls_key: str | None, debug: bool) -> HttpServer:
+    config = uvicorn.Config(app, lifespan="off", log_config=None, access_log=debug, ssl_certfile=tls_cert,
+                            ssl_keyfile=tls_key, timeout_graceful_shutdown=2, limit_concurrency=MAX_HTTP_CONNECTIONS)
+    return HttpServer(config)
+
+

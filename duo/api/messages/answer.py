@@ -1,0 +1,171 @@
+"""What the Messages API answers: a message of content blocks (text, thinking, tool_use), whole or as Anthropic's
+server-sent events (message_start, content_block_start / _delta / _stop per block, message_delta, message_stop)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from duo.api.answers import api_error, generation_error
+from duo.api.completion import Completion, Piece
+from duo.api.deltas import (AnswerSplitter, CallArguments, CallClosed, CallOpened, Delta, ReasoningDelta, TextDelta,
+                            answer_splitter, whole_answer)
+from duo.api.messages.errors import error_body
+from duo.api.messages.translate import anthropic_id
+from duo.api.requests import ShuttingDown
+from duo.target.request import GenerationStats
+
+if TYPE_CHECKING:  # as duo.api.deltas names them: the tools package builds on these events
+    from duo.api.tools import CallFormat, FunctionBody
+
+Event = dict[str, Any]  # one server-sent event's data; its "type" names the event
+
+
+class ContentBlocks:
+    """An answer's Deltas as Anthropic's content block events. Blocks are numbered in the order they open, as the
+    SDK assembles them (by position): text and reasoning each open a block where the block before is of another
+    kind; each call is a block of its own, its arguments streamed as input_json_delta."""
+
+    def __init__(self) -> None:
+        self.opened = 0  # blocks opened so far
+        self.kind: str | None = None  # the open block's type
+        self.calls = 0  # calls closed
+
+    def feed(self, deltas: Iterable[Delta]) -> list[Event]:
+        events: list[Event] = []
+        for delta in deltas:
+            if isinstance(delta, TextDelta) and delta.text:
+                events += self._text("text", "text_delta", delta.text)
+            elif isinstance(delta, ReasoningDelta) and delta.text:
+                events += self._text("thinking", "thinking_delta", delta.text)
+            elif isinstance(delta, CallOpened):
+                events += self._open({"type": "tool_use", "id": anthropic_id(delta.id), "name": delta.name,
+                                      "input": {}})
+            elif isinstance(delta, CallArguments) and delta.text:
+                events.append(self._delta({"type": "input_json_delta", "partial_json": delta.text}))
+            elif isinstance(delta, CallClosed):
+                events += self.close()
+                self.calls += 1
+        return events
+
+    def close(self) -> list[Event]:
+        """The open block's end, if one is open."""
+        if self.kind is None:
+            return []
+        self.kind = None
+        return [{"type": "content_block_stop", "index": self.opened - 1}]
+
+    def _text(self, kind: str, delta_type: str, text: str) -> list[Event]:
+        field = "text" if kind == "text" else "thinking"
+        opening = [] if self.kind == kind else self._open({"type": kind, field: "", **(
+            {"signature": ""} if kind == "thinking" else {})})  # a local model signs nothing
+        return opening + [self._delta({"type": delta_type, field: text})]
+
+    def _open(self, block: dict[str, Any]) -> list[Event]:
+        events = self.close()
+        self.kind = block["type"]
+        self.opened += 1
+        return events + [{"type": "content_block_start", "index": self.opened - 1, "content_block": block}]
+
+    def _delta(self, delta: dict[str, Any]) -> Event:
+        return {"type": "content_block_delta", "index": self.opened - 1, "delta": delta}
+
+
+def assembled(events: Iterable[Event]) -> list[dict[str, Any]]:
+    """The content blocks that `events` stream, as a whole answer holds them (a call's input parsed)."""
+    blocks: list[dict[str, Any]] = []
+    arguments: dict[int, str] = {}
+    for event in events:
+        if event["type"] == "content_block_start":
+            blocks.append(dict(event["content_block"]))
+        elif event["type"] == "content_block_delta":
+            block, delta = blocks[event["index"]], event["delta"]
+            if delta["type"] == "input_json_delta":
+                arguments[event["index"]] = arguments.get(event["index"], "") + delta["partial_json"]
+            else:
+                field = "text" if delta["type"] == "text_delta" else "thinking"
+                block[field] += delta[field]
+    for index, text in arguments.items():
+        blocks[index]["input"] = json.loads(text)
+    return blocks
+
+
+def usage(stats: GenerationStats) -> dict[str, int]:
+    """Anthropic's usage: input_tokens counts the prompt tokens not read from the cache, cache_read_input_tokens
+    those that were (their sum is the prompt, as count_tokens counts it); duo writes no cache entries of its own."""
+    cached = stats.cached_prompt_tokens
+    return {"input_tokens": stats.prompt_tokens - cached, "output_tokens": stats.generated_tokens,
+            "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}
+
+
+class MessagesFormat:
+    """The Messages API's answer to one request, whole (`whole`) or streamed (`events`), for OpenAIApi.generate.
+    The model's text is split into content, reasoning and calls of `functions` in the template's `call_format`
+    (duo.api.deltas), its reasoning told apart as the pieces say (the prompt may have opened it)."""
+
+    def __init__(self, model: str, functions: Sequence[FunctionBody], call_format: CallFormat | None) -> None:
+        self.model = model
+        self.id = f"msg_{uuid.uuid4().hex}"
+        self.functions = list(functions)
+        self.call_format = call_format
+
+    def whole(self, pieces: list[Piece]) -> dict[str, Any]:
+        last = pieces[-1]
+        blocks = ContentBlocks()
+        text = "".join(piece.text for piece in pieces)
+        events = blocks.feed(whole_answer(text, self.functions, self.call_format, last.reasoning)) + blocks.close()
+        return {**self._message(assembled(events), last.stats), **self._stop(pieces, blocks.calls),
+                "duo_stats": last.stats.fields(last.draft_connected)}
+
+    async def events(self, completion: Completion, include_usage: bool) -> AsyncIterator[str]:
+        """The answer's events as it streams; `include_usage` does not apply (usage comes with message_start and
+        message_delta, as Anthropic sends it). A failure ends the stream with an error event."""
+        blocks = ContentBlocks()
+        splitter: AnswerSplitter | None = None
+        pieces: list[Piece] = []
+        try:
+            async for piece in completion:
+                if splitter is None:  # the prompt is read: its tokens are known, and whether it opened reasoning
+                    splitter = answer_splitter(self.functions, self.call_format, reasoning=piece.reasoning)
+                    yield sse({"type": "message_start", "message": self._message([], piece.stats)})
+                    yield sse({"type": "ping"})
+                pieces.append(piece)
+                for event in blocks.feed(splitter.feed(piece.text)):
+                    yield sse(event)
+                if piece.finish_reason:
+                    for event in blocks.feed(splitter.finish()) + blocks.close():
+                        yield sse(event)
+                    yield sse({"type": "message_delta", "delta": self._stop(pieces, blocks.calls),
+                               "usage": usage(piece.stats), "duo_stats": piece.stats.fields(piece.draft_connected)})
+                    yield sse({"type": "message_stop"})
+        except ShuttingDown as error:
+            yield _error_event(api_error(error).status, str(error))
+        except Exception as error:  # this request's own failure: an error event ends the stream
+            failure = generation_error(error)
+            yield _error_event(failure.status, str(failure))
+
+    def _message(self, content: list[dict[str, Any]], stats: GenerationStats) -> dict[str, Any]:
+        return {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": content,
+                "stop_reason": None, "stop_sequence": None, "usage": usage(stats)}
+
+    def _stop(self, pieces: list[Piece], calls: int) -> dict[str, Any]:
+        """stop_reason and stop_sequence: tool_use where the model called a tool, max_tokens where the answer ran
+        out of tokens (or context), stop_sequence where one of the request's ended it, else end_turn."""
+        last = pieces[-1]
+        if calls:
+            return {"stop_reason": "tool_use", "stop_sequence": None}
+        if last.finish_reason == "length":
+            return {"stop_reason": "max_tokens", "stop_sequence": None}
+        if last.stop_word:
+            return {"stop_reason": "stop_sequence", "stop_sequence": last.stop_word}
+        return {"stop_reason": "end_turn", "stop_sequence": None}
+
+
+def sse(data: Event) -> str:
+    return f"event: {data['type']}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+def _error_event(status: int, message: str) -> str:
+    return sse(error_body(status, message))

@@ -1,0 +1,55 @@
+"""POST /v1/messages and /v1/messages/count_tokens on the target's HTTP app: the request read, translated to chat,
+and generated (or only tokenized) by OpenAIApi's completions."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from duo.api.messages.answer import MessagesFormat
+from duo.api.messages.body import CountTokensBody, MessagesBody
+from duo.api.messages.translate import chat_body
+from duo.api.http.routes import OpenAIApi
+from duo.api.parsing import document_bodies, parse_body
+
+
+
+class MessagesApi:
+    """Anthropic's Messages API over `api`'s completions."""
+
+    def __init__(self, api: OpenAIApi) -> None:
+        self.api = api
+
+    async def create(self, request: Request) -> Response:
+        completions = self.api.completions
+        body = await parse_body(await request.body(), MessagesBody, completions.body_limits())
+        chat = await asyncio.to_thread(chat_body, body)  # a loop over the client's messages and tools
+        functions = chat.callable_functions()
+        call_format = completions.call_format()
+        # Any model name is served (Claude Code names Claude's): the answer carries the one asked for.
+        output = MessagesFormat(body.model or completions.names[0], functions, call_format)
+        return await self.api.generate(chat, chat.to_request, request, output)
+
+    async def count_tokens(self, request: Request) -> dict[str, int]:
+        """{"input_tokens": n}: the prompt's tokens as /v1/messages would render them, nothing generated."""
+        completions = self.api.completions
+        body = await parse_body(await request.body(), CountTokensBody, completions.body_limits())
+        chat = await asyncio.to_thread(chat_body, body)
+        wanted = await asyncio.to_thread(chat.to_request)
+        completions.check_size(wanted)
+        # The generation's own preparation, so that the count is the prompt's exactly (template, tools, BOS).
+        prepared = (await completions.tokenizing(completions.prepare, wanted))[0]
+        return {"input_tokens": len(prepared.prompt_tokens)}
+
+
+def add_messages_routes(app: FastAPI, api: OpenAIApi) -> MessagesApi:
+    """Register POST /v1/messages and /v1/messages/count_tokens (behind the gate's key check, which takes
+    X-Api-Key as the Anthropic SDK sends it) and their bodies in /openapi.json; their errors are reshaped by
+    duo.api.messages.errors.AnthropicErrors, which create_app puts outside the gate (its 401 and 413 too)."""
+    messages = MessagesApi(api)
+    app.add_api_route("/v1/messages", messages.create, methods=["POST"])
+    app.add_api_route("/v1/messages/count_tokens", messages.count_tokens, methods=["POST"])
+    document_bodies(app, {"/v1/messages": MessagesBody, "/v1/messages/count_tokens": CountTokensBody})
+    return messages

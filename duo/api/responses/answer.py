@@ -1,0 +1,126 @@
+"""What POST /v1/responses answers: a response object whole, or the server-sent events that build it."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+from duo.api.answers import ApiError, api_error, generation_error
+from duo.api.completion import Completion, Piece
+from duo.api.deltas import AnswerSplitter, answer_splitter, whole_answer
+from duo.api.requests import ShuttingDown
+from duo.api.responses.items import Event, OutputItems, new_id
+from duo.api.tools import CallFormat, FunctionBody
+
+# Keeps a finished response's conversation for previous_response_id: (response id, its output as chat messages).
+Keep = Callable[[str, list[dict[str, Any]]], None]
+
+
+class ResponsesFormat:
+    """One response's shape, for duo.api.http.OpenAIApi.generate: whole() or events(). `settings`: the request's
+    settings the response repeats (ResponsesBody.echo); the answer's text is split into content, reasoning and calls
+    of `functions` as chat's is (duo.api.deltas); `keep`, where the response is to be held, gets its output as chat
+    messages once it is done."""
+
+    def __init__(self, model: str, settings: dict[str, Any], functions: Sequence[FunctionBody] | None,
+                 call_format: CallFormat | None, keep: Keep | None = None) -> None:
+        self.model = model
+        self.settings = settings
+        self.id = new_id("resp")
+        self.created_at = int(time.time())
+        self.functions, self.call_format = functions, call_format
+        self.splitter: AnswerSplitter | None = None  # made on the first piece, which says how its reasoning reads
+        self.items = OutputItems()
+        self.keep = keep
+        self.sequence = 0
+
+    def whole(self, pieces: list[Piece]) -> dict[str, Any]:
+        last = pieces[-1]
+        text = "".join(piece.text for piece in pieces)
+        self.items.feed(whole_answer(text, self.functions, self.call_format, last.reasoning))
+        self._finish(last)
+        return self._final(last)
+
+    async def events(self, completion: Completion, include_usage: bool) -> AsyncIterator[str]:
+        """The stream: response.created and .in_progress, each item's events, then response.completed (or
+        .incomplete where the length ran out) with the whole response; a failure is an `error` event and
+        response.failed. `include_usage` does not apply: the last event carries the usage."""
+        for kind in ("response.created", "response.in_progress"):
+            yield self._sse({"type": kind, "response": self._response("in_progress", [])})
+        try:
+            async for piece in completion:
+                if self.splitter is None:
+                    self.splitter = answer_splitter(self.functions, self.call_format, reasoning=piece.reasoning)
+                for event in self.items.feed(self.splitter.feed(piece.text)):
+                    yield self._sse(event)
+                if piece.finish_reason:
+                    for event in self._finish(piece):
+                        yield self._sse(event)
+                    final = self._final(piece)
+                    yield self._sse({"type": f"response.{final['status']}", "response": final})
+        except ShuttingDown as error:
+            for event in self._failed(api_error(error)):
+                yield event
+        except Exception as error:  # this request's own failure: it alone ends, with OpenAI's failure events
+            for event in self._failed(generation_error(error)):
+                yield event
+
+    def _finish(self, last: Piece) -> list[Event]:
+        """The stream's last deltas and the items' closing events; the response is held from now on where it is
+        kept."""
+        events = self.items.feed(self.splitter.finish()) if self.splitter is not None else []
+        events += self.items.finish("incomplete" if last.finish_reason == "length" else "completed")
+        if self.keep is not None:
+            self.keep(self.id, output_messages(self.items.items))
+        return events
+
+    def _final(self, last: Piece) -> dict[str, Any]:
+        incomplete = last.finish_reason == "length"
+        response = self._response("incomplete" if incomplete else "completed", self.items.items)
+        response.update(usage=usage(last), duo_stats=last.stats.fields(last.draft_connected))
+        if incomplete:
+            response["incomplete_details"] = {"reason": "max_output_tokens"}
+        return response
+
+    def _failed(self, error: ApiError) -> list[str]:
+        failed = self._response("failed", self.items.items)
+        failed["error"] = {"code": "invalid_prompt" if error.status == 400 else "server_error",
+                           "message": str(error)}
+        return [self._sse({"type": "error", "code": error.code or error.type, "message": str(error),
+                           "param": error.param}),
+                self._sse({"type": "response.failed", "response": failed})]
+
+    def _response(self, status: str, output: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"id": self.id, "object": "response", "created_at": self.created_at, "status": status,
+                "error": None, "incomplete_details": None, "model": self.model, "output": list(output),
+                "usage": None, **self.settings}
+
+    def _sse(self, event: Event) -> str:
+        """`event` numbered, as a server-sent event named by its type (the Responses API streams no [DONE])."""
+        numbered = {**event, "sequence_number": self.sequence}
+        self.sequence += 1
+        return f"event: {event['type']}\ndata: {json.dumps(numbered, ensure_ascii=False)}\n\n"
+
+
+def usage(piece: Piece) -> dict[str, Any]:
+    """The Responses API's usage. Reasoning tokens are not told apart from the others (0): the text they decode to
+    is split after sampling."""
+    prompt, generated = piece.stats.prompt_tokens, piece.stats.generated_tokens
+    return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": piece.stats.cached_prompt_tokens},
+            "output_tokens": generated, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": prompt + generated}
+
+
+def output_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A response's output items as the chat messages that continue its conversation: its text and calls on one
+    assistant message (its reasoning left out, as chat templates leave out earlier turns' reasoning)."""
+    text = "".join(part["text"] for item in items if item["type"] == "message" for part in item["content"])
+    calls = [{"id": item["call_id"], "type": "function",
+              "function": {"name": item["name"], "arguments": item["arguments"]}}
+             for item in items if item["type"] == "function_call"]
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if calls:
+        message["tool_calls"] = calls
+    return [message]

@@ -1,0 +1,60 @@
+"""Recent responses' conversations, held in memory for previous_response_id: bounded in count and size, the least
+recently used dropped first."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+from duo.api.requests import BadRequest
+
+MAX_RESPONSES = 256
+# What the held conversations may take together (their texts' characters): a client chaining long conversations
+# must not grow the server's memory without bound; the oldest go first.
+MAX_CHARACTERS = 64 * 1024 * 1024
+
+
+class ResponseStore:
+    """Response id -> the conversation up to and including that response, as chat messages (instructions left out:
+    OpenAI does not carry them over to the next response)."""
+
+    def __init__(self, max_responses: int = MAX_RESPONSES, max_characters: int = MAX_CHARACTERS) -> None:
+        self.max_responses = max_responses
+        self.max_characters = max_characters
+        self._held: OrderedDict[str, tuple[list[dict[str, Any]], int]] = OrderedDict()
+        self._characters = 0
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def conversation(self, response_id: str) -> list[dict[str, Any]]:
+        """The conversation response `response_id` ended; BadRequest naming previous_response_id where it is not
+        held (never stored, store false, or dropped for newer ones)."""
+        held = self._held.get(response_id)
+        if held is None:
+            raise BadRequest(f"previous_response_id {response_id!r} is not held by this server: it keeps the last "
+                             f"{self.max_responses} stored responses in memory, not across restarts; send the whole "
+                             "conversation as input instead", param="previous_response_id",
+                             code="previous_response_not_found")
+        self._held.move_to_end(response_id)
+        return [dict(message) for message in held[0]]
+
+    def keep(self, response_id: str, messages: list[dict[str, Any]]) -> None:
+        size = _characters(messages)
+        if size > self.max_characters:
+            return  # larger than all the room there is: holding it would drop every other
+        self._held[response_id] = (messages, size)
+        self._characters += size
+        while len(self._held) > self.max_responses or self._characters > self.max_characters:
+            _, (_, dropped) = self._held.popitem(last=False)
+            self._characters -= dropped
+
+
+def _characters(messages: list[dict[str, Any]]) -> int:
+    """About what `messages` take: their texts and calls' arguments (counted, not serialized: a conversation of
+    megabytes would hold the event loop)."""
+    total = 0
+    for message in messages:
+        calls = message.get("tool_calls") or []
+        total += len(message.get("content") or "") + sum(len(call["function"]["arguments"]) for call in calls) + 64
+    return total
