@@ -3,7 +3,9 @@
 Against a running duo-target (or llama-server) at URL, for each round: an /infill cold (other files' chunks no
 request has read), then a warm-up (`n_predict: 0`) of fresh chunks followed by the same /infill over them, as
 llama.vim and llama.vscode send them. Prints each request's prompt tokens, cached tokens and time to first token
-(timings.prompt_ms: arrival to the first token), and the medians.
+(timings.prompt_ms: arrival to the first token), and the medians. The chunks must fit the context's budget for
+them: past it, the request keeps its last chunks within what the context leaves after its n_predict (as
+llama-server's /infill does), so a warm-up (n_predict 0) and the completion keep different chunks and share no prefix.
 
     python scripts/measure_warm_up.py http://127.0.0.1:8000 --rounds 5
 """
@@ -40,7 +42,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("url", help="duo-target's (or llama-server's) HTTP address, e.g. http://127.0.0.1:8000")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--chunks", type=int, default=8, help="other files' chunks per request (default: 8)")
+    parser.add_argument("--chunks", type=int, default=3, help="other files' chunks per request (default: 3)")
     parser.add_argument("--n-predict", type=int, default=16)
     args = parser.parse_args()
     cold_ms, warm_ms = [], []
