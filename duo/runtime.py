@@ -38,12 +38,14 @@ KEEPALIVE_TIMEOUT_MS = 5_000
 WRITE_TIMEOUT_S = 30.0
 
 
-def add_process_arguments(parser: argparse.ArgumentParser, *, model: str, listen: str, serves: str, per: str) -> None:
-    """The flags duo-draft and duo-target share: the model (by default the catalog's `model`) and where it
-    runs, the listening address (serving `serves`), a context of --ctx-size for each `per`, TLS and the log level."""
+def add_process_arguments(parser: argparse.ArgumentParser, *, model: str | None, listen: str, serves: str, per: str,
+                          model_default: str = "") -> None:
+    """The flags duo-draft and duo-target share: the model (by default the catalog's `model`, or None: the program
+    picks it, as `model_default` says) and where it runs, the listening address (serving `serves`), a context of
+    --ctx-size for each `per`, TLS and the log level."""
     parser.add_argument("--model", default=model,
-                        help=f"GGUF path or a name from `duo models list` (default: {model}, once `duo models pull` "
-                             "has fetched it)")
+                        help=f"GGUF path or a name from `duo models list` (default: {model_default or model}, once "
+                             "`duo models pull` has fetched it)")
     parser.add_argument("--listen", default=listen, help=f"HOST:PORT to serve {serves} on")
     parser.add_argument("--device", default="auto", choices=DEVICES,
                         help="where to run the model (a GPU this build cannot use is an error)")

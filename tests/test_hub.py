@@ -605,6 +605,7 @@ def fake_cli(fake, monkeypatch):
     monkeypatch.setattr(hub, "CATALOG", fake.catalog)
     monkeypatch.setattr(hub, "DEFAULT_TARGET", "multi")
     monkeypatch.setattr(hub, "DEFAULT_DRAFT", "single")
+    monkeypatch.setattr(hub, "CPU_DRAFT", "single")  # the fake catalog has no copy to make: the draft itself
     monkeypatch.setenv("DUO_INDEX_URL", fake.index.index_url)
     return fake
 

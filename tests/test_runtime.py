@@ -160,8 +160,8 @@ def test_each_process_defaults_to_its_roles_catalog_model_and_names_the_pull_tha
     monkeypatch.setenv("DUO_HOME", str(tmp_path))  # nothing pulled here
     assert target_process.main(["--listen", "127.0.0.1:0"]) == 1
     assert f"run `duo models pull {hub.DEFAULT_TARGET}`" in capsys.readouterr().err
-    assert draft_process.main(["--listen", "127.0.0.1:0"]) == 1
-    assert f"run `duo models pull {hub.DEFAULT_DRAFT}`" in capsys.readouterr().err
+    assert draft_process.main(["--listen", "127.0.0.1:0", "--device", "cpu"]) == 1  # on a CPU: the Q4_0 copy
+    assert f"run `duo models pull {hub.CPU_DRAFT}`" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("flag", ["--draft-max", "--sync"])

@@ -13,6 +13,7 @@ import grpc
 
 from duo._proto import duo_pb2 as pb
 from duo.cli.generate import format_stats, stream
+from duo.backends import gpu_layers_for
 from duo.models import hub
 from duo.runtime import free_port
 
@@ -55,7 +56,8 @@ def wait_until_speculating(address: str, processes: list[subprocess.Popen], time
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    target_path, draft_path = hub.pull([args.target, args.draft])
+    draft_name = args.draft or hub.default_draft(on_gpu=gpu_layers_for(args.device, None) != 0)[0]
+    target_path, draft_path = hub.pull([args.target, draft_name])
     draft_cores, target_cores = split_cores()
     draft_address, target_address = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     logs = hub.duo_home() / "logs"
@@ -94,5 +96,7 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--target", default=hub.DEFAULT_TARGET, help="target model name")
-    parser.add_argument("--draft", default=hub.DEFAULT_DRAFT, help="draft model name")
+    parser.add_argument("--draft", default=None,
+                        help=f"draft model name (default: the fastest for --device: {hub.CPU_DRAFT} on a CPU, "
+                             f"{hub.DEFAULT_DRAFT} on a GPU)")
     parser.add_argument("--device", default="auto", help="the draft's device (the target runs on the CPU)")

@@ -6,6 +6,7 @@ import argparse
 import logging
 import socket
 import sys
+from pathlib import Path
 
 import grpc
 
@@ -15,8 +16,10 @@ from duo.constraint import build_tokenizer_in_background
 from duo.draft.drafter import KV_CELLS_PER_CONTEXT, Drafter
 from duo.draft.metrics import DraftMetrics
 from duo.draft.service import DraftServicer, SessionLimits
+from duo.backends import gpu_layers_for
 from duo.model import MAX_SEQUENCES, Model, ModelError
-from duo.models.hub import DEFAULT_DRAFT, HubError, resolve_model
+from duo.models.hub import (CATALOG, CPU_DRAFT, DEFAULT_DRAFT, HubError, default_draft, is_present, pull,
+                            resolve_model)
 from duo.runtime import (HttpServer, ModelWorker, add_process_arguments, check_can_listen, grpc_server_options, host_port,
                          is_loopback, metrics_server, model_options, run_async, run_server, setup_logging)
 from duo.tls import check_pair, server_credentials
@@ -31,9 +34,31 @@ def describe_placement(model: Model, args: argparse.Namespace) -> str:
             f"{args.max_sessions} sessions in {cells} KV cells)")
 
 
+def draft_model(args: argparse.Namespace) -> Path:
+    """--model's file, or where none is named the catalog draft for the device it will run on (its Q4_0 copy on a
+    CPU, made from the published draft on first use), logged with why."""
+    if args.model is not None:
+        return resolve_model(args.model)
+    path, why = default_draft_path(on_gpu=gpu_layers_for(args.device, args.gpu_layers) != 0)
+    log.info("drafting with %s: %s", path.name, why)
+    return path
+
+
+def default_draft_path(on_gpu: bool) -> tuple[Path, str]:
+    """The device's default draft (duo.models.catalog.default_draft) and why; a copy the published draft derives is
+    made here when that is present (seconds), never downloaded (ModelNotPulledError says to pull)."""
+    name, why = default_draft(on_gpu)
+    source = CATALOG[name].derived_from
+    if not is_present(name) and source and is_present(source):
+        log.info("making %s from %s (once)", name, source)
+        pull([name], progress=False)
+    return resolve_model(name), why
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="duo-draft", description=__doc__)
-    add_process_arguments(parser, model=DEFAULT_DRAFT, listen="127.0.0.1:7070", serves="targets", per="session")
+    add_process_arguments(parser, model=None, listen="127.0.0.1:7070", serves="targets", per="session",
+                          model_default=f"the fastest for its device: {CPU_DRAFT} on a CPU, {DEFAULT_DRAFT} on a GPU")
     parser.add_argument("--top-k-cap", type=int, default=10,
                         help="when sampling with residual verification, draft among at most this many tokens, whose "
                              "probabilities travel to the target (output stays exact; coupled sessions send none "
@@ -114,12 +139,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_flags(args)
         http = metrics_server(metrics.registry, args.metrics) if args.metrics else None
-        model = Model(resolve_model(args.model), **model_options(args))
+        model = Model(draft_model(args), **model_options(args))
     except (HubError, ModelError, ValueError) as error:
         print(f"duo-draft: {error}", file=sys.stderr)
         return 1
     if not model.can_rollback:
-        print(f"duo-draft: {args.model} is a recurrent/hybrid model; drafting needs rollback", file=sys.stderr)
+        print(f"duo-draft: {model.path.name} is a recurrent/hybrid model; drafting needs rollback", file=sys.stderr)
         return 1
     build_tokenizer_in_background(model)
     model.warm_up()

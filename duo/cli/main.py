@@ -36,13 +36,19 @@ def _role(info: hub.ModelInfo) -> str:
 # duo models ...
 
 
+def default_models() -> tuple[str, ...]:
+    """What `duo models pull` fetches without names: the target, the draft as published (a GPU's) and its Q4_0 copy
+    (the draft duo-draft runs on a CPU, made locally from the published one)."""
+    return hub.DEFAULT_TARGET, hub.DEFAULT_DRAFT, hub.CPU_DRAFT
+
+
 def cmd_models_pull(args: argparse.Namespace) -> int:
     if args.all:
         names = list(hub.CATALOG)
     elif args.names:
         names = list(dict.fromkeys(args.names))
     else:
-        names = [hub.DEFAULT_TARGET, hub.DEFAULT_DRAFT]
+        names = list(dict.fromkeys(default_models()))
     try:
         paths = hub.pull(
             names,
@@ -65,13 +71,13 @@ def cmd_models_list(args: argparse.Namespace) -> int:
         out = []
         for info in rows:
             d = info.to_dict()
-            d["default"] = info.name in (hub.DEFAULT_TARGET, hub.DEFAULT_DRAFT)
+            d["default"] = info.name in default_models()
             out.append(d)
         print(json.dumps(out, indent=2))
         return 0
     table = [("NAME", "ROLE", "SIZE", "FIM", "PRESENT", "PATH")]
     for info in rows:
-        name = info.name + (" *" if info.name in (hub.DEFAULT_TARGET, hub.DEFAULT_DRAFT) else "")
+        name = info.name + (" *" if info.name in default_models() else "")
         if info.size is None:
             size = "-"
         else:
@@ -81,7 +87,8 @@ def cmd_models_list(args: argparse.Namespace) -> int:
     widths = [max(len(row[c]) for row in table) for c in range(len(table[0]) - 1)]
     for row in table:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
-    print(f"\n* default target/draft pair; get it with `{PROG} models pull` (models live in {hub.duo_home()})")
+    print(f"\n* the defaults: the target, the draft (a GPU's) and its Q4_0 copy (a CPU's); get them with `{PROG} models "
+          f"pull` (models live in {hub.duo_home()})")
     print("FIM: trained to fill in the middle (POST /infill, suffix on /v1/completions: what editors send)")
     return 0
 

@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
 
-from duo.models.catalog import CATALOG, DEFAULT_DRAFT, DEFAULT_TARGET, ModelInfo, ModelSpec, Part
+from duo.models.catalog import (CATALOG, CPU_DRAFT, DEFAULT_DRAFT, DEFAULT_TARGET, ModelInfo, ModelSpec, Part,
+                                default_draft)
 from duo.models.errors import (
     ArchiveChecksumError,
     HubError,
@@ -54,6 +55,7 @@ from duo.models.progress import DownloadBar, assembly_bar, human_size
 
 __all__ = [
     "CATALOG",
+    "CPU_DRAFT",
     "DEFAULT_DRAFT",
     "DEFAULT_INDEX_URL",
     "DEFAULT_TARGET",
@@ -72,6 +74,7 @@ __all__ = [
     "list_models",
     "model_path",
     "convert_ftype",
+    "default_draft",
     "pull",
     "resolve_model",
 ]
