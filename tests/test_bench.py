@@ -427,7 +427,7 @@ def test_requests_sent_together_are_released_at_once_and_timed_from_the_first_se
 
     def generate(address, prompt, temperature, max_tokens):
         calls.append(prompt)
-        return pb.GenerateResponse(), {"a": 1.0, "b": 2.0}[prompt], 0.5
+        return bench_cluster.Generation(pb.GenerateResponse(), {"a": 1.0, "b": 2.0}[prompt], 0.5, prompt)
 
     monkeypatch.setattr(bench_cluster, "generate", generate)
     answers = bench_cluster.generate_together("127.0.0.1:1", ["a", "b"], 0.0, 8)

@@ -108,8 +108,9 @@ def test_the_stream_gives_the_first_tokens_time_and_the_last_chunks_timings():
              b'data: {"choices":[],"usage":{"completion_tokens":3},'
              b'"timings":{"predicted_n":3,"draft_n":8,"draft_n_accepted":5}}\n',
              b"data: [DONE]\n", b'data: {"choices":[{"delta":{"content":"late"}}]}\n']
-    first, timings = read_stream(lines, clock=lambda: next(ticks))
+    first, timings, text = read_stream(lines, clock=lambda: next(ticks))
     assert first == 1.5  # the role-only chunk carries no token
+    assert text == "def snake"  # what came after [DONE] is not the answer
     assert timings == {"predicted_n": 3, "draft_n": 8, "draft_n_accepted": 5}
 
 

@@ -24,7 +24,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, NamedTuple, TypeVar
+from typing import Callable, Iterator, NamedTuple, Sequence, TypeVar
 
 import grpc
 
@@ -38,6 +38,7 @@ from duo.runtime import free_port
 ROOT = Path(__file__).resolve().parents[2]
 DELAY_PROXY = Path(__file__).resolve().parent / "delay_proxy.py"
 T = TypeVar("T")
+Message = tuple[str, str]  # a chat message: (role, content)
 # How each mode's duo-target verifies sampled requests without a seed (the bench sends none).
 UNSEEDED = {"duo": "residual", "duo-coupled": "coupled", "duo-nolookup": "residual"}
 
@@ -213,25 +214,45 @@ def start_variant(variant: Variant, code: Code, models: tuple[Path, Path], cores
     return Cluster(variant, address, processes, speculative=True)
 
 
-def generate(address: str, prompt: str, temperature: float, max_tokens: int,
-             seed: int | None = None) -> tuple[pb.GenerateResponse, float, float]:
-    """One chat generation; (last message, seconds, time to first token) measured by the client.
-    Without a seed, the target draws one, and verifies a sampled request as its --unseeded says."""
+class Generation(NamedTuple):
+    """One of generate's chat generations, as its client saw it."""
+
+    last: pb.GenerateResponse  # the last message, with the target's Stats
+    seconds: float  # from the send to the last message
+    ttft: float  # from the send to the first token
+    text: str  # the answer (a later turn of the conversation carries it)
+
+
+def chat_request(prompt: str, temperature: float, max_tokens: int, seed: int | None = None,
+                 history: Sequence[Message] = ()) -> pb.GenerateRequest:
+    """duo's request for `prompt` asked after `history` (a conversation's earlier turns and answers)."""
     sampling = pb.SamplingParams(temperature=temperature)
     if seed is not None:
         sampling.seed = seed
     request = pb.GenerateRequest(max_tokens=max_tokens, sampling=sampling)
+    for role, content in history:
+        request.messages.append(pb.ChatMessage(role=role, content=content))
     request.messages.append(pb.ChatMessage(role="user", content=split(prompt)[0]))
     if (schema := schema_json(prompt)) is not None:  # the structured workload
         request.grammar.CopyFrom(pb.Grammar(kind="json_schema", source=schema))
+    return request
+
+
+def generate(address: str, prompt: str, temperature: float, max_tokens: int, seed: int | None = None,
+             history: Sequence[Message] = ()) -> Generation:
+    """One chat generation, timed by the client. Without a seed, the target draws one, and verifies
+    a sampled request as its --unseeded says."""
+    request = chat_request(prompt, temperature, max_tokens, seed, history)
     started = time.perf_counter()
     first = None
     last = pb.GenerateResponse()
+    text = []
     with grpc.insecure_channel(address) as channel:
         for last in pb_grpc.TargetStub(channel).Generate(request, wait_for_ready=True, timeout=3600):
             if first is None and last.token_ids:
                 first = time.perf_counter() - started
-    return last, time.perf_counter() - started, first or 0.0
+            text.append(last.text)
+    return Generation(last, time.perf_counter() - started, first or 0.0, "".join(text))
 
 
 class Answer(NamedTuple):
@@ -260,7 +281,7 @@ def released_together(send: Callable[[str], T], prompts: list[str]) -> list[tupl
 
 def generate_together(address: str, prompts: list[str], temperature: float, max_tokens: int) -> list[Answer]:
     """A generation of each prompt, all at once: a client (thread and channel) each, released together."""
-    return [Answer(last, sent_s, seconds, ttft) for sent_s, (last, seconds, ttft)
+    return [Answer(last, sent_s, seconds, ttft) for sent_s, (last, seconds, ttft, _)
             in released_together(lambda prompt: generate(address, prompt, temperature, max_tokens), prompts)]
 
 
@@ -271,7 +292,7 @@ def wait_ready(cluster: Cluster, timeout: float = 300) -> None:
         if any(p.poll() is not None for p in cluster.processes):
             raise SystemExit(f"{cluster.variant.label}: a process exited; see its log")
         try:
-            last, _, _ = generate(cluster.address, "hi", 0.0, 2, 0)
+            last = generate(cluster.address, "hi", 0.0, 2, 0).last
             if last.stats.draft_connected or not cluster.speculative:
                 return
         except grpc.RpcError:

@@ -33,10 +33,10 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 from duo.bench.structured import response_format, split
-from duo.bench.cluster import ROOT, released_together
+from duo.bench.cluster import ROOT, Message, released_together
 from duo.bench.report import Run, Variant
 
 PEER_MODES = ("llama-server", "llama-server-all", "llama-server-spec", "llama-server-spec-all", "llama-server-ngram-mod",
@@ -156,17 +156,23 @@ class PeerAnswer:
     draft_n: int
     draft_accepted: int
     sent_s: float = 0.0
+    text: str = ""  # the answer (a later turn of the conversation carries it)
 
 
-def chat_request(prompt: str, temperature: float, max_tokens: int) -> dict:
-    return {"messages": [{"role": "user", "content": split(prompt)[0]}], "max_tokens": max_tokens, "stream": True,
+def chat_request(prompt: str, temperature: float, max_tokens: int, history: Sequence[Message] = ()) -> dict:
+    """llama-server's request for `prompt` asked after `history`, the same conversation duo's chat_request sends."""
+    messages = [{"role": role, "content": content} for role, content in history]
+    messages.append({"role": "user", "content": split(prompt)[0]})
+    return {"messages": messages, "max_tokens": max_tokens, "stream": True,
             "temperature": temperature, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "cache_prompt": False,
             "stream_options": {"include_usage": True}, **response_format(prompt)}
 
 
-def read_stream(lines: Iterable[bytes], clock: Callable[[], float] = time.perf_counter) -> tuple[float | None, dict]:
-    """(when the first token's chunk arrived, the last chunk's timings) from a server-sent event stream."""
-    first, timings = None, {}
+def read_stream(lines: Iterable[bytes],
+                clock: Callable[[], float] = time.perf_counter) -> tuple[float | None, dict, str]:
+    """(when the first token's chunk arrived, the last chunk's timings, the answer's text) from a server-sent
+    event stream."""
+    first, timings, text = None, {}, []
     for raw in lines:
         line = raw.strip()
         if not line.startswith(b"data:"):
@@ -175,26 +181,29 @@ def read_stream(lines: Iterable[bytes], clock: Callable[[], float] = time.perf_c
         if data == b"[DONE]":
             break
         chunk = json.loads(data)
-        if first is None and any(choice.get("delta", {}).get("content") for choice in chunk.get("choices", [])):
+        content = "".join(choice.get("delta", {}).get("content") or "" for choice in chunk.get("choices", []))
+        if first is None and content:
             first = clock()
+        text.append(content)
         timings = chunk.get("timings", timings)
-    return first, timings
+    return first, timings, "".join(text)
 
 
-def peer_generate(address: str, prompt: str, temperature: float, max_tokens: int) -> PeerAnswer:
+def peer_generate(address: str, prompt: str, temperature: float, max_tokens: int,
+                  history: Sequence[Message] = ()) -> PeerAnswer:
     host, _, port = address.rpartition(":")
     connection = http.client.HTTPConnection(host, int(port), timeout=3600)
     began = time.perf_counter()
-    connection.request("POST", "/v1/chat/completions", json.dumps(chat_request(prompt, temperature, max_tokens)),
-                       {"Content-Type": "application/json"})
+    body = json.dumps(chat_request(prompt, temperature, max_tokens, history))
+    connection.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
     response = connection.getresponse()
     if response.status != 200:
         raise SystemExit(f"llama-server at {address} answered {response.status}: {response.read()[:500]!r}")
-    first, timings = read_stream(response)
+    first, timings, text = read_stream(response)
     ended = time.perf_counter()
     connection.close()
     return PeerAnswer(int(timings.get("predicted_n", 0)), ended - began, (first or ended) - began,
-                      int(timings.get("draft_n", 0)), int(timings.get("draft_n_accepted", 0)))
+                      int(timings.get("draft_n", 0)), int(timings.get("draft_n_accepted", 0)), text=text)
 
 
 def peer_generate_together(address: str, prompts: list[str], temperature: float, max_tokens: int) -> list[PeerAnswer]:

@@ -71,6 +71,9 @@ class Run:
     batch: int = 0  # which batch: runs of one batch ran at the same time
     sent_s: float = 0.0  # when its client sent it, seconds after its batch's first request was sent
     draft_cpu_s: float | None = None  # CPU seconds its duo-draft spent during its batch (None: no such process)
+    category: str = ""  # Spec-Bench's category of its question (duo.bench.specbench); "" for the bench's own prompts
+    question_id: int = 0  # Spec-Bench's question_id
+    turn: int = 0  # which turn of its question's conversation (1, 2), 0 outside Spec-Bench
 
     @property
     def label(self) -> str:

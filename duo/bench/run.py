@@ -56,6 +56,10 @@ summary[T]["concurrency"][label][C], and "sequence_costs_s": S(m), the target de
 each of m sequences in one call on its cores, for m up to max(C); m*S(1)/S(m) bounds the target
 alone's speedup. The chart of aggregate tok/s against clients goes to bench-concurrency.png.
 
+--prompts spec-bench asks Spec-Bench's questions (--spec-bench PATH, --per-group N; duo/bench/specbench.py),
+MT-bench's as two-turn chats, and adds a table per task group and overall (duo/bench/groups.py), in
+bench.json as summary[T]["groups"][group].
+
 Example (2 cores: draft on core 0, target on core 1; F32 target = a slow, memory-bound target):
   duo bench --target qwen2.5-coder-1.5b-instruct-f32 --draft qwen2.5-coder-0.5b-instruct \
       --draft-cores 0 --target-cores 1 --prompts code --temperatures 0 0.7 --reps 2 \
@@ -76,6 +80,12 @@ duo beside llama.cpp's llama-server, alone and speculative, on the same two core
       --draft qwen2.5-coder-0.5b-instruct \
       --draft-cores 0 --target-cores 1 --modes alone-tcores duo --peers --prompts code \
       --temperatures 0 0.7 --reps 1 --max-tokens 96
+
+Spec-Bench's task groups (one question each, MT-bench's as two turns), beside llama-server alone, its draft-model
+speculation (draft-simple) and ngram-mod before the draft model (ngram-mod,draft-simple):
+  duo bench --target qwen2.5-coder-1.5b-instruct-f16 --draft qwen2.5-coder-0.5b-instruct --draft-cores 0 \
+      --target-cores 1 --modes alone-tcores duo llama-server llama-server-spec llama-server-ngram-mod-spec \
+      --spec-n-max 4 --prompts spec-bench --per-group 1 --temperatures 0 --reps 1 --max-tokens 256
 
 1, 2, 4 and 8 clients at once, against the target alone and duo:
   duo bench --target qwen2.5-coder-1.5b-instruct-f16 --draft qwen2.5-coder-0.5b-instruct \
@@ -121,6 +131,9 @@ from duo.bench.llama_server import (
     wait_peer_ready,
 )
 from duo.bench.edit import PROMPTS as EDIT_PROMPTS
+from duo.bench.groups import print_groups, with_groups
+from duo.bench.specbench import add_spec_bench_arguments, check_spec_bench_arguments, measure_questions, pick
+from duo.bench.specbench import read_questions
 from duo.bench.structured import PROMPTS as PROMPTS_FREE
 from duo.bench.structured import STRUCTURED
 from duo.bench.report import UNDELAYED_MODES, Run, Variant, plot, print_table, run_from_stats, summarise
@@ -198,13 +211,7 @@ def measure(clusters: list[Cluster | PeerServer], args: argparse.Namespace, prom
     (round_robin), sent at once to every cluster, the clusters taking turns within each repetition so
     that machine noise hits all of them alike. Requests carry no seed: each target verifies sampled
     ones as its --unseeded says."""
-    for cluster in clusters:
-        if isinstance(cluster, PeerServer):
-            wait_peer_ready(cluster)
-            peer_generate(cluster.address, prompts[0], 0.0, 16)
-        else:
-            wait_ready(cluster)
-            generate(cluster.address, prompts[0], 0.0, 16, 0)  # warm caches
+    warm_up(clusters, prompts[0])
     runs = []
     batches = itertools.count()
     for rep in range(args.reps):
@@ -215,6 +222,17 @@ def measure(clusters: list[Cluster | PeerServer], args: argparse.Namespace, prom
                         runs += measure_batch(cluster, round_robin(prompts, first, clients), temperature, rep,
                                               next(batches), args.max_tokens)
     return runs
+
+
+def warm_up(clusters: list[Cluster | PeerServer], prompt: str) -> None:
+    """Each cluster ready, then its caches warmed by a short answer to `prompt`."""
+    for cluster in clusters:
+        if isinstance(cluster, PeerServer):
+            wait_peer_ready(cluster)
+            peer_generate(cluster.address, prompt, 0.0, 16)
+        else:
+            wait_ready(cluster)
+            generate(cluster.address, prompt, 0.0, 16, 0)
 
 
 def measure_batch(cluster: Cluster | PeerServer, prompts: list[str], temperature: float, rep: int, batch: int,
@@ -235,15 +253,20 @@ def measure_batch(cluster: Cluster | PeerServer, prompts: list[str], temperature
             for run in runs:
                 run.draft_cpu_s = (cluster.draft_cpu_seconds() - cpu_before) / len(runs)
     for run in runs:
-        clients = f"C={run.concurrency} " if run.concurrency > 1 else ""
-        print(f"rep {rep} T={temperature} {clients}{run.label:<24} {run.verification or '-':<8} "
-              f"{run.tokens_per_second:6.2f} tok/s ({run.tokens} tokens, accepted "
-              f"{run.draft_accepted}/{run.draft_verified}) {run.prompt[:40]}", file=sys.stderr)
-        warn_unexpected_verification(run, cluster.variant.mode)
+        show_run(run, cluster.variant.mode)
     if len(runs) > 1:
         print(f"  {len(runs)} at once: {sum(r.tokens for r in runs) / batch_wall_times(runs)[batch]:.2f} tok/s "
               f"in all", file=sys.stderr)
     return runs
+
+
+def show_run(run: Run, mode: str) -> None:
+    """A run's line on stderr as it ends, and a warning where its target verified otherwise than `mode` asks."""
+    clients = f"C={run.concurrency} " if run.concurrency > 1 else ""
+    print(f"rep {run.rep} T={run.temperature} {clients}{run.label:<24} {run.verification or '-':<8} "
+          f"{run.tokens_per_second:6.2f} tok/s ({run.tokens} tokens, accepted "
+          f"{run.draft_accepted}/{run.draft_verified}) {run.prompt[:40]}", file=sys.stderr)
+    warn_unexpected_verification(run, mode)
 
 
 def warn_unexpected_verification(run: Run, mode: str) -> None:
@@ -271,12 +294,13 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", nargs="+", default=[hub.DEFAULT_TARGET],
                         help="target model(s): name or path; several run one after the other, each with its "
                              "tables and its folder under --out")
-    parser.add_argument("--draft", default=hub.DEFAULT_DRAFT, help="draft model: name or path")
+    parser.add_argument("--draft", default=hub.CPU_DRAFT,
+                        help="draft model: name or path (default: %(default)s, duo-draft's default on a CPU)")
     parser.add_argument("--target-cores", type=int, nargs="+", default=[1])
     parser.add_argument("--draft-cores", type=int, nargs="+", default=[0])
-    parser.add_argument("--prompts", choices=["code", "chat", "structured", "edit", "all"], default="all",
-                        help="all: code and chat; structured: JSON-schema answers, beside the same prompts "
-                             "unconstrained (the workload's own baseline)")
+    parser.add_argument("--prompts", choices=["code", "chat", "structured", "edit", "spec-bench", "all"],
+                        default="all", help="all: code and chat; structured: JSON-schema answers, beside the same "
+                        "prompts unconstrained (the workload's own baseline); spec-bench: Spec-Bench's questions")
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7])
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--reps", type=int, default=2)
@@ -299,6 +323,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also send C requests at once, by C clients, at each level C; 1 always runs (the "
                              "speedups are against it) and the targets run with --parallel max(C) (default: 1)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench-out")
+    add_spec_bench_arguments(parser)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -310,6 +335,7 @@ def completed(args: argparse.Namespace) -> argparse.Namespace:
     args.concurrency = concurrency_levels(args.concurrency)
     modes = args.modes + [m for m in PEER_MODES if args.peers and m not in args.modes]
     args.modes = expand_modes(modes, args.spec_n_max)
+    check_spec_bench_arguments(args)
     return args
 
 
@@ -346,12 +372,21 @@ def out_folders(out: Path, targets: list[Path]) -> list[Path]:
     return [out] if len(targets) == 1 else [out / target.stem for target in targets]
 
 
+def measure_workload(clusters: list[Cluster | PeerServer], args: argparse.Namespace) -> list[Run]:
+    """The runs of --prompts: Spec-Bench's conversations, or the bench's own prompts (all: code and chat)."""
+    if args.prompts == "spec-bench":
+        questions = pick(read_questions(args.spec_bench), args.per_group)
+        warm_up(clusters, questions[0].turns[0])
+        return measure_questions(clusters, questions, args.temperatures, args.reps, args.max_tokens, show_run)
+    prompts = PROMPTS["code"] + PROMPTS["chat"] if args.prompts == "all" else PROMPTS[args.prompts]
+    return measure(clusters, args, prompts)
+
+
 def bench_target(args: argparse.Namespace, target: Path, draft: Path, out: Path) -> None:
     """Every mode on one target: costs, runs, the tables, bench.json and the charts in `out`."""
     out.mkdir(parents=True, exist_ok=True)
     logs = out / "logs"
     logs.mkdir(exist_ok=True)
-    prompts = PROMPTS["code"] + PROMPTS["chat"] if args.prompts == "all" else PROMPTS[args.prompts]
 
     print(f"measuring the verify cost curve on cores {args.target_cores} ...", file=sys.stderr)
     costs = measure_verify_costs(target, set(args.target_cores), args.cost_max_batch, reps=5)
@@ -380,9 +415,10 @@ def bench_target(args: argparse.Namespace, target: Path, draft: Path, out: Path)
             else:
                 clusters.append(start_variant(variant, codes.get(variant.mode, Code.at(ROOT)), (target, draft), cores,
                                               args.sync_k, logs, parallel))
-        runs = measure(clusters, args, prompts)
+        runs = measure_workload(clusters, args)
 
     summary = with_concurrency(summarise(runs, variants, costs, draft_s), runs, variants, costs)
+    summary = with_groups(summary, runs, variants, costs, draft_s)
     machine = machine_info(args)
     report = {"machine": machine, "commit": this_commit(), "args": {k: str(v) for k, v in vars(args).items()},
               "baseline_commit": baseline_commit, "target": str(target), "draft": str(draft),
@@ -393,6 +429,7 @@ def bench_target(args: argparse.Namespace, target: Path, draft: Path, out: Path)
     print(f"\ntarget {target.name}, commit {report['commit']}")
     print_table(summary, costs, machine)
     print(f"draft: {draft_s * 1000:.1f} ms per token on cores {args.draft_cores} (for the pace-aware bound)")
+    print_groups(summary)
     if parallel:
         print_concurrency(summary, sequence_costs, parallel)
     try:
