@@ -8,6 +8,7 @@ import time
 import pytest
 
 from duo._proto import duo_pb2 as pb
+from duo.costs import PRIOR_BATCH_SLOPE
 from duo.runtime import ModelWorker
 from duo.sampling.params import SamplingParams
 from duo.target.generation import SYNC_WAIT_S, Generation, Target
@@ -236,6 +237,7 @@ def test_the_switch_estimates_decoding_alone_at_a_load_from_the_calls_the_target
             pass
         return before
 
-    assert asyncio.run(run()) is None  # no call timed yet: a measuring rest will have to do
+    # Before any step, from the one-token calls timed as the target starts (never from the prior's units of T(1)).
+    assert asyncio.run(run()) == pytest.approx(target.switch.rest_rates[1] / (1 + 3 * PRIOR_BATCH_SLOPE))
     assert target.switch.estimate_alone(1) == pytest.approx(1.0 / target.costs.measured_seconds(1))
     assert target.switch.estimate_alone(4) == pytest.approx(1.0 / target.costs.batch_seconds(4))

@@ -81,6 +81,7 @@ class VerifyResult:
     batch_size: int   # this request's tokens in the call
     seconds: float    # the whole call's model time: decode and every request's verification
     with_prefill: bool = False  # the call also decoded a prompt chunk (of this request or another)
+    call_tokens: int = 0  # the whole call's tokens (every request's and prompt chunks)
 
 
 @dataclass
@@ -241,7 +242,7 @@ class StepBatcher:
                 item.future.set_exception(result)
                 continue
             if isinstance(result, Verdict):
-                result = VerifyResult(result, len(item.drafts), len(item.part.tokens), seconds, with_prefill)
+                result = VerifyResult(result, len(item.drafts), len(item.part.tokens), seconds, with_prefill, tokens)
             self._thinking.add(item.work.seq)
             item.future.set_result(result)
 

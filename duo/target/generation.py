@@ -24,6 +24,7 @@ from duo.sampling.verification import COUPLED, GREEDY, RESIDUAL, Verdict
 from duo.target.batching import CallObserver, PrefillWork, StepBatcher, VerifyWork, one_token_seconds
 from duo.target.chain import DraftChain
 from duo.target.link import DraftLink
+from duo.target.lookup_policy import LookupRecord
 from duo.target.policy import Acceptance, AdaptivePolicy, DraftTiming
 from duo.target.request import GenerationStats, Request, SpecSettings, Step, StepRecord, verification_of
 from duo.target.switch import Switch
@@ -159,6 +160,7 @@ class Generation:
         dists = dists[:len(pending)] + [SparseDist.point(token) for token in free]
         if policy is not None:
             policy.free_from = len(pending) if free else None
+            policy.lookup_from = len(pending) + len(forced) if found else None
         pending = pending + free
         return VerifyWork(seq=seq, pos=len(self.committed) - 1, last=self.committed[-1], pending=pending,
                           dists=dists, limit=min(len(pending), limit), draft_min=self.settings.draft_min,
@@ -251,6 +253,7 @@ class Target:
         self.acceptance_by_mode = {mode: Acceptance.prior(settings.draft_max) for mode in (GREEDY, COUPLED, RESIDUAL)}
         self.free_acceptance_by_mode = {mode: Acceptance.prior(settings.draft_max)
                                         for mode in (GREEDY, COUPLED, RESIDUAL)}
+        self.lookup_by_mode = {mode: LookupRecord() for mode in (GREEDY, COUPLED, RESIDUAL)}  # whether its rows pay
         # Whether speculation pays here, by what it delivers (duo.target.switch).
         self.switch = Switch()
         self.draft_len = settings.draft_max  # the latest request's preferred draft length (metrics)
@@ -272,7 +275,11 @@ class Target:
                 self._batcher = StepBatcher(self.worker, context, self.costs, lambda: self.switch.speculating)
                 self._batcher.observers = self.call_observers
                 # The switch's first reference, timed before the draft works: the first request needs no rest.
-                self.switch.rest_rates.setdefault(1, 1.0 / await self.worker.run(one_token_seconds, context))
+                alone = await self.worker.run(one_token_seconds, context)
+                self.switch.rest_rates.setdefault(1, 1.0 / alone)
+                # T(1) for the cost model too: where the lookup proposes at every step, no step may decode alone to
+                # time it, and one extrapolated from longer calls' times is far too high (the lookup then never rests).
+                self.costs.observe(1, alone)
                 self.switch.estimate_alone = self._estimate_alone
         return self._batcher
 
@@ -295,7 +302,8 @@ class Target:
         if self.settings.adaptive:
             mode = generation.verification
             generation.policy = AdaptivePolicy(self.settings.draft_max, self.costs, self.acceptance_by_mode[mode],
-                                               self.switch, self.free_acceptance_by_mode[mode])
+                                               self.switch, self.free_acceptance_by_mode[mode],
+                                               shared_lookup=self.lookup_by_mode[mode])
         batcher = await self.batcher()
         n_ctx = batcher.context.n_ctx
         if len(request.prompt_tokens) >= n_ctx:
@@ -390,6 +398,9 @@ class Target:
         for observer in self.observers:
             observer.on_step(record)
         if policy is not None:
+            rows = policy.observe_lookup(result.batch_size, result.verdict.n_accepted, result.call_tokens,
+                                         result.seconds)
+            generation.stats.count_lookup(rows, policy.lookup.trials, policy.lookup.reason())
             policy.observe_acceptance(record.n_verified, record.n_accepted)
             if self.link and self.link.connected:
                 self.switch.step_done(generation.session_id, len(step.tokens), record.n_verified,

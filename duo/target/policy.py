@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from duo.costs import MovingAverage, StepCosts
+from duo.target.lookup_policy import LOOKUP_MARGIN, LookupGate, LookupRecord, step_without_rows
 from duo.target.switch import Switch
 
 # Before anything is measured, assume drafts are accepted at 0.7 (and a verify batch costs what
@@ -101,6 +102,11 @@ class AdaptivePolicy:
     shared_free: Acceptance | None = None
     free: Acceptance = field(init=False)
     free_from: int | None = None
+    # The context lookup's drafts, apart from the grammar's forced ones before them: where this step's pending drafts
+    # turn to the lookup's (None: it proposed none), and whether they pay here (duo.target.lookup_policy).
+    shared_lookup: LookupRecord | None = None
+    lookup: LookupGate = field(init=False)
+    lookup_from: int | None = None
     draft_len: int = 0  # the best draft length given enough pending drafts (0 while off): exposed in metrics
     preferred: int = 0  # the same by the cost model alone, whatever the switch says
     _steps: int = 0
@@ -109,6 +115,7 @@ class AdaptivePolicy:
     def __post_init__(self) -> None:
         self.acceptance = self.shared.fork() if self.shared else Acceptance.prior(self.max_draft)
         self.free = self.shared_free.fork() if self.shared_free else Acceptance.prior(self.max_draft)
+        self.lookup = LookupGate(self.shared_lookup or LookupRecord())
         # What the draft should run ahead by from the session's start, so that the first step can verify drafts.
         self._prefer(allocate([self], [self.max_draft], self.costs)[0])
 
@@ -203,7 +210,24 @@ class AdaptivePolicy:
             self.free.observe(n_verified - chain, n_accepted - chain)
             if self.shared_free:
                 self.shared_free.observe(n_verified - chain, n_accepted - chain)
-        self.free_from = None  # the step is over: what comes next (a wait, the lead) is the model's alone
+        self.free_from = self.lookup_from = None  # the step is over: what comes next (a wait, the lead) is the model's
+
+    def observe_lookup(self, batch_size: int, n_accepted: int, call_tokens: int, seconds: float) -> int | None:
+        """Meter a step (before observe_acceptance ends it): the lookup rows it decoded, None where it proposed none."""
+        if self.lookup_from is None:
+            return None
+        first_rate = self.rate(self.lookup_from)
+        rows, tokens_without, seconds_without = step_without_rows(n_accepted, batch_size, self.lookup_from,
+                                                                  call_tokens, seconds, self.costs)
+        if rows:  # committed: the accepted drafts and one more, at most a token per row
+            self.lookup.metered(min(n_accepted + 1, batch_size), seconds, tokens_without, seconds_without, first_rate)
+        else:
+            self.lookup.proposed_unused(first_rate)
+        return rows
+
+    def chain_end(self, n_pending: int) -> int:
+        """The pending drafts before the lookup's: what an exploration may reach (the lookup has trials of its own)."""
+        return n_pending if self.lookup_from is None else min(n_pending, self.lookup_from)
 
     def max_ahead(self) -> int:
         """How far ahead of the committed tokens the draft should run.
@@ -266,10 +290,37 @@ def choose_together(policies: list[AdaptivePolicy], n_pending: list[int], costs:
     if policies and not any(policy.switch.speculating for policy in policies):
         # Resting: the draft's chains wait (verify_work sends none) and the plan for the next trial's lead is the
         # last one; free drafts, which cost no drafting, are verified where the cost model says they pay.
-        chosen = allocate(policies, [n if policy.free_from == 0 else 0 for policy, n in zip(policies, n_pending)],
-                          costs, other_tokens)
+        chosen = allocate_with_lookup(policies, [n if policy.free_from == 0 else 0
+                                                 for policy, n in zip(policies, n_pending)], costs, other_tokens)
         return [policy.settle(k, 0, policy.preferred) for policy, k in zip(policies, chosen)]
-    chosen = allocate(policies, n_pending, costs, other_tokens)
+    chosen = allocate_with_lookup(policies, n_pending, costs, other_tokens)
     preferred = allocate(policies, [policy.max_draft for policy in policies], costs, other_tokens, with_free=False)
-    return [policy.settle(k, min(n, policy.max_draft), pref)
+    return [policy.settle(k, min(policy.chain_end(n), policy.max_draft), pref)
             for policy, k, n, pref in zip(policies, chosen, n_pending, preferred)]
+
+
+def allocate_with_lookup(policies: list[AdaptivePolicy], limits: list[int], costs: StepCosts,
+                         other_tokens: int = 0) -> list[int]:
+    """allocate, with the context lookup's drafts only where they pay (duo.target.lookup_policy).
+
+    The best plan without lookup tokens (limits cut where they start) against the best with those of every request
+    whose lookup runs: the lookup's rows join only where the call's expected rate, sum_s E_s(k_s) / T(other_tokens +
+    sum_s (k_s + 1)) with E_s(k) = 1 + r_1 + r_1 r_2 + ... + r_1 ... r_k (r_i: the chain's acceptance, then the
+    lookup's own by position), beats the plan without by LOOKUP_MARGIN. Alone and with no chain: E(c) / T(c + 1)
+    against (1 + LOOKUP_MARGIN) / T(1). A resting lookup adds nothing: the step is the one without it."""
+    without = [policy.chain_end(n) for policy, n in zip(policies, limits)]
+    plain = allocate(policies, without, costs, other_tokens)
+    admitted = [n if policy.lookup.running else cut for policy, n, cut in zip(policies, limits, without)]
+    if admitted == without:
+        return plain
+    looked = allocate(policies, admitted, costs, other_tokens)
+    if split_rate(policies, looked, costs, other_tokens) > (1.0 + LOOKUP_MARGIN) * split_rate(policies, plain, costs,
+                                                                                               other_tokens):
+        return looked
+    return plain
+
+
+def split_rate(policies: list[AdaptivePolicy], ks: list[int], costs: StepCosts, other_tokens: int = 0) -> float:
+    """Expected committed tokens per second of a call verifying ks[s] drafts of each request."""
+    tokens = other_tokens + sum(k + 1 for k in ks)
+    return sum(policy.expected_tokens(k) for policy, k in zip(policies, ks)) / costs.batch_seconds(tokens)

@@ -57,6 +57,13 @@ class GenerationStats:
     draft_rejections: int = 0  # steps that rejected a draft token
     lookup_tokens_verified: int = 0  # of the drafts verified, those proposed by the context lookup
     lookup_tokens_accepted: int = 0
+    # What the lookup cost and why (duo.target.lookup_policy): lookup tokens decoded in verify batches (the others it
+    # verified were checked by a row the step decoded anyway), steps whose proposals it held out of the batch, rests
+    # that ended in a trial, and where it stands.
+    lookup_tokens_decoded: int = 0
+    lookup_steps_rested: int = 0
+    lookup_trials: int = 0
+    lookup: str = ""
     branch_hits: int = 0       # rejections after which a branch held the committed token
     waits: int = 0             # steps that waited for drafts known to be coming
     wait_seconds: float = 0.0
@@ -92,7 +99,16 @@ class GenerationStats:
                 "branch_hits": self.branch_hits, "waits": self.waits, "wait_seconds": self.wait_seconds,
                 "verification": self.verification, "seed": self.seed, "speculation": self.speculation,
                 "lookup_tokens_verified": self.lookup_tokens_verified,
-                "lookup_tokens_accepted": self.lookup_tokens_accepted}
+                "lookup_tokens_accepted": self.lookup_tokens_accepted,
+                "lookup_tokens_decoded": self.lookup_tokens_decoded, "lookup_steps_rested": self.lookup_steps_rested,
+                "lookup_trials": self.lookup_trials, "lookup": self.lookup}
+
+    def count_lookup(self, rows: int | None, trials: int, state: str) -> None:
+        """A step's lookup: `rows` of its tokens decoded (None: it proposed none; 0: its proposals were held out)."""
+        if rows is not None:
+            self.lookup_tokens_decoded += rows
+            self.lookup_steps_rested += rows == 0
+        self.lookup_trials, self.lookup = trials, state
 
     def log_line(self, finish: str) -> str:
         """The finished request's line for the target's log, as llama-server prints its timings; `finish`: its
@@ -101,7 +117,9 @@ class GenerationStats:
         drafts = (f"accepted {self.draft_tokens_accepted}/{self.draft_tokens_verified} drafts"
                   if self.draft_tokens_verified else "no drafts verified")
         if self.lookup_tokens_verified:
-            drafts += f" ({self.lookup_tokens_accepted}/{self.lookup_tokens_verified} from the context)"
+            drafts += (f" ({self.lookup_tokens_accepted}/{self.lookup_tokens_verified} from the context, "
+                       f"{self.lookup_tokens_decoded} decoded; lookup held out in {self.lookup_steps_rested} steps, "
+                       f"{self.lookup_trials} trials, {self.lookup})")
         speculation = f", speculation {self.speculation}" if self.speculation else ""
         return (f"request done ({finish}): {self.generated_tokens} tokens at {self.tokens_per_second:.2f} tok/s, "
                 f"first token after {'-' if ttft is None else f'{ttft:.2f} s'}, {drafts} in {self.verify_steps} "
