@@ -19,6 +19,7 @@ from duo.target.lookup_policy import GainMeter, LookupGate, LookupRecord, step_w
 from duo.target.policy import AdaptivePolicy, choose_together, split_rate
 from duo.target.request import GenerationStats, Request, SpecSettings
 from greedy import leaves_greedy_path_only_at_a_near_tie
+from test_switch import rests_of
 
 def compute_bound(n: int) -> float:
     return 0.1 * n
@@ -115,12 +116,7 @@ def test_rows_that_deliver_less_than_the_same_steps_without_them_rest_the_lookup
     gate = run.policy.lookup
     assert gate.gain is not None and gate.gain < 1.0 and not gate.running
     assert gate.reason().startswith("resting (")
-    rests, length = [], 0
-    for running in on:
-        if not running:
-            length += 1
-        elif length:
-            rests, length = rests + [length], 0
+    rests = rests_of(on)
     # Rests double while the trials lose (each trial: TRIAL_STEPS steps with rows, then the judgement).
     assert rests == [lp.REST_STEPS * 2 ** min(i, lp.MAX_DOUBLINGS) for i in range(len(rests))] and len(rests) >= 5
     assert gate.trials == len(rests)
