@@ -132,6 +132,7 @@ class Admission:
             turn.got += 1  # the place changes hands; `running` stays the same
             if turn.got == turn.need:
                 self._waiting.popleft()
-                turn.future.set_result(None)
+                if not turn.future.done():  # cancelled, its handler not run yet: it passes the places on
+                    turn.future.set_result(None)
             return
         self.running -= 1
