@@ -20,6 +20,7 @@ from duo.lookup import ContextLookup
 from duo.model import Model, ModelError
 from duo.runtime import ModelWorker
 from duo.sampling.distributions import SparseDist
+from duo.sampling.ops.penalties import Penalties
 from duo.sampling.params import SamplingParams
 
 # duo-draft --kv-cells by default: room for this many sessions at their longest (--ctx-size), or for
@@ -122,9 +123,9 @@ class Drafter:
 
     async def open(self, message: pb.OpenSession) -> DraftSession:
         """A session drafting after `message.committed`; InvalidEvent or ModelError when it cannot be."""
-        params, seed, coupled = self._checked_open(message)
-        # DRY's restart sequences in the draft's own vocabulary: the first time for its breakers, a walk of it
-        penalties = await asyncio.to_thread(wire.penalties_from_pb(message.sampling).for_vocab, self.model)
+        # Off the event loop: the prompt's ids and the biases are checked one by one, and DRY's restart sequences
+        # are found in the draft's own vocabulary (the first time for its breakers, a walk of it).
+        params, seed, coupled, penalties = await asyncio.to_thread(self._checked_open, message)
         cursor = await self._grammar_cursor(message)
         lookup = ContextLookup(list(message.committed)) if message.lookup else None
         if lookup is not None:  # the prompt indexed before a slot is taken: a cancelled open then holds none
@@ -151,8 +152,9 @@ class Drafter:
         except (GrammarError, CompilerBusy) as error:
             raise InvalidEvent(f"the session's grammar cannot be drafted with: {error}") from error
 
-    def _checked_open(self, message: pb.OpenSession) -> tuple[SamplingParams, int | None, bool]:
-        """The session's sampling, its seed, and whether it is COUPLED (a sampled session with a seed)."""
+    def _checked_open(self, message: pb.OpenSession) -> tuple[SamplingParams, int | None, bool, Penalties]:
+        """The session's sampling, its seed, whether it is COUPLED (a sampled session with a seed), and its
+        penalties for the draft's vocabulary."""
         if not message.committed:
             raise InvalidEvent("a session needs at least one committed token (the prompt)")
         self._check_tokens(message.committed)
@@ -166,9 +168,10 @@ class Drafter:
             raise InvalidEvent(f"output_start {message.output_start} is beyond the {len(message.committed)} "
                                "committed tokens")
         params, seed = wire.sampling_from_pb(message.sampling, self.model)
+        penalties = wire.penalties_from_pb(message.sampling)
         try:
             params.validate()
-            wire.penalties_from_pb(message.sampling).validate(self.n_vocab)
+            penalties.validate(self.n_vocab)
         except ValueError as error:
             raise InvalidEvent(str(error)) from error
         if message.verification not in (pb.RESIDUAL, pb.COUPLED):
@@ -176,7 +179,7 @@ class Drafter:
         coupled = message.verification == pb.COUPLED and not params.greedy
         if coupled and seed is None:
             raise InvalidEvent("a COUPLED session needs sampling.seed: the noise both sides share derives from it")
-        return params, seed, coupled
+        return params, seed, coupled, penalties.for_vocab(self.model)
 
     def commit(self, session: DraftSession, start: int, tokens: Sequence[int], mu: float | None = None) -> None:
         """Apply the target's commit of `tokens` at positions [start, start + len(tokens)), after which its mirostat

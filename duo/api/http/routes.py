@@ -120,9 +120,12 @@ class OpenAIApi:
         body = await parse_body(await request.body(), ApplyTemplateBody, self.completions.body_limits())
         body.check_fields()
         model = self.completions.loaded_model()
-        tools = [tool.model_dump(exclude_none=True) for tool in body.tools or []]
-        return {"prompt": await self.completions.tokenizing(model.chat_prompt, template_messages(body.messages),
-                                                            tools)}
+
+        def prompt() -> str:  # on a worker thread: a loop over the client's messages and tools
+            tools = [tool.model_dump(exclude_none=True) for tool in body.tools or []]
+            return model.chat_prompt(template_messages(body.messages), tools)
+
+        return {"prompt": await self.completions.tokenizing(prompt)}
 
     def props(self) -> dict[str, Any]:
         completions = self.completions

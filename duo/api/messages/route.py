@@ -4,6 +4,7 @@ and generated (or only tokenized) by OpenAIApi's completions."""
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
@@ -11,9 +12,11 @@ from fastapi.responses import Response
 from duo.api.messages.answer import MessagesFormat
 from duo.api.messages.body import CountTokensBody, MessagesBody
 from duo.api.messages.translate import chat_body
-from duo.api.http.routes import OpenAIApi
 from duo.api.parsing import document_bodies, parse_body
+from duo.api.requests import CompletionRequest
 
+if TYPE_CHECKING:  # duo.api.http registers these routes: imported at run time, the two would import each other
+    from duo.api.http.routes import OpenAIApi
 
 
 class MessagesApi:
@@ -36,12 +39,17 @@ class MessagesApi:
         """{"input_tokens": n}: the prompt's tokens as /v1/messages would render them, nothing generated."""
         completions = self.api.completions
         body = await parse_body(await request.body(), CountTokensBody, completions.body_limits())
-        chat = await asyncio.to_thread(chat_body, body)
-        wanted = await asyncio.to_thread(chat.to_request)
-        completions.check_size(wanted)
+        wanted = await asyncio.to_thread(self._checked_request, body)  # loops over the client's blocks and tools
         # The generation's own preparation, so that the count is the prompt's exactly (template, tools, BOS).
         prepared = (await completions.tokenizing(completions.prepare, wanted))[0]
         return {"input_tokens": len(prepared.prompt_tokens)}
+
+
+    def _checked_request(self, body: CountTokensBody) -> CompletionRequest:
+        """The chat request `body` would make, refused where it cannot fit the context (off the event loop)."""
+        wanted = chat_body(body).to_request()
+        self.api.completions.check_size(wanted)
+        return wanted
 
 
 def add_messages_routes(app: FastAPI, api: OpenAIApi) -> MessagesApi:

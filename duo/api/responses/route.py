@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from duo.api.bodies import ChatBody
-from duo.api.http.routes import OpenAIApi
 from duo.api.parsing import document_bodies, parse_body
 from duo.api.responses.answer import ResponsesFormat
 from duo.api.responses.body import ResponsesBody
-from duo.api.responses.store import ResponseStore
+from duo.api.responses.store import Conversation, ResponseStore, characters
 from duo.api.responses.translate import chat_body, input_messages
+
+if TYPE_CHECKING:  # duo.api.http registers these routes: imported at run time, the two would import each other
+    from duo.api.http.routes import OpenAIApi
 
 
 class ResponsesApi:
@@ -29,24 +31,25 @@ class ResponsesApi:
         limits = completions.body_limits()
         body = await parse_body(await request.body(), ResponsesBody, limits)
         body.check_supported()
-        history = self.store.conversation(body.previous_response_id) if body.previous_response_id else []
-        # On a worker thread, as the chat endpoint's: a loop over the client's items and tools.
-        conversation, chat = await asyncio.to_thread(self._translated, body, history, limits.items - 1)
+        history = self.store.conversation(body.previous_response_id) if body.previous_response_id else ()
+        # On a worker thread, as the chat endpoint's: a loop over the client's items and tools (and the held ones).
+        conversation, size, chat = await asyncio.to_thread(self._translated, body, history, limits.items - 1)
         functions = chat.callable_functions()
 
-        def keep(response_id: str, output: list[dict[str, Any]]) -> None:
-            self.store.keep(response_id, conversation + output)
+        def keep(response_id: str, output: list[dict[str, Any]]) -> None:  # the answer's few messages counted here
+            self.store.keep(response_id, (*conversation, *output), size + characters(output))
 
         output = ResponsesFormat(body.model or completions.names[0], body.echo(), functions,
                                  completions.call_format(),
                                  keep if body.store is not False else None)
         return await self.api.generate(chat, chat.to_request, request, output)
 
-    def _translated(self, body: ResponsesBody, history: list[dict[str, Any]],
-                    max_items: int) -> tuple[list[dict[str, Any]], ChatBody]:
-        """The conversation so far (held history and this input, without instructions) and its chat request."""
-        conversation = history + input_messages(body, max_items)
-        return conversation, chat_body(body, conversation)
+    def _translated(self, body: ResponsesBody, history: Conversation,
+                    max_items: int) -> tuple[list[dict[str, Any]], int, ChatBody]:
+        """The conversation so far (held history and this input, without instructions), its size for the store, and
+        its chat request."""
+        conversation = [*history, *input_messages(body, max_items)]
+        return conversation, characters(conversation), chat_body(body, conversation)
 
 
 def add_responses_routes(app: FastAPI, api: OpenAIApi) -> ResponsesApi:

@@ -4,10 +4,12 @@ recently used dropped first."""
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any
 
 from duo.api.requests import BadRequest
 
+Conversation = tuple[dict[str, Any], ...]
 MAX_RESPONSES = 256
 # What the held conversations may take together (their texts' characters): a client chaining long conversations
 # must not grow the server's memory without bound; the oldest go first.
@@ -21,13 +23,14 @@ class ResponseStore:
     def __init__(self, max_responses: int = MAX_RESPONSES, max_characters: int = MAX_CHARACTERS) -> None:
         self.max_responses = max_responses
         self.max_characters = max_characters
-        self._held: OrderedDict[str, tuple[list[dict[str, Any]], int]] = OrderedDict()
+        # Each conversation as a tuple its readers extend and never change: held and read without a copy.
+        self._held: OrderedDict[str, tuple[Conversation, int]] = OrderedDict()
         self._characters = 0
 
     def __len__(self) -> int:
         return len(self._held)
 
-    def conversation(self, response_id: str) -> list[dict[str, Any]]:
+    def conversation(self, response_id: str) -> Conversation:
         """The conversation response `response_id` ended; BadRequest naming previous_response_id where it is not
         held (never stored, store false, or dropped for newer ones)."""
         held = self._held.get(response_id)
@@ -37,10 +40,10 @@ class ResponseStore:
                              "conversation as input instead", param="previous_response_id",
                              code="previous_response_not_found")
         self._held.move_to_end(response_id)
-        return [dict(message) for message in held[0]]
+        return held[0]
 
-    def keep(self, response_id: str, messages: list[dict[str, Any]]) -> None:
-        size = _characters(messages)
+    def keep(self, response_id: str, messages: Conversation, size: int) -> None:
+        """Hold `messages`, of `size` (characters(messages), counted off the event loop by the caller)."""
         if size > self.max_characters:
             return  # larger than all the room there is: holding it would drop every other
         self._held[response_id] = (messages, size)
@@ -50,9 +53,9 @@ class ResponseStore:
             self._characters -= dropped
 
 
-def _characters(messages: list[dict[str, Any]]) -> int:
-    """About what `messages` take: their texts and calls' arguments (counted, not serialized: a conversation of
-    megabytes would hold the event loop)."""
+def characters(messages: Sequence[dict[str, Any]]) -> int:
+    """About what `messages` take: their texts and calls' arguments (counted, not serialized, and off the event loop:
+    a held conversation may run to megabytes)."""
     total = 0
     for message in messages:
         calls = message.get("tool_calls") or []
