@@ -13,6 +13,7 @@ from typing import Literal, Protocol, Sequence
 from duo.api.events import CallArguments, CallClosed, CallOpened, Delta, ReasoningDelta, TextDelta
 from duo.api.tools import CallFormat, FunctionBody
 from duo.api.tools.parsing import CallSplitter
+from duo.api.tools.scanning import partial_suffix
 
 __all__ = ["CallArguments", "CallClosed", "CallOpened", "Delta", "ReasoningDelta", "TextDelta", "AnswerSplitter",
            "ContentSplitter", "Reasoning", "ReasoningFormat", "ReasoningSplitter", "answer_splitter", "whole_answer"]
@@ -109,10 +110,10 @@ class ReasoningSplitter:
             self.buffer, self.state = self.buffer[end + len(self.close):], "after"
             return True
         # Held: what may begin the close, and the space before it (the reasoning is stripped).
-        held = 0 if final else len(self.buffer) - len(self.buffer[:len(self.buffer) - _partial(self.buffer,
-                                                                                             self.close)].rstrip())
-        self._say(out, self.buffer[:len(self.buffer) - held], closed=False)
-        self.buffer = self.buffer[len(self.buffer) - held:]
+        said = self.buffer if final else self.buffer[:len(self.buffer) - partial_suffix(self.buffer,
+                                                                                        self.close)].rstrip()
+        self._say(out, said, closed=False)
+        self.buffer = self.buffer[len(said):]
         return False
 
     def _say(self, out: list[Delta], text: str, closed: bool) -> None:
@@ -126,12 +127,6 @@ class ReasoningSplitter:
         if closed and self.said and self.in_content:
             out.append(TextDelta(self.close))
 
-
-def _partial(text: str, marker: str) -> int:
-    for n in range(min(len(text), len(marker) - 1), 0, -1):
-        if marker.startswith(text[-n:]):
-            return n
-    return 0
 
 
 def answer_splitter(functions: Sequence[FunctionBody] | None, format_: CallFormat | None, *,

@@ -78,11 +78,12 @@ def _extra_tokens(model: Model, chunks: tuple[tuple[str, str], ...], text: Calla
     held = len(tail)
     for filename, chunk in reversed(chunks):
         if held >= budget:
-            return [token for piece in reversed(pieces) for token in piece]
+            break
         head = [sep, *text(filename + "\n")] if sep is not None else text(SNIPPET_SEPARATOR)
         pieces.append(head + text(chunk))
         held += len(pieces[-1])
-    pieces.append([rep, *text(REPO_NAME)] if rep is not None else [])
+    else:  # every chunk fits: the repository's name opens them
+        pieces.append([rep, *text(REPO_NAME)] if rep is not None else [])
     return [token for piece in reversed(pieces) for token in piece]
 
 

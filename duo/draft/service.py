@@ -176,7 +176,7 @@ class Connection:
         self.waiting_since = 0.0  # when the oldest event in the outbox was queued (meaningless while it is empty)
         self._closing: asyncio.Future[None] | None = None  # its sessions' release, once it overflowed
         # Sessions being opened (on tasks of their own), each with the events that came for it meanwhile.
-        self._opening: dict[int, list[tuple[str, Any]]] = {}
+        self._opening: dict[int, collections.deque[tuple[str, Any]]] = {}
         self._openings: set[asyncio.Task[None]] = set()
 
     @property
@@ -237,7 +237,7 @@ class Connection:
         if queued is not None:
             queued.append((kind, message))
         elif kind == "open":
-            self._opening[message.session_id] = []
+            self._opening[message.session_id] = collections.deque()
             task = asyncio.create_task(self._open_then_follow(message))
             self._openings.add(task)
             task.add_done_callback(self._openings.discard)
@@ -250,7 +250,7 @@ class Connection:
         try:
             await self._open(message)
             while queued:
-                kind, event = queued.pop(0)
+                kind, event = queued.popleft()
                 await (self._open(event) if kind == "open" else self._follow(kind, event))
         finally:
             del self._opening[message.session_id]

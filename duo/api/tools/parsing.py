@@ -4,12 +4,11 @@ A call is opened once its function's name is known to be an offered one (as llam
 follow as their text commits: a JSON format's arguments object as it arrives, Qwen3-Coder's XML parameters as JSON
 built piece by piece. Text that is no call of an offered function, as far as that is known before the call opens,
 stays content. A call that turns out malformed after it opened is closed as it stands and marks the answer `broken`
-(events once sent cannot be taken back; a whole answer is then read again as content: see AnswerReading).
+(events once sent cannot be taken back; a whole answer is then read again as content: see duo.api.deltas.whole_answer).
 """
 
 from __future__ import annotations
 
-import json
 import re
 import uuid
 from typing import Sequence
@@ -128,7 +127,7 @@ class CallReader:
         self.splitter = splitter
         self.format = splitter.format
         self.call: CallOpened | None = None  # the call whose arguments are being read
-        self.arguments = ""
+        self.arguments: list[str] = []       # the call's argument pieces so far
         self.argued = False                  # the call's arguments are whole: its tail comes next
         self.calls = 0                       # calls read since the opening
         self.scan: JsonEnd | None = None     # where a JSON format's arguments end
@@ -246,7 +245,7 @@ class CallReader:
             key = text.json_key()
             if key == self.format.arguments and name is not None:
                 return name
-            value = json.loads(text.json_value())
+            value = text.json_value()
             if key == self.format.name_key and isinstance(value, str):
                 name = value
             text.space()
@@ -259,7 +258,7 @@ class CallReader:
         self.call = CallOpened(splitter.count, splitter.new_id(), name)
         splitter.count += 1
         out.append(self.call)
-        self.arguments = ""
+        self.arguments = []
         if self.format.naming == "xml":
             self.xml = XmlArguments(splitter.functions[name])
         else:
@@ -276,7 +275,7 @@ class CallReader:
             used, done = self.scan.feed(rest)
             piece = rest[lead:used]
         if piece:
-            self.arguments += piece
+            self.arguments.append(piece)
             out.append(CallArguments(self.call.index, piece))
         self.splitter.buffer = self.splitter.buffer[used:]
         if not done and text.final:
@@ -307,7 +306,7 @@ class CallReader:
     def closed(self) -> CallClosed:
         call, self.call, self.scan, self.xml, self.argued = self.call, None, None, None, False
         assert call is not None
-        return CallClosed(call.index, ToolCall(call.id, call.name, self.arguments))
+        return CallClosed(call.index, ToolCall(call.id, call.name, "".join(self.arguments)))
 
     def _commit(self, text: Text) -> None:
         self.splitter.buffer = self.splitter.buffer[text.at:]

@@ -77,26 +77,25 @@ class Text:
         self.space()
         if not self.starts('"'):
             raise NotCall
-        key = json.loads(self.json_value())
+        key = self.json_value()
         self.space()
         self.expect(":")
         self.space()
         return key
 
-    def json_value(self) -> str:
-        """The text of the JSON value that comes next, passed."""
+    def json_value(self) -> Any:
+        """The JSON value that comes next, passed."""
         self.space()
         scan = JsonEnd()
         used, done = scan.feed(self.rest())
         if not done and not (self.final and scan.scalar):
             self.more()
-        raw = self.rest()[:used]
         try:
-            json.loads(raw)
+            value = json.loads(self.rest()[:used])
         except (ValueError, RecursionError):
             raise NotCall from None
         self.at += used
-        return raw
+        return value
 
     def more(self) -> None:
         raise NotCall if self.final else More
