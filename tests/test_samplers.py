@@ -372,3 +372,17 @@ def test_sequence_breakers_become_llama_cpps_restart_sequences():
     # "ab\"": "a" and "ab" start it (the rest tokenized follows); "x\"" holds no start of it but its last byte
     assert restarts[0] == ((100 + ord("b"), 100 + ord("\"")),) and restarts[4] == ((100 + ord("\""),),)
     assert 3 not in restarts and 5 not in restarts
+
+
+def test_the_restart_sequences_kept_per_model_are_bounded_and_the_least_recently_used_go_first():
+    from duo.sampling.ops import dry
+
+    vocab = FakeVocab()
+    first = restart_sequences(vocab, ["\n"])
+    for i in range(dry.MAX_KNOWN_BREAKER_LISTS + 5):  # clients choose the lists: as many as they like
+        restart_sequences(vocab, [f"x{i}"])
+        restart_sequences(vocab, ["\n"])  # used again and again: kept
+    known = dry._restarts[vocab]
+    assert len(known) == dry.MAX_KNOWN_BREAKER_LISTS and ("\n",) in known and ("x0",) not in known
+    assert restart_sequences(vocab, ["\n"]) is first
+    assert restart_sequences(vocab, ["x0"]) == restart_sequences(FakeVocab(), ["x0"])  # walked again, the same

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -140,22 +141,27 @@ class Dry:
 
 
 _pieces: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> every token's text
-_restarts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {breakers: Restarts}
+_restarts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {breakers: Restarts}, LRU
+MAX_KNOWN_BREAKER_LISTS = 16  # lists of breakers whose restart sequences are kept per model
 
 
 def restart_sequences(vocab: DryVocab, breakers: Sequence[str]) -> Restarts:
     """llama.cpp's restart sequences of `breakers` in `vocab`: each token whose text (special tokens rendered) holds
     a breaker is a head with the empty tail; a token whose text ends with a breaker's first bytes is a head whose
     tail is the rest of the breaker, tokenized. Walks the vocabulary: built once per model and list of breakers."""
-    known = _restarts.setdefault(vocab, {})
+    known = _restarts.setdefault(vocab, OrderedDict())
     key = tuple(breakers)
-    if key not in known:
+    if key in known:
+        known.move_to_end(key)
+    else:
         if vocab not in _pieces:
             _pieces[vocab] = [vocab.token_piece(token, special=True) for token in range(vocab.n_vocab)]
         found: dict[int, list[tuple[int, ...]]] = {}
         for breaker in key:
             _add_breaker(vocab, _pieces[vocab], breaker.encode()[:MAX_BREAKER_BYTES], found)
         known[key] = {head: tuple(tails) for head, tails in found.items()}
+        if len(known) > MAX_KNOWN_BREAKER_LISTS:  # clients choose the lists: the least recently used goes
+            known.popitem(last=False)
     return known[key]
 
 
