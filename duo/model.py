@@ -62,6 +62,7 @@ class Model:
         self._vocab: Vocab | None = None
         self._chat_formatter: Any = None  # llama_cpp's Jinja2ChatFormatter
         self._chat_template: str | None = None
+        self._eog: tuple[int, ...] | None = None  # end_of_generation_ids, once walked
 
     @property
     def n_layer(self) -> int:
@@ -94,7 +95,7 @@ class Model:
     def meta(self) -> dict[str, int]:
         """llama-server's model meta (/v1/models), whose n_ctx_train clients size their prompts by."""
         m = self._model
-        return {"vocab_type": int(llama().llama_vocab_type(m.vocab)), "n_vocab": m.n_vocab(),
+        return {"vocab_type": m.vocab_type(), "n_vocab": self.n_vocab,
                 "n_ctx_train": m.n_ctx_train(), "n_embd": m.n_embd(), "n_params": m.n_params(), "size": m.size()}
 
     @property
@@ -107,7 +108,10 @@ class Model:
         return bool(llama().llama_vocab_is_eog(self._model.vocab, token))
 
     def end_of_generation_ids(self) -> list[int]:
-        return [token for token in range(self.n_vocab) if self.is_end_of_generation(token)]
+        """Every end-of-generation token: one native call a token of the vocabulary, so walked once."""
+        if self._eog is None:
+            self._eog = tuple(token for token in range(self.n_vocab) if self.is_end_of_generation(token))
+        return list(self._eog)
 
     def special_token(self, name: str) -> int | None:
         """The vocabulary's `name` token (eot, eos, fim_pre, fim_suf, fim_mid, fim_pad, fim_rep, fim_sep); None where

@@ -7,7 +7,6 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from functools import cached_property
 from typing import Any
 
 from duo.api.chat import chat_tokens
@@ -125,12 +124,8 @@ class Preparer:
         llama-server's), so the answer runs to its token limit or the context's end."""
         if not request.ignore_eos:
             return request.penalties
-        bias = dict(request.penalties.bias) | {token: -math.inf for token in self._end_ids}
+        bias = dict(request.penalties.bias) | {token: -math.inf for token in self.model.end_of_generation_ids()}
         return replace(request.penalties, bias=tuple(sorted(bias.items())))
-
-    @cached_property
-    def _end_ids(self) -> list[int]:
-        return self.model.end_of_generation_ids()  # one call a token of the vocabulary: once
 
     def _fim_tokens(self, request: CompletionRequest) -> list[int]:
         try:

@@ -69,6 +69,8 @@ class SamplingParams:
         sample with it), and temperature 1e-50 is 0 (the draft would draft greedily for a
         sampling request), so both are refused here, where the client hears why.
         """
+        if self.__dict__.get("_valid"):  # distribution() asks every row; a request's params are checked once
+            return
         t, k, p, m = self.temperature, self.top_k, self.top_p, self.min_p
         # Comparisons are written so that NaN fails them; each float64 range is checked before
         # rounding to float32, which could otherwise overflow.
@@ -86,6 +88,7 @@ class SamplingParams:
             raise ValueError(f"the infill sampler needs top_k from 1 to {MAX_CANDIDATES} before it (it compares "
                              f"every pair of candidates; editors send 40), got top_k {k}")
         self._validate_samplers()
+        object.__setattr__(self, "_valid", True)  # not a field: equality, hashing and replace() ignore it
 
     def _validate_samplers(self) -> None:
         _check_float("typical_p", self.typical_p, 0.0, 1.0, "1 = off")
