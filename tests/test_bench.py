@@ -480,3 +480,28 @@ def test_the_summary_reports_the_pace_aware_bound_and_the_drafts_cpu_share():
     bound = duo["pace_bound"]
     assert bound["tokens_per_second"] <= duo["ideal"]["tokens_per_second"] * 1.01
     assert bound["fraction"] == pytest.approx(duo["decode_tokens_per_second"] / bound["tokens_per_second"])
+
+
+def test_duo_is_asked_without_the_prompt_cache_as_llama_server_is_so_repetitions_compare_like_with_like():
+    from duo.bench.cluster import chat_request
+    from duo.bench.llama_server import chat_request as peer_request
+
+    request = chat_request("hello", 0.0, 8)
+    assert request.HasField("cache_prompt") and request.cache_prompt is False
+    assert peer_request("hello", 0.0, 8)["cache_prompt"] is False
+
+
+def test_several_drafts_are_dealt_the_draft_cores_in_turn_and_share_when_there_are_fewer():
+    from duo.bench.cluster import split_cores
+
+    assert split_cores({0, 1, 2, 3}, 2) == [{0, 2}, {1, 3}]
+    assert split_cores({5}, 1) == [{5}]
+    assert split_cores({0}, 2) == [{0}, {0}]
+
+
+def test_the_groups_table_shows_the_pace_bound_over_the_target_alone():
+    from duo.bench.groups import _bound
+
+    modes = {"duo": {"pace_bound": {"tokens_per_second": 15.0}}, "alone-tcores": {"decode_tokens_per_second": 10.0}}
+    assert _bound(modes) == "1.50x"
+    assert _bound({"duo": {}, "alone-tcores": {"decode_tokens_per_second": 10.0}}) == "-"

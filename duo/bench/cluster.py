@@ -174,10 +174,10 @@ def _start_alone_rpc(variant: Variant, code: Code, address: str, target_args: li
 
 
 def start_variant(variant: Variant, code: Code, models: tuple[Path, Path], cores: tuple[set[int], set[int]],
-                  sync_k: int, logs: Path, parallel: int | None = None) -> Cluster:
+                  sync_k: int, logs: Path, parallel: int | None = None, drafts: int = 1) -> Cluster:
     """Start a variant's processes. `models` and `cores` are (target, draft); a delayed link
-    puts a delay proxy, on all cores, between the target and its draft. `parallel`: the target's
-    --parallel (None: its default)."""
+    puts a delay proxy, on all cores, between the target and each draft. `parallel`: the target's
+    --parallel (None: its default); `drafts`: how many duo-draft processes serve it (split_cores)."""
     (target, draft), (target_cores, draft_cores) = models, cores
     all_cores = set(os.sched_getaffinity(0))
     name = variant.label.replace(" +", "-").replace("@", "-at-")
@@ -195,23 +195,35 @@ def start_variant(variant: Variant, code: Code, models: tuple[Path, Path], cores
                                                 logs / f"{name}.log", code)])
     if variant.mode == "sync-shared":
         target_cores = draft_cores = all_cores
-    draft_address = f"127.0.0.1:{free_port()}"
-    processes = [spawn(_duo(code.draft_module, ["--model", str(draft), "--listen", draft_address, "--device", "cpu",
-                                                "--log-level", "WARNING"], draft_cores),
-                       draft_cores, logs / f"{name}-draft.log", code)]
-    peer = draft_address
-    if variant.link_delay_ms:
-        peer = f"127.0.0.1:{free_port()}"
-        processes.append(spawn([sys.executable, str(DELAY_PROXY), "--listen", peer, "--upstream", draft_address,
-                                "--delay-ms", str(variant.link_delay_ms)], all_cores, logs / f"{name}-proxy.log", code))
+    processes, peers = [], []
+    for i, cores_of_draft in enumerate(split_cores(draft_cores, drafts)):
+        draft_address = f"127.0.0.1:{free_port()}"
+        processes.append(spawn(_duo(code.draft_module, ["--model", str(draft), "--listen", draft_address, "--device",
+                                                        "cpu", "--log-level", "WARNING"], cores_of_draft),
+                               cores_of_draft, logs / f"{name}-draft{i or ''}.log", code))
+        peer = draft_address
+        if variant.link_delay_ms:
+            peer = f"127.0.0.1:{free_port()}"
+            processes.append(spawn([sys.executable, str(DELAY_PROXY), "--listen", peer, "--upstream", draft_address,
+                                    "--delay-ms", str(variant.link_delay_ms)], all_cores,
+                                   logs / f"{name}-proxy{i or ''}.log", code))
+        peers += ["--peer", peer]
     extra = ["--sync", str(sync_k)] if variant.mode.startswith("sync") else []
     if variant.mode in UNSEEDED:
         extra += ["--unseeded", UNSEEDED[variant.mode]]
     if variant.mode == "duo-nolookup":
         extra += ["--no-lookup"]
-    processes.append(spawn(_duo(code.target_module, [*target_args, "--peer", peer, *extra], target_cores),
+    processes.append(spawn(_duo(code.target_module, [*target_args, *peers, *extra], target_cores),
                            target_cores, logs / f"{name}-target.log", code))
     return Cluster(variant, address, processes, speculative=True)
+
+
+def split_cores(cores: set[int], n: int) -> list[set[int]]:
+    """`n` drafts' cores: the draft cores dealt out in turn, each draft getting at least one (shared when fewer)."""
+    ordered = sorted(cores)
+    if n <= len(ordered):
+        return [set(ordered[i::n]) for i in range(n)]
+    return [{ordered[i % len(ordered)]} for i in range(n)]
 
 
 class Generation(NamedTuple):
@@ -229,7 +241,9 @@ def chat_request(prompt: str, temperature: float, max_tokens: int, seed: int | N
     sampling = pb.SamplingParams(temperature=temperature)
     if seed is not None:
         sampling.seed = seed
-    request = pb.GenerateRequest(max_tokens=max_tokens, sampling=sampling)
+    # No prompt cache, as the bench asks llama-server (llama_server.chat_request): a repetition, or a later turn,
+    # reads its prompt afresh in every mode, so time to first token compares like with like.
+    request = pb.GenerateRequest(max_tokens=max_tokens, sampling=sampling, cache_prompt=False)
     for role, content in history:
         request.messages.append(pb.ChatMessage(role=role, content=content))
     request.messages.append(pb.ChatMessage(role="user", content=split(prompt)[0]))

@@ -85,6 +85,15 @@ def _over(by_label: dict[str, dict], other: str | None) -> str:
     return f"{by_label[DUO]['tokens_per_second'] / by_label[other]['tokens_per_second']:.2f}x"
 
 
+def _bound(by_label: dict[str, dict]) -> str:
+    """The most speculation can give this group on this machine: the pace-aware bound at duo's measured acceptance
+    (duo.bench.pace_bound, decode rate) over the target alone's decode rate, as a table cell."""
+    bound = by_label.get(DUO, {}).get("pace_bound")
+    if bound is None or ALONE not in by_label:
+        return "-"
+    return f"{bound['tokens_per_second'] / by_label[ALONE]['decode_tokens_per_second']:.2f}x"
+
+
 def print_groups(summary: dict[str, dict]) -> None:
     """A table per temperature that ran Spec-Bench: a row per group, a column per variant, then duo's ratios."""
     for temperature, entry in summary.items():
@@ -95,13 +104,16 @@ def print_groups(summary: dict[str, dict]) -> None:
         width = max([16] + [len(label) + 2 for label in labels])
         print(f"\n== Spec-Bench, temperature {temperature}: tok/s end to end (Spec-Bench's per-question mean) ==")
         print(f"{'group':<27}{'n':>4}" + "".join(f"{label:>{width}}" for label in labels)
-              + f"{'duo/' + ALONE:>19}{'duo/' + PEER_BASE:>19}{'duo/best llama-server':>24}   best llama-server")
+              + f"{'duo/' + ALONE:>19}{'bound/' + ALONE:>19}{'duo/' + PEER_BASE:>19}{'duo/best llama-server':>24}"
+              "   best llama-server")
         for group, g in groups.items():
             modes = g["modes"]
             print(f"{GROUPS.get(group, group):<27}{g['questions']:>4}"
                   + "".join(f"{_rate(modes.get(label)):>{width}}" for label in labels)
-                  + f"{_over(modes, ALONE):>19}{_over(modes, PEER_BASE):>19}{_over(modes, g['best_llama_server']):>24}"
+                  + f"{_over(modes, ALONE):>19}{_bound(modes):>19}{_over(modes, PEER_BASE):>19}"
+                  f"{_over(modes, g['best_llama_server']):>24}"
                   f"   {g['best_llama_server'] or '-'}")
     if any(entry.get("groups") for entry in summary.values()):
-        print("n: questions; ratios end to end; best llama-server: the fastest on duo's cores (no -all mode); "
-              "bench.json: summary[T]['groups'][group]")
+        print("n: questions; ratios end to end; bound: the pace-aware bound at duo's acceptance in the group over the "
+              "target alone, decode rates (what speculation can give there on this machine);\nbest llama-server: the "
+              "fastest on duo's cores (no -all mode); bench.json: summary[T]['groups'][group]")

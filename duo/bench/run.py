@@ -318,6 +318,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--baseline-rev", default=None, metavar="REV",
                         help="also run duo as of this git revision (mode duo@REV), from a temporary worktree")
     parser.add_argument("--sync-k", type=int, default=4, help="draft length of the synchronous loop")
+    parser.add_argument("--drafts", type=int, default=1, help="duo-draft processes per target (--draft-cores dealt out)")
     parser.add_argument("--cost-max-batch", type=int, default=9, help="largest batch in the verify cost curve")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1], metavar="C",
                         help="also send C requests at once, by C clients, at each level C; 1 always runs (the "
@@ -414,7 +415,7 @@ def bench_target(args: argparse.Namespace, target: Path, draft: Path, out: Path)
                                            logs / f"{variant.label}.log"))
             else:
                 clusters.append(start_variant(variant, codes.get(variant.mode, Code.at(ROOT)), (target, draft), cores,
-                                              args.sync_k, logs, parallel))
+                                              args.sync_k, logs, parallel, args.drafts))
         runs = measure_workload(clusters, args)
 
     summary = with_concurrency(summarise(runs, variants, costs, draft_s), runs, variants, costs)
