@@ -12,7 +12,7 @@ from duo.model import Part
 from duo.runtime import ModelWorker
 from duo.sampling.params import SamplingParams
 from duo.target.batching import MIN_PREFILL_CHUNK, StepBatcher
-from duo.target.generation import Target
+from duo.target.target import Target
 from duo.target.request import Request, SpecSettings
 from greedy import leaves_coupled_path_only_at_a_near_tie, leaves_greedy_path_only_at_a_near_tie
 from processes import generate, start, wait_for_draft

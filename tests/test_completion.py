@@ -41,7 +41,7 @@ class ScriptedTarget:
 
     steps: list[list[int]]
     model: ScriptedModel = field(default_factory=ScriptedModel)
-    link: None = None
+    pool: None = None
     closed: int = 0
     generated: int = 0
 

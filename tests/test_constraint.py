@@ -17,9 +17,11 @@ from duo.sampling.coupled import coupled_ranking
 from duo.sampling.distributions import distribution
 from duo.sampling.params import SamplingParams
 from duo.target.batching import VerifyWork, _decode_and_verify, _Planned
-from duo.target.generation import Generation, Target
+from duo.target.generation import Generation
+from duo.target.target import Target
 from duo.target.request import Request, SpecSettings, StepRecord
 from duo.wire import ChainChunk
+from fake_drafts import RecordingDraft
 from greedy import leaves_constrained_greedy_path_only_at_a_near_tie
 from test_sampling import chi_square_pvalue
 
@@ -137,13 +139,12 @@ def test_a_verifier_that_forgets_the_mask_fails_the_fit(target_model, verificati
         chi_square_pvalue(counts, expected)
 
 
-class ScriptedDraft:
+class ScriptedDraft(RecordingDraft):
     """A connected draft link that answers the session's opening and every commit with `chain(committed)` at
     once: the right answer, or whatever a broken or hostile draft would send."""
 
-    connected = True
-
     def __init__(self, chain) -> None:
+        super().__init__()
         self.chain = chain
         self.generation: Generation | None = None
         self.epoch = 0

@@ -26,7 +26,7 @@ from duo.runtime import ModelWorker
 from duo.sampling.distributions import SparseDist, sample
 from duo.sampling.params import SamplingParams
 from duo.sampling.verification import verify
-from duo.target.generation import SYNC_WAIT_S
+from duo.target.target import SYNC_WAIT_S
 from exact_fit import first_two_p_values
 from greedy import leaves_greedy_path_only_at_a_near_tie
 from processes import free_port, generate, start, wait_for_draft

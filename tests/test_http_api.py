@@ -260,8 +260,11 @@ def test_health_reports_the_model_the_draft_and_the_requests(served_alone, serve
     alone = httpx.get(f"{served_alone.http_url}/health")
     assert alone.status_code == 200
     assert alone.json() == {"status": "ok", "model": "tiny-target", "draft": "none", "draft_error": "",
-                            "draft_sessions": 0, "requests_running": 0, "requests_waiting": 0}
-    assert health(served_duo)["draft"] == "connected" and health(served_duo)["draft_error"] == ""
+                            "draft_sessions": 0, "drafts": [], "requests_running": 0, "requests_waiting": 0}
+    body = health(served_duo)
+    assert body["draft"] == "connected" and body["draft_error"] == ""
+    [draft] = body["drafts"]  # the one --peer, as the pool sees it
+    assert draft["state"] == "connected" and draft["model"].startswith("tiny-draft") and draft["sessions"] == 0
 
 
 def scrape(process: Process) -> dict[tuple[str, tuple], float]:

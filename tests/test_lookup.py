@@ -15,7 +15,7 @@ from duo.sampling.distributions import SparseDist, distribution
 from duo.sampling.ops.penalties import Penalties
 from duo.sampling.params import SamplingParams
 from duo.sampling.verification import verify_stochastic
-from duo.target.generation import Target
+from duo.target.target import Target
 from duo.target.policy import AdaptivePolicy, choose_together
 from duo.target.request import Request, SpecSettings
 from duo.target.switch import Switch

@@ -14,7 +14,7 @@ from duo.costs import StepCosts
 from duo.runtime import ModelWorker
 from duo.sampling.params import SamplingParams
 from duo.target import lookup_policy as lp
-from duo.target.generation import Target
+from duo.target.target import Target
 from duo.target.lookup_policy import GainMeter, LookupGate, LookupRecord, step_without_rows
 from duo.target.policy import AdaptivePolicy, choose_together, split_rate
 from duo.target.request import GenerationStats, Request, SpecSettings

@@ -14,7 +14,7 @@ from duo.runtime import ModelWorker
 from duo.sampling.ops.penalties import OutputCounts, Penalties
 from duo.sampling.ops.rows import penalize_rows
 from duo.sampling.params import SamplingParams
-from duo.target.generation import Target
+from duo.target.target import Target
 from duo.target.request import Request, SpecSettings, StepRecord
 from greedy import leaves_transformed_greedy_path_only_at_a_near_tie
 from test_constraint import ScriptedDraft

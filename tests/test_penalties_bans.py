@@ -17,7 +17,7 @@ from duo.runtime import ModelWorker
 from duo.sampling.distributions import NoTokenAllowed
 from duo.sampling.ops.penalties import Penalties
 from duo.sampling.params import SamplingParams
-from duo.target.generation import Target
+from duo.target.target import Target
 from duo.target.request import Request, SpecSettings
 from test_http_api import post
 

@@ -7,7 +7,7 @@ import asyncio
 
 from duo.runtime import ModelWorker
 from duo.sampling.params import SamplingParams
-from duo.target.generation import Target
+from duo.target.target import Target
 from duo.target.request import Request, SpecSettings
 from test_batching import SYSTEM
 

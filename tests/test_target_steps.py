@@ -11,10 +11,12 @@ from duo._proto import duo_pb2 as pb
 from duo.costs import PRIOR_BATCH_SLOPE
 from duo.runtime import ModelWorker
 from duo.sampling.params import SamplingParams
-from duo.target.generation import SYNC_WAIT_S, Generation, Target
+from duo.target.generation import Generation
+from duo.target.target import SYNC_WAIT_S, Target
 from duo.target.policy import AdaptivePolicy
 from duo.target.request import Request, SpecSettings, StepRecord
 from duo.wire import ChainChunk
+from fake_drafts import RecordingDraft
 
 BLOCK_S = 0.15  # another request's work on the model thread, in front of every step
 
@@ -54,18 +56,17 @@ def test_a_step_is_timed_without_the_wait_behind_other_work_on_the_model_thread(
 LOAD_SLACK_S = 0.2
 
 
-class ConnectedLink:
-    connected = True
-
-
 def waiting_target_and_generation() -> tuple[Target, Generation, AdaptivePolicy]:
     """A slow target (T(n) = 140 ms) whose draft answers a commit in 10 ms and then drafts every 5 ms."""
-    target = Target(None, ModelWorker(), ConnectedLink(), n_ctx=256, settings=SpecSettings())
+    target = Target(None, ModelWorker(), RecordingDraft(), n_ctx=256, settings=SpecSettings())
     for n in range(1, 18):
         target.costs.observe(n, 0.140)
-    target.draft_timing.latency.add(0.010)
-    target.draft_timing.per_token.add(0.005)
+    timing = target.pool.members[0].timing  # the draft's, which judges the sessions placed on it
+    timing.latency.add(0.010)
+    timing.per_token.add(0.005)
     generation = Generation(1, Request([1, 2, 3], SamplingParams()), None, SpecSettings(), target.draft_timing)
+    generation.switch = target.switch
+    target.pool.register(generation)
     generation.starved_since = time.monotonic()
     return target, generation, AdaptivePolicy(16, target.costs)
 
@@ -128,13 +129,12 @@ def test_a_draft_that_says_it_paused_is_not_waited_for_and_a_pause_ends_a_wait_a
     assert time.monotonic() - began < SYNC_WAIT_S / 2
 
 
-class InstantDraft:
+class InstantDraft(RecordingDraft):
     """A link to a draft that knows the answer: on a session's opening it sends `answer` as its chain
     at once, if the session asked for drafts at all (max_ahead > 0)."""
 
-    connected = True
-
     def __init__(self, answer: list[int]) -> None:
+        super().__init__()
         self.answer = answer
         self.opened_with: list[int] = []
 
@@ -186,33 +186,16 @@ def test_a_session_the_draft_refused_is_not_waited_for_in_the_synchronous_mode()
     assert not generation.draft_refused
 
 
-class RecordingLink:
-    """A connected draft that sends nothing: the events the target sends it, in order."""
-
-    connected = True
-
-    def __init__(self) -> None:
-        self.events = []
-
-    def register(self, generation: Generation) -> None:
-        self.events.append(generation.open_message())
-
-    def unregister(self, session_id: int) -> None:
-        pass
-
-    def send(self, event) -> None:
-        self.events.append(event)
-
-
 def test_while_the_draft_rests_commits_wait_and_then_go_out_in_one_message(target_model):
     from duo.target import switch as sw
     from duo.target.switch import Switch
 
     prompt, n = [9707, 11, 1879], 14
-    link = RecordingLink()
+    link = RecordingDraft()
     # No lookup: free drafts would commit several tokens a step.
     target = Target(target_model, ModelWorker(), link, n_ctx=256, settings=SpecSettings(lookup=False))
-    target.switch = Switch(speculating=False, steps_left=sw.PROBE_LEAD + 6)  # resting; a trial comes in 11 steps
+    # The draft's switch judges its sessions: resting; a trial comes in 11 steps.
+    target.pool.members[0].switch = Switch(speculating=False, steps_left=sw.PROBE_LEAD + 6)
 
     async def run() -> list[int]:
         return [t async for step, _ in target.generate(Request(prompt, SamplingParams(), max_tokens=n))

@@ -104,7 +104,7 @@ def required_text(model, format_, functions, parallel=False) -> str:
     from duo.constraint import Cursor, grammar_of
     from duo.runtime import ModelWorker
     from duo.sampling.params import SamplingParams
-    from duo.target.generation import Target
+    from duo.target.target import Target
     from duo.target.request import Request, SpecSettings
 
     def token_of(text: str) -> int | None:

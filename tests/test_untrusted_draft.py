@@ -27,6 +27,7 @@ from duo._proto import duo_pb2_grpc as pb_grpc
 from duo.model import Model
 from duo.vocab import Vocab
 from duo.target import link as duo_link
+from duo.target.pool.connection import LEAD_MARGIN
 from duo.target.chain import DraftChain
 from duo.target.request import SpecSettings
 from duo.target.link import DraftLink
@@ -272,12 +273,12 @@ def test_a_chain_beyond_the_lead_the_target_allowed_is_cut_at_the_lead_plus_the_
     async def scenario(link: DraftLink) -> None:
         link.observers.append(rejections)
         await until(lambda: bool(rejections.seen))
-        assert len(session.chain.pending()[0]) == 4 + duo_link.LEAD_MARGIN
+        assert len(session.chain.pending()[0]) == 4 + LEAD_MARGIN
 
     with serving(FakeDraft(wire.vocab_to_pb(VOCAB), chunks_for_open(pb.DraftChunk(epoch=0, start=2,
                                                                                   tokens=[5] * 200_000)))) as address:
         run_link(address, [session], scenario)
-    assert rejections.seen == [("lead", 200_000 - 4 - duo_link.LEAD_MARGIN)]
+    assert rejections.seen == [("lead", 200_000 - 4 - LEAD_MARGIN)]
 
 
 def test_a_message_larger_than_an_honest_draft_sends_is_refused_unread_and_a_large_vocabulary_still_passes():
@@ -289,7 +290,7 @@ def test_a_message_larger_than_an_honest_draft_sends_is_refused_unread_and_a_lar
     session = FakeSession(1, [7, 8])
     every_id = pb.SparseDist(ids=list(range(wire.MAX_DIST_IDS)), probs=[1.0] * wire.MAX_DIST_IDS)
     heavy = pb.DraftChunk(epoch=0, start=2, tokens=[5] * 400, dists=[every_id] * 400)
-    assert heavy.ByteSize() > 2 * wire.max_chunk_bytes(SpecSettings().max_lead + duo_link.LEAD_MARGIN)
+    assert heavy.ByteSize() > 2 * wire.max_chunk_bytes(SpecSettings().max_lead + LEAD_MARGIN)
     assert wire.vocab_to_pb(big).ByteSize() > heavy.ByteSize()
 
     async def scenario(link: DraftLink) -> None:

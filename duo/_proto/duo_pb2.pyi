@@ -14,6 +14,22 @@ class Verification(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 RESIDUAL: Verification
 COUPLED: Verification
 
+class JoinUp(_message.Message):
+    __slots__ = ("hello", "event")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    hello: Hello
+    event: DraftEvent
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., event: _Optional[_Union[DraftEvent, _Mapping]] = ...) -> None: ...
+
+class JoinDown(_message.Message):
+    __slots__ = ("hello", "event")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    hello: Hello
+    event: TargetEvent
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., event: _Optional[_Union[TargetEvent, _Mapping]] = ...) -> None: ...
+
 class Hello(_message.Message):
     __slots__ = ("protocol", "model", "vocab")
     PROTOCOL_FIELD_NUMBER: _ClassVar[int]
@@ -254,7 +270,7 @@ class GenerateResponse(_message.Message):
     def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., stats: _Optional[_Union[Stats, _Mapping]] = ...) -> None: ...
 
 class Stats(_message.Message):
-    __slots__ = ("prompt_tokens", "generated_tokens", "draft_tokens_received", "draft_tokens_verified", "draft_tokens_accepted", "verify_steps", "tokens_per_second", "time_to_first_token_s", "draft_connected", "batch_sizes", "draft_rejections", "branch_hits", "waits", "wait_seconds", "verification", "seed", "cached_prompt_tokens", "speculation", "lookup_tokens_verified", "lookup_tokens_accepted", "lookup_tokens_decoded", "lookup_steps_rested", "lookup_trials", "lookup")
+    __slots__ = ("prompt_tokens", "generated_tokens", "draft_tokens_received", "draft_tokens_verified", "draft_tokens_accepted", "verify_steps", "tokens_per_second", "time_to_first_token_s", "draft_connected", "batch_sizes", "draft_rejections", "branch_hits", "waits", "wait_seconds", "verification", "seed", "cached_prompt_tokens", "speculation", "lookup_tokens_verified", "lookup_tokens_accepted", "lookup_tokens_decoded", "lookup_steps_rested", "lookup_trials", "lookup", "draft")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKENS_RECEIVED_FIELD_NUMBER: _ClassVar[int]
@@ -279,6 +295,7 @@ class Stats(_message.Message):
     LOOKUP_STEPS_RESTED_FIELD_NUMBER: _ClassVar[int]
     LOOKUP_TRIALS_FIELD_NUMBER: _ClassVar[int]
     LOOKUP_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     generated_tokens: int
     draft_tokens_received: int
@@ -303,7 +320,8 @@ class Stats(_message.Message):
     lookup_steps_rested: int
     lookup_trials: int
     lookup: str
-    def __init__(self, prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., draft_tokens_received: _Optional[int] = ..., draft_tokens_verified: _Optional[int] = ..., draft_tokens_accepted: _Optional[int] = ..., verify_steps: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., time_to_first_token_s: _Optional[float] = ..., draft_connected: _Optional[bool] = ..., batch_sizes: _Optional[_Iterable[int]] = ..., draft_rejections: _Optional[int] = ..., branch_hits: _Optional[int] = ..., waits: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., verification: _Optional[str] = ..., seed: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ..., speculation: _Optional[str] = ..., lookup_tokens_verified: _Optional[int] = ..., lookup_tokens_accepted: _Optional[int] = ..., lookup_tokens_decoded: _Optional[int] = ..., lookup_steps_rested: _Optional[int] = ..., lookup_trials: _Optional[int] = ..., lookup: _Optional[str] = ...) -> None: ...
+    draft: str
+    def __init__(self, prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., draft_tokens_received: _Optional[int] = ..., draft_tokens_verified: _Optional[int] = ..., draft_tokens_accepted: _Optional[int] = ..., verify_steps: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., time_to_first_token_s: _Optional[float] = ..., draft_connected: _Optional[bool] = ..., batch_sizes: _Optional[_Iterable[int]] = ..., draft_rejections: _Optional[int] = ..., branch_hits: _Optional[int] = ..., waits: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., verification: _Optional[str] = ..., seed: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ..., speculation: _Optional[str] = ..., lookup_tokens_verified: _Optional[int] = ..., lookup_tokens_accepted: _Optional[int] = ..., lookup_tokens_decoded: _Optional[int] = ..., lookup_steps_rested: _Optional[int] = ..., lookup_trials: _Optional[int] = ..., lookup: _Optional[str] = ..., draft: _Optional[str] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
     __slots__ = ("prompt", "messages")

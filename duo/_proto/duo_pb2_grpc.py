@@ -156,6 +156,88 @@ class Draft:
             _registered_method=True)
 
 
+class PoolStub:
+    """Drafts that dial in: duo-draft --join TARGET:PORT connects out to duo-target --draft-listen (a laptop or a
+    GPU box behind NAT), and the same conversation as Draft's runs over one stream the draft opened.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Join = channel.stream_stream(
+                '/duo.v1.Pool/Join',
+                request_serializer=duo_dot___proto_dot_duo__pb2.JoinUp.SerializeToString,
+                response_deserializer=duo_dot___proto_dot_duo__pb2.JoinDown.FromString,
+                _registered_method=True)
+
+
+class PoolServicer:
+    """Drafts that dial in: duo-draft --join TARGET:PORT connects out to duo-target --draft-listen (a laptop or a
+    GPU box behind NAT), and the same conversation as Draft's runs over one stream the draft opened.
+    """
+
+    def Join(self, request_iterator, context):
+        """The draft's first message is its Hello; the target answers with its own Hello, or fails the call
+        with FAILED_PRECONDITION and the reason when the pair is incompatible (as Draft.Handshake does),
+        PERMISSION_DENIED when the draft's address is off the target's --draft-allow list. Then the target
+        sends TargetEvents and the draft DraftEvents, exactly as on Draft.Speculate, until either side ends it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_PoolServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Join': grpc.stream_stream_rpc_method_handler(
+                    servicer.Join,
+                    request_deserializer=duo_dot___proto_dot_duo__pb2.JoinUp.FromString,
+                    response_serializer=duo_dot___proto_dot_duo__pb2.JoinDown.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'duo.v1.Pool', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('duo.v1.Pool', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Pool:
+    """Drafts that dial in: duo-draft --join TARGET:PORT connects out to duo-target --draft-listen (a laptop or a
+    GPU box behind NAT), and the same conversation as Draft's runs over one stream the draft opened.
+    """
+
+    @staticmethod
+    def Join(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/duo.v1.Pool/Join',
+            duo_dot___proto_dot_duo__pb2.JoinUp.SerializeToString,
+            duo_dot___proto_dot_duo__pb2.JoinDown.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
 class TargetStub:
     """---------------------------------------------------------------------------------------------
     clients -> duo-target

@@ -25,7 +25,7 @@ from duo.api.tools import CallFormat, ToolError, call_format
 from duo.constraint import Compiler, CompilerBusy, Cursor, GrammarError, GrammarTooCostly
 from duo.model import Model, ModelError
 from duo.sampling.distributions import NoTokenAllowed
-from duo.target.generation import Target
+from duo.target.target import Target
 from duo.target.request import GenerationStats, Request
 
 log = logging.getLogger("duo.target")
@@ -117,8 +117,13 @@ class Completions:
     @property
     def draft_state(self) -> str:
         """The draft link's state: connected, disconnected or incompatible; "none" without --peer or while loading."""
-        link = self.target.link if self.target else None
-        return link.state if link else "none"
+        pool = self.target.pool if self.target else None
+        return pool.state if pool else "none"
+
+    def drafts(self) -> list[dict[str, Any]]:
+        """Each draft of the pool as /props and /health show it (duo.target.pool.pool.Member.describe)."""
+        pool = self.target.pool if self.target else None
+        return pool.describe() if pool else []
 
     @property
     def draft_connected(self) -> bool:

@@ -87,8 +87,8 @@ class TargetServicer(pb_grpc.TargetServicer):
         return pb.ModelInfoResponse(
             name=completions.names[0], aliases=completions.names[1:], description=target.model.description,
             context_size=completions.context_size, n_vocab=target.model.n_vocab,
-            draft="" if target.link is None else target.link.state,
-            draft_address="" if target.link is None else target.link.address,
+            draft="" if target.pool is None else target.pool.state,
+            draft_address="" if target.pool is None else target.pool.address,
             parallel=completions.admission.parallel, queue_size=completions.admission.queue_size)
 
 

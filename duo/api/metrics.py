@@ -13,6 +13,8 @@ from typing import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from duo.target.request import GenerationStats, StepRecord
 from duo.wire import REJECTION_REASONS
@@ -106,7 +108,12 @@ class Metrics:
         self.requests_running.set_function(running)
         self.requests_waiting.set_function(waiting)
 
-    # duo.target.generation.StepObserver
+    def watch_drafts(self, drafts: Callable[[], list[dict]]) -> None:
+        """Export each draft of the pool (duo.target.pool.pool.Member.describe) at every scrape, labelled by its
+        address: drafts come and go, so the series are built from the pool as it is, none left behind."""
+        self.registry.register(DraftCollector(drafts))
+
+    # duo.target.target.StepObserver
     def on_step(self, record: StepRecord) -> None:
         if record.waited:
             self.waits.inc()
@@ -124,7 +131,7 @@ class Metrics:
         self.iteration_requests.observe(requests)
         self.iteration_tokens.observe(tokens)
 
-    # duo.target.link.DraftObserver
+    # duo.target.pool.connection.DraftObserver
     def on_draft_rejected(self, reason: str, entries: int) -> None:
         self.draft_rejected_entries.labels(reason=reason).inc(entries)
 
@@ -146,3 +153,32 @@ class Metrics:
     def render(self) -> bytes:
         """The Prometheus text exposition format."""
         return generate_latest(self.registry)
+
+
+class DraftCollector(Collector):
+    """duo:pool_* gauges, one series per draft of the pool."""
+
+    def __init__(self, drafts: Callable[[], list[dict]]) -> None:
+        self.drafts = drafts
+
+    def collect(self):  # type: ignore[override]
+        families = {
+            "up": GaugeMetricFamily("duo:pool_draft_up", "1 while the draft's stream is up.", labels=["draft", "model"]),
+            "sessions": GaugeMetricFamily("duo:pool_draft_sessions", "Sessions placed on the draft.", labels=["draft"]),
+            "pace": GaugeMetricFamily("duo:pool_draft_tokens_per_second_per_session",
+                                      "Drafted tokens a second each of its sessions gets, as measured at its load.",
+                                      labels=["draft"]),
+            "acceptance": GaugeMetricFamily("duo:pool_draft_acceptance",
+                                            "Share of the draft's tokens the target accepted (moving average).",
+                                            labels=["draft"]),
+            "speculating": GaugeMetricFamily("duo:pool_draft_speculating",
+                                             "1 while the draft's switch has speculation on.", labels=["draft"]),
+        }
+        for draft in self.drafts():
+            address = draft["address"]
+            families["up"].add_metric([address, draft["model"]], float(draft["state"] == "connected"))
+            families["sessions"].add_metric([address], float(draft["sessions"]))
+            families["pace"].add_metric([address], draft["tokens_per_second_per_session"] or 0.0)
+            families["acceptance"].add_metric([address], draft["acceptance"] or 0.0)
+            families["speculating"].add_metric([address], float(draft["speculating"]))
+        yield from families.values()

@@ -1,4 +1,5 @@
-"""duo-draft: its command line and start-up: load the draft model, serve targets over gRPC (duo.draft.service)."""
+"""duo-draft: its command line and start-up: load the draft model, serve targets over gRPC (duo.draft.service) that dial
+in, and join targets that wait for drafts (--join, duo.draft.joining)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from duo import wire
 from duo._proto import duo_pb2_grpc as pb_grpc
 from duo.constraint import build_tokenizer_in_background
 from duo.draft.drafter import KV_CELLS_PER_CONTEXT, Drafter
+from duo.draft.joining import Joiner, join_all
 from duo.draft.metrics import DraftMetrics
 from duo.draft.service import DraftServicer, SessionLimits
 from duo.backends import gpu_layers_for
@@ -22,7 +24,7 @@ from duo.models.hub import (CATALOG, CPU_DRAFT, DEFAULT_DRAFT, HubError, default
                             resolve_model)
 from duo.runtime import (HttpServer, ModelWorker, add_process_arguments, check_can_listen, grpc_server_options, host_port,
                          is_loopback, metrics_server, model_options, run_async, run_server, setup_logging)
-from duo.tls import check_pair, server_credentials
+from duo.tls import channel_credentials, check_pair, server_credentials
 from duo.wire import MAX_BRANCHES
 
 log = logging.getLogger("duo.draft")
@@ -82,13 +84,24 @@ def build_parser() -> argparse.ArgumentParser:
                              "the target's policy prefers, at least 2)")
     parser.add_argument("--metrics", default=None, metavar="[HOST:]PORT",
                         help="serve Prometheus metrics at http://HOST:PORT/metrics (HOST: 127.0.0.1 unless given)")
+    join = parser.add_argument_group("joining targets", "dial out to duo-target --draft-listen (a draft behind NAT "
+                                                        "or a firewall), besides serving targets that dial --listen")
+    join.add_argument("--join", action="append", default=[], metavar="TARGET:PORT",
+                      help="draft for the duo-target whose --draft-listen is TARGET:PORT, joining it again whenever "
+                           "the link drops (repeat to join several targets)")
+    join.add_argument("--join-tls-ca", default=None, metavar="PEM",
+                      help="join over TLS, trusting the CA in this PEM file for the targets' certificates")
+    join.add_argument("--join-tls-cert", default=None, metavar="PEM",
+                      help="present this PEM certificate to the targets (for a target that requires client "
+                           "certificates: mutual TLS)")
+    join.add_argument("--join-tls-key", default=None, metavar="PEM", help="the PEM private key of --join-tls-cert")
     return parser
 
 
 def check_flags(args: argparse.Namespace) -> None:
     check_can_listen(args.listen)
     host, port = host_port(args.listen, "--listen", listening=True)
-    if is_loopback(host):
+    if is_loopback(host) and not args.join:  # a draft that joins its targets needs no reachable --listen
         log.warning("listening on %s: only a target on this machine can reach it; for a target on another "
                     "machine, start duo-draft with --listen 0.0.0.0:%d (or this machine's LAN address)", args.listen, port)
     if not check_pair(args.tls_cert, args.tls_key, "--tls-cert/--tls-key") and args.tls_ca:
@@ -109,8 +122,22 @@ def check_flags(args: argparse.Namespace) -> None:
                          "reach its context")
 
 
+def join_credentials(args: argparse.Namespace) -> grpc.ChannelCredentials | None:
+    """The TLS of --join (None: plaintext), its flags checked and its files read at start-up."""
+    for address in args.join:
+        host_port(address, "--join")
+    check_pair(args.join_tls_cert, args.join_tls_key, "--join-tls-cert/--join-tls-key")
+    if args.join_tls_cert and not args.join_tls_ca:
+        raise ValueError("--join-tls-cert needs --join-tls-ca (the CA that signed the targets' certificates)")
+    if args.join_tls_ca and not args.join:
+        raise ValueError("--join-tls-ca secures --join: give the targets to join")
+    return (channel_credentials(args.join_tls_ca, args.join_tls_cert, args.join_tls_key, "--join-tls")
+            if args.join_tls_ca else None)
+
+
 async def serve(args: argparse.Namespace, model: Model, metrics: DraftMetrics,
-                http: tuple[HttpServer, socket.socket] | None) -> None:
+                http: tuple[HttpServer, socket.socket] | None, join: grpc.ChannelCredentials | None) -> None:
+    """Serve targets on --listen and join the --join targets (over TLS with `join`), until SIGINT/SIGTERM."""
     drafter = Drafter(model, ModelWorker(), args.ctx_size, args.top_k_cap, observer=metrics,
                       max_branches=args.max_branches, branch_len=args.branch_len, max_sessions=args.max_sessions,
                       cells=args.kv_cells)
@@ -125,9 +152,13 @@ async def serve(args: argparse.Namespace, model: Model, metrics: DraftMetrics,
     credentials = server_credentials(args.tls_cert, args.tls_key, args.tls_ca) if args.tls_cert else None
     security = " over mutual TLS" if args.tls_ca else " over TLS" if args.tls_cert else ""
     endpoints = args.listen + (f", metrics on {args.metrics}" if args.metrics else "")
+    joining = [Joiner(servicer, address, join) for address in args.join]
+    if joining:
+        security += f"; joining {', '.join(args.join)}" + (" over TLS" if args.join_tls_ca else "")
     try:
         await run_server(server, args.listen, f"duo-draft serving {describe_placement(model, args)} on {endpoints}{security}",
-                         credentials=credentials, http=[http] if http else [], stopping=servicer.stop)
+                         credentials=credentials, http=[http] if http else [], stopping=servicer.stop,
+                         background=(lambda: join_all(joining)) if joining else None)
     finally:
         await drafter.stop()
 
@@ -138,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     metrics = DraftMetrics()
     try:
         check_flags(args)
+        join = join_credentials(args)
         http = metrics_server(metrics.registry, args.metrics) if args.metrics else None
         model = Model(draft_model(args), **model_options(args))
     except (HubError, ModelError, ValueError) as error:
@@ -148,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     build_tokenizer_in_background(model)
     model.warm_up()
-    return run_async(serve(args, model, metrics, http))
+    return run_async(serve(args, model, metrics, http, join))
 
 
 if __name__ == "__main__":

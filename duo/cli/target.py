@@ -24,13 +24,13 @@ from duo.backends import on_native_abort
 from duo.constraint import build_tokenizer_in_background
 from duo.model import MAX_SEQUENCES, N_BATCH, Model, ModelError
 from duo.models.hub import CATALOG, DEFAULT_TARGET, HubError, resolve_model
-from duo.runtime import (WRITE_TIMEOUT_S, ModelWorker, add_process_arguments, check_can_listen, host_port,
+from duo.runtime import (WRITE_TIMEOUT_S, ModelWorker, add_process_arguments, check_can_listen,
                          listen_socket, metrics_server, model_options, run_async, run_server, setup_logging)
 from duo.sampling.verification import COUPLED, RESIDUAL
-from duo.target.generation import Target
-from duo.target.link import DraftLink
+from duo.target.target import Target
+from duo.cli.target_drafts import add_draft_arguments, check_draft_flags, describe_drafts, serve_drafts, wants_drafts
 from duo.target.request import SpecSettings
-from duo.tls import channel_credentials, check_pair, server_credentials
+from duo.tls import check_pair, server_credentials
 
 log = logging.getLogger("duo.target")
 
@@ -46,8 +46,6 @@ def build_parser() -> argparse.ArgumentParser:
         prog="duo-target", description="Generate with the target model, verifying in batches the chain tokens "
                                        "that duo-draft streams; serve clients over gRPC (and OpenAI-compatible HTTP).")
     add_process_arguments(parser, model=DEFAULT_TARGET, listen="127.0.0.1:7071", serves="clients (gRPC and HTTP)", per="request")
-    parser.add_argument("--peer", default=None,
-                        help="HOST:PORT of duo-draft; without it the target decodes alone")
     spec = parser.add_argument_group(
         "speculation", "By default the draft length is chosen adaptively every step from measured costs and "
                        "acceptance; --draft-max, --max-ahead or --sync fix it and turn the adaptive policy off.")
@@ -114,12 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
                               "it as cached_tokens); one request opts out with cache_prompt: false")
     clients.add_argument("--api-key-file", default=None, metavar="FILE",
                          help="read the API key from the first line of FILE (kept out of the process list)")
-    peer = parser.add_argument_group("the link to duo-draft")
-    peer.add_argument("--peer-tls-ca", default=None, metavar="PEM",
-                      help="connect to --peer over TLS, trusting the CA in this PEM file")
-    peer.add_argument("--peer-tls-cert", default=None, metavar="PEM",
-                      help="present this PEM certificate to the draft (for a draft started with --tls-ca)")
-    peer.add_argument("--peer-tls-key", default=None, metavar="PEM", help="the PEM private key of --peer-tls-cert")
+    add_draft_arguments(parser)
     return parser
 
 
@@ -165,8 +158,7 @@ def check_client_flags(args: argparse.Namespace) -> None:
     """Raise ValueError naming the flag that is wrong."""
     check_can_listen(args.listen)
     api_key_from(args)
-    if args.peer:
-        host_port(args.peer, "--peer")
+    check_draft_flags(args)
     if not 1 <= args.parallel <= MAX_SEQUENCES or args.queue_size < 0:
         raise ValueError(f"--parallel must be between 1 and {MAX_SEQUENCES} (llama.cpp's sequences per context) "
                          "and --queue-size >= 0")
@@ -175,9 +167,6 @@ def check_client_flags(args: argparse.Namespace) -> None:
     if not args.shutdown_grace >= 0:
         raise ValueError("--shutdown-grace must be >= 0")
     check_pair(args.tls_cert, args.tls_key, "--tls-cert/--tls-key")
-    check_pair(args.peer_tls_cert, args.peer_tls_key, "--peer-tls-cert/--peer-tls-key")
-    if args.peer_tls_cert and not args.peer_tls_ca:
-        raise ValueError("--peer-tls-cert needs --peer-tls-ca (the CA that signed the draft's certificate)")
 
 
 def served_names(path: Path, name_or_path: str, aliases: Sequence[str] = ()) -> list[str]:
@@ -192,7 +181,7 @@ def served_names(path: Path, name_or_path: str, aliases: Sequence[str] = ()) -> 
 def load_model(path: Path, args: argparse.Namespace, options: dict[str, Any]) -> Model:
     """Load, check and warm up the model (runs on the model thread, off the event loop)."""
     model = Model(path, **options)
-    if args.peer and not model.can_rollback:
+    if wants_drafts(args) and not model.can_rollback:
         raise ModelError(f"{path.name} is a recurrent/hybrid model; speculation needs rollback")
     model.warm_up()
     model.vocab()  # the draft link's handshake sends it: built here rather than on the event loop
@@ -218,8 +207,6 @@ async def serve(args: argparse.Namespace, path: Path, settings: SpecSettings, op
                      listen_socket(args.http)))
     if args.metrics:
         http.append(metrics_server(metrics.registry, args.metrics))
-    peer_credentials = (channel_credentials(args.peer_tls_ca, args.peer_tls_cert, args.peer_tls_key, "--peer-tls")
-                        if args.peer_tls_ca else None)
 
     async def load_then_link() -> None:
         worker = ModelWorker()
@@ -227,9 +214,7 @@ async def serve(args: argparse.Namespace, path: Path, settings: SpecSettings, op
         model = await worker.run(load_model, path, args, options)
         if lost:
             lost.loop, lost.worker = asyncio.get_running_loop(), worker
-        link = (DraftLink(args.peer, model.path.name, model.vocab(), peer_credentials, max_lead=settings.max_lead)
-                if args.peer else None)
-        target = Target(model, worker, link, n_ctx=args.ctx_size, settings=settings, parallel=args.parallel,
+        target = Target(model, worker, drafts=wants_drafts(args), n_ctx=args.ctx_size, settings=settings, parallel=args.parallel,
                         prompt_cache=not args.no_prompt_cache)
         target.observers.append(metrics)
         target.call_observers.append(metrics)
@@ -237,16 +222,15 @@ async def serve(args: argparse.Namespace, path: Path, settings: SpecSettings, op
         completions.ready(target, min(args.ctx_size, model.n_ctx_train))
         admission = completions.admission
         metrics.watch(draft_state=lambda: completions.draft_state,
-                      draft_len=lambda: target.draft_len, spec_on=lambda: float(target.switch.speculating),
-                      spec_gain=lambda: target.switch.gain or 0.0,
+                      draft_len=lambda: target.draft_len, spec_on=lambda: float(target.any_speculating()),
+                      spec_gain=lambda: target.best_gain() or 0.0,
                       running=lambda: admission.running, waiting=lambda: admission.waiting)
         log.info("model loaded in %.1f s: serving %s (%s; context %d per request, %d at once), %s",
                  time.monotonic() - began, path.name, model.placement(), args.ctx_size, args.parallel,
-                 f"drafts from {args.peer}" if link else "alone (no --peer)")
+                 describe_drafts(args))
+        metrics.watch_drafts(completions.drafts)
         await set_serving(health_servicer, True)
-        if link:
-            link.observers.append(metrics)
-            await link.run()
+        await serve_drafts(args, target, model, settings, metrics)
 
     endpoints = ([f"gRPC on {args.listen}"] + ([f"HTTP on {args.http}"] if args.http else [])
                  + ([f"metrics on {args.metrics}"] if args.metrics else []))

@@ -6,6 +6,7 @@ import asyncio
 import collections
 import logging
 import time
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, AsyncIterable, AsyncIterator, Callable
 
@@ -71,29 +72,46 @@ class DraftServicer(pb_grpc.DraftServicer):
         """Sessions holding (or getting) a slot, over all connections."""
         return sum(connection.holding for connection in self.connections)
 
+    def hello(self) -> pb.Hello:
+        """What this draft tells a target about itself: the protocol, its model, its vocabulary."""
+        return pb.Hello(protocol=wire.PROTOCOL, model=describe(self.drafter.model), vocab=wire.vocab_to_pb(self.vocab))
+
+    def refusal(self, target: pb.Hello) -> str | None:
+        """Why this draft cannot draft for the target that sent `target` (None: it can)."""
+        if target.protocol != wire.PROTOCOL:
+            return f"protocol {target.protocol!r} is not {wire.PROTOCOL!r}: run the same duo version on both sides"
+        try:
+            check_compatible(wire.vocab_from_pb(target.vocab), self.vocab)
+        except IncompatibleVocab as error:
+            model = target.model[:200]  # the target's own text, into the log
+            return f"draft {self.drafter.model.path.name} cannot draft for target {model}: {error}"
+        return None
+
     async def Handshake(self, request: pb.Hello, context: grpc.aio.ServicerContext) -> pb.Hello:
         peer = context.peer()
-        if request.protocol != wire.PROTOCOL:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                                f"protocol {request.protocol!r} is not {wire.PROTOCOL!r}: run the same duo version on both sides")
-        try:
-            check_compatible(wire.vocab_from_pb(request.vocab), self.vocab)
-        except IncompatibleVocab as error:
-            message = f"draft {self.drafter.model.path.name} cannot draft for target {request.model}: {error}"
-            log.error("refused target %s: %s", peer, message)
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, message)
+        if (refusal := self.refusal(request)) is not None:
+            log.error("refused target %s: %s", peer, refusal)
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, refusal)
         log.info("target %s connected (%s)", peer, request.model)
-        return pb.Hello(protocol=wire.PROTOCOL, model=describe(self.drafter.model), vocab=wire.vocab_to_pb(self.vocab))
+        return self.hello()
 
     async def Speculate(self, request_iterator: AsyncIterable[pb.TargetEvent],
                         context: grpc.aio.ServicerContext) -> AsyncIterator[pb.DraftEvent]:
+        # Closed here, not left to the garbage collector: its end frees the target's sessions.
+        async with aclosing(self.serve(request_iterator, context.peer())) as events:
+            async for event in events:
+                yield event
+
+    async def serve(self, target_events: AsyncIterable[pb.TargetEvent], peer: str) -> AsyncIterator[pb.DraftEvent]:
+        """Draft for one target: its events in, the draft's out, until it ends its events or the stream breaks.
+        A target that dialed the draft (Speculate) and one the draft joined (duo.draft.joining) are served alike."""
         connection = Connection(self.drafter, self.limits, self.metrics, self.sessions_open, self.wake.set,
-                                context.peer(), lambda: self.stopping)
+                                peer, lambda: self.stopping)
         self.connections.add(connection)
         if self.rounds is None or self.rounds.done():  # done: it failed, and said why in the log
             self.rounds = asyncio.create_task(self._draft_rounds())
             self.rounds.add_done_callback(_rounds_ended)
-        connection.start(request_iterator)
+        connection.start(target_events)
         try:
             while (event := await connection.next_event()) is not None:
                 yield event
@@ -151,7 +169,7 @@ OUTBOX_STALL_S = 30.0
 
 
 class Connection:
-    """One target's Speculate stream: its sessions, and the events going back to it.
+    """One target's stream (Speculate, or a joined target's Join): its sessions, and the events going back to it.
 
     A session that cannot be opened, or fails while drafting or following the target's events, gets
     a SessionError and loses its slot; the stream and the other sessions go on.

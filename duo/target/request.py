@@ -69,6 +69,7 @@ class GenerationStats:
     wait_seconds: float = 0.0
     verification: str = GREEDY  # GREEDY, COUPLED or RESIDUAL (duo.sampling)
     speculation: str = ""       # whether the adaptive policy speculates, and why (duo.target.switch.Switch.reason)
+    draft: str = ""             # the draft that served it last (its address; duo.target.pool), "" for none
     seed: int = 0               # a sampled request's seed, drawn by the target when the client gave none
     verify_steps: int = 0
     batch_sizes: list[int] = field(default_factory=list)  # [n]: steps that decoded n tokens at once
@@ -101,7 +102,7 @@ class GenerationStats:
                 "lookup_tokens_verified": self.lookup_tokens_verified,
                 "lookup_tokens_accepted": self.lookup_tokens_accepted,
                 "lookup_tokens_decoded": self.lookup_tokens_decoded, "lookup_steps_rested": self.lookup_steps_rested,
-                "lookup_trials": self.lookup_trials, "lookup": self.lookup}
+                "lookup_trials": self.lookup_trials, "lookup": self.lookup, "draft": self.draft}
 
     def count_lookup(self, rows: int | None, trials: int, state: str) -> None:
         """A step's lookup: `rows` of its tokens decoded (None: it proposed none; 0: its proposals were held out)."""
@@ -121,6 +122,8 @@ class GenerationStats:
                        f"{self.lookup_tokens_decoded} decoded; lookup held out in {self.lookup_steps_rested} steps, "
                        f"{self.lookup_trials} trials, {self.lookup})")
         speculation = f", speculation {self.speculation}" if self.speculation else ""
+        if self.draft:
+            drafts += f" from draft {self.draft}"
         return (f"request done ({finish}): {self.generated_tokens} tokens at {self.tokens_per_second:.2f} tok/s, "
                 f"first token after {'-' if ttft is None else f'{ttft:.2f} s'}, {drafts} in {self.verify_steps} "
                 f"steps, prompt {self.prompt_tokens} tokens ({self.cached_prompt_tokens} cached){speculation}")
@@ -150,6 +153,12 @@ def verification_of(request: Request, unseeded: str) -> str:
     return COUPLED if request.seed is not None else unseeded
 
 
+# Where a committed token came from: an accepted draft of the draft model, of the grammar (the text it forces), of
+# the context lookup (duo.lookup), or the target's own token (recovered after a rejection, a bonus, or decoded alone).
+DRAFT, GRAMMAR, LOOKUP, TARGET = "draft", "grammar", "lookup", "target"
+SOURCES = (DRAFT, GRAMMAR, LOOKUP, TARGET)
+
+
 @dataclass(frozen=True)
 class Step:
     """Tokens committed by one target step; `finish_reason` is set on the last step."""
@@ -157,6 +166,16 @@ class Step:
     tokens: list[int]
     finish_reason: str | None = None
     logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None  # per token, where the request asked
+    sources: tuple[str, ...] = ()  # per token, one of SOURCES (empty: not known, as a step made elsewhere)
+
+    @staticmethod
+    def sources_of(split: tuple[int, int, int], n_accepted: int, n_tokens: int) -> tuple[str, ...]:
+        """The sources of a step's `n_tokens` committed tokens: its `n_accepted` accepted drafts, which are in the
+        order of `split` (how many of the verified drafts came from the model's chain, the grammar, the lookup), then
+        the target's own. E.g. split (2, 0, 3) with 4 accepted: draft, draft, lookup, lookup, target."""
+        chain, forced, _ = split
+        drafts = (DRAFT if i < chain else GRAMMAR if i < chain + forced else LOOKUP for i in range(n_accepted))
+        return (*drafts, TARGET)[:n_tokens]
 
 
 @dataclass(frozen=True)

@@ -83,6 +83,17 @@ class Switch:
     # load -> decoding alone estimated from model time (1 / the seconds of a call of `load` tokens), None where the
     # target has timed no call yet: a load's first reference, instead of a measuring rest (see _judge).
     estimate_alone: Callable[[int], float | None] = lambda load: None
+    # The target's load (requests stepping) where several switches share one target, each judging its own draft's
+    # requests (duo.target.pool): decoding alone is the target's, at the target's load. None: the requests seen here.
+    load: Callable[[], int] | None = None
+
+    @property
+    def requests(self) -> int:
+        """Requests stepping under this switch (between their first step and request_done)."""
+        return len(self._last)
+
+    def _load_now(self) -> int:
+        return max(1, self.load() if self.load is not None else len(self._last))
 
     @property
     def rate_alone(self) -> float | None:
@@ -91,7 +102,7 @@ class Switch:
 
     def _period_load(self) -> int:
         """The load most of the current period's counted steps ran at (the load now, before any)."""
-        return self._loads.most_common(1)[0][0] if self._loads else max(1, len(self._last))
+        return self._loads.most_common(1)[0][0] if self._loads else self._load_now()
 
     def draft_wanted(self) -> bool:
         """Whether the draft should work: speculating, or leading into an on trial."""
@@ -139,7 +150,7 @@ class Switch:
     def _count(self, tokens: int, seconds: float) -> None:
         self._tokens += tokens
         self._seconds += seconds
-        self._loads[len(self._last)] += 1
+        self._loads[self._load_now()] += 1
 
     def _losing_trial(self) -> bool:
         """A trial (not an established regime) that after EARLY_STEPS warm steps is clearly below decoding

@@ -35,11 +35,11 @@ class OpenAIApi:
 
     def health(self) -> JSONResponse:
         completions = self.completions
-        link = completions.target.link if completions.target else None
+        pool = completions.target.pool if completions.target else None
         status = "shutting down" if completions.closing else "ok" if completions.target else "loading"
         body = {"status": status, "model": completions.names[0],
-                "draft": completions.draft_state, "draft_error": link.last_error if link else "",
-                "draft_sessions": len(link.sessions) if link else 0,
+                "draft": completions.draft_state, "draft_error": pool.last_error if pool else "",
+                "draft_sessions": len(pool.home) if pool else 0, "drafts": completions.drafts(),
                 "requests_running": completions.admission.running,
                 "requests_waiting": completions.admission.waiting}
         return JSONResponse(body, status_code=200 if status == "ok" else 503)
@@ -134,7 +134,7 @@ class OpenAIApi:
                 "total_slots": completions.admission.parallel, "chat_template": model.chat_template(),
                 "default_generation_settings": {"n_ctx": completions.context_size},
                 "modalities": {"vision": False, "audio": False}, "build_info": "duo",
-                "duo": {"draft": completions.draft_state}}
+                "duo": {"draft": completions.draft_state, "drafts": completions.drafts()}}
 
     def _name(self, body: GenerationBody) -> str:
         """The name the answer carries: the one the request gave (any: one model is served), else the model's own."""
