@@ -16,6 +16,7 @@ from duo.api.admission import QueueFull
 from duo.api.completion import Completion, Piece, failure_message, request_fault
 from duo.api.logprobs import chat_logprobs, completion_logprobs, native_probabilities
 from duo.api.requests import BadRequest, ClientError, NotReady, ShuttingDown
+from duo.api.sources import SourceAligner
 from duo.api.deltas import (CallArguments, CallClosed, CallOpened, Delta, Reasoning, ReasoningDelta, TextDelta,
                             answer_splitter, whole_answer)
 from duo.api.tools import CallFormat, FunctionBody
@@ -82,10 +83,14 @@ class ResponseFormat(ABC):
     chunk_object_name = ""
     id_prefix = ""
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, sources: bool = False) -> None:
         self.model = model
         self.id = f"{self.id_prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
+        # The `duo_sources` extension: each chunk says where its text came from (duo.api.sources), and which steps
+        # committed the tokens since the chunk before (steps whose text is held back go with the next chunk).
+        self.sources = SourceAligner() if sources else None
+        self.unsent_steps: list[list[str]] = []
 
     def whole(self, pieces: list[Piece]) -> dict[str, Any]:
         last = pieces[-1]
@@ -104,6 +109,9 @@ class ResponseFormat(ABC):
             shown = 0  # characters of text sent so far
             async for piece in completion:
                 self.read(piece)
+                if self.sources is not None:
+                    self.sources.feed(piece.text, piece.sources)
+                    self.unsent_steps.append(list(piece.token_sources))
                 choices = self.chunk_choices(piece.text, piece.finish_reason) if piece.text or piece.finish_reason \
                     else []
                 if piece.logprobs is not None:
@@ -112,6 +120,8 @@ class ResponseFormat(ABC):
                 shown += len(piece.text)
                 for choice in choices:
                     chunk = self._chunk(choice, include_usage)
+                    if self.sources is not None:
+                        chunk["duo"] = self._sources(choice)
                     if choice["finish_reason"]:
                         chunk["duo_stats"] = piece.stats.fields(piece.draft_connected)
                     yield sse(chunk)
@@ -128,6 +138,11 @@ class ResponseFormat(ABC):
         if include_usage:
             chunk["usage"] = None  # as OpenAI: only the extra last chunk carries usage
         return chunk
+
+    def _sources(self, choice: dict[str, Any]) -> dict[str, Any]:
+        """A chunk's `duo` object: its text's runs of one source, and the steps not told before."""
+        steps, self.unsent_steps = self.unsent_steps, []
+        return {"sources": self.sources.runs(self.shown_text(choice)), "steps": steps}
 
     def envelope(self, object_name: str) -> dict[str, Any]:
         return {"id": self.id, "object": object_name, "created": self.created, "model": self.model}
@@ -152,6 +167,10 @@ class ResponseFormat(ABC):
     @abstractmethod
     def empty_choice(self, finish_reason: str | None) -> dict[str, Any]: ...
 
+    @abstractmethod
+    def shown_text(self, choice: dict[str, Any]) -> str:
+        """The text a chunk's choice shows of the model's (its sources' runs concatenate to it)."""
+
 
 class CompletionFormat(ResponseFormat):
     object_name = chunk_object_name = "text_completion"
@@ -165,6 +184,9 @@ class CompletionFormat(ResponseFormat):
 
     def empty_choice(self, finish_reason: str | None) -> dict[str, Any]:
         return self.whole_choice("", finish_reason)
+
+    def shown_text(self, choice: dict[str, Any]) -> str:
+        return choice["text"]
 
     def shown_logprobs(self, entries: list[dict[str, Any]], offset: int) -> Any:
         return completion_logprobs(entries, offset)
@@ -180,8 +202,8 @@ class ChatFormat(ResponseFormat):
     id_prefix = "chatcmpl"
 
     def __init__(self, model: str, functions: list[FunctionBody] | None = None,
-                 format_: CallFormat | None = None) -> None:
-        super().__init__(model)
+                 format_: CallFormat | None = None, sources: bool = False) -> None:
+        super().__init__(model, sources)
         self.functions, self.format = functions, format_
         self.reasoning = Reasoning()
         self.splitter = None
@@ -224,6 +246,13 @@ class ChatFormat(ResponseFormat):
 
     def empty_choice(self, finish_reason: str | None) -> dict[str, Any]:
         return {"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish_reason}
+
+    def shown_text(self, choice: dict[str, Any]) -> str:
+        """The delta's one text: its content, its reasoning, or a piece of a call's arguments."""
+        delta = choice["delta"]
+        calls = delta.get("tool_calls")
+        return delta.get("content") or delta.get("reasoning_content") or (calls[0]["function"]["arguments"]
+                                                                           if calls else "")
 
     def _choice(self, delta: Delta) -> dict[str, Any]:
         """One delta's chunk: clients that read one tool call a delta (LlamaIndex), or drop the calls of a delta

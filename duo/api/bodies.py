@@ -138,6 +138,7 @@ class GenerationBody(LlamaServerFields, SamplerFields):
     json_schema: dict[str, Any] | None = None  # llama-server's: a JSON schema the output must match
     samplers: list[str] | str | None = None  # llama-server's: which samplers are on (SAMPLERS)
     ignore_eos: bool = False          # llama-server's: never end the answer with an end-of-generation token
+    duo_sources: bool = False         # duo's: each streamed chunk says where its text came from (duo.api.sources)
 
     @field_validator("seed")
     @classmethod

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import codecs
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
@@ -12,7 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from duo.api.admission import Admission, QueueFull, Slot
-from duo.api.chat import answer_text, marker_tokens
+from duo.api.chat import marker_tokens
 from duo.api.deltas import Reasoning
 from duo.api.infill import FimStops, stops_for
 from duo.api.limits import BodyLimits
@@ -20,6 +19,7 @@ from duo.api.logprobs import described
 from duo.api.metrics import Metrics
 from duo.api.preparing import Preparer
 from duo.api.requests import BadRequest, CompletionRequest, NotReady, ShuttingDown
+from duo.api.sources import SourcedDecoder, step_sources
 from duo.api.stop import StopMatcher
 from duo.api.tools import CallFormat, ToolError, call_format
 from duo.constraint import Compiler, CompilerBusy, Cursor, GrammarError, GrammarTooCostly
@@ -44,6 +44,8 @@ class Piece:
     logprobs: list[dict[str, Any]] | None = None  # where asked, per token (duo.api.logprobs.described)
     reasoning: Reasoning = Reasoning()  # how the answer's reasoning reads (chat: the prompt may have opened it)
     stop_word: str = ""  # on the last piece, the stop string that ended the answer, where one did
+    sources: tuple[str, ...] = ()  # the source of each character of `text` (duo.api.sources)
+    token_sources: tuple[str, ...] = ()  # the source of each of `token_ids` (duo.target.request.SOURCES)
 
 
 class Completion:
@@ -229,7 +231,7 @@ class Completions:
     async def _pieces(self, target: Target, request: Request, stops: StopMatcher | FimStops, reasoning: Reasoning,
                       preserved: frozenset[int]) -> AsyncGenerator[Piece, None]:
         # Characters may span tokens: the decoder holds back bytes until they complete a character.
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        decoder = SourcedDecoder(target.model, preserved)
         stats = GenerationStats(prompt_tokens=len(request.prompt_tokens), arrived=request.arrived)
         finish: str | None = None
         why_not = "client left"  # why a request ended without a finish reason
@@ -237,15 +239,14 @@ class Completions:
             async with aclosing(target.generate(request)) as steps, aclosing(self._until_cut(steps)) as cuttable:
                 async for step, stats in cuttable:
                     ended = step.finish_reason is not None
-                    text, stopped = stops.feed(decoder.decode(answer_text(target.model, step.tokens, preserved),
-                                                              final=ended))
+                    text, stopped = stops.feed(decoder.decode(step, final=ended))
                     finish = "stop" if stopped else step.finish_reason
                     if finish and not stopped:
                         text += stops.flush()
                     why = stops.why if stopped else {"stop": "eos", "length": "limit"}.get(finish or "", "")
                     logprobs = None if step.logprobs is None else described(target.model, step.tokens, step.logprobs)
                     yield Piece(text, step.tokens, finish, stats, self.draft_connected, why, logprobs, reasoning,
-                                stops.word if stopped else "")
+                                stops.word if stopped else "", decoder.release(len(text)), step_sources(step))
                     if finish:
                         # Leaving `aclosing` closes target.generate now, which frees the sessions at once.
                         return
@@ -331,4 +332,4 @@ async def _warm_up_answer(pieces: AsyncGenerator[Piece, None]) -> AsyncGenerator
         async for piece in pieces:
             if piece.finish_reason:
                 yield replace(piece, text="", token_ids=[], finish_reason="length", stop_type="limit", logprobs=None,
-                              stats=replace(piece.stats, generated_tokens=0))
+                              stats=replace(piece.stats, generated_tokens=0), sources=(), token_sources=())

@@ -51,6 +51,12 @@ class Metrics:
                                         "Draft tokens accepted at each chain position of a step.", ["position"],
                                         registry=r)
         self.generation_tokens = Counter("duo:generation_tokens", "Tokens generated.", registry=r)
+        # As the target steps (duo:generation_tokens counts a request's tokens when it ends): live rates, for the
+        # page at / (duo/api/page) and dashboards.
+        self.num_steps = Counter("duo:spec_decode_num_steps", "Verify steps of the target, with drafts or alone.",
+                                 registry=r)
+        self.num_emitted_tokens = Counter("duo:spec_decode_num_emitted_tokens", "Tokens the target's steps committed: "
+                                          "accepted drafts and the target's own.", registry=r)
         # Per verification mode (greedy, coupled, residual), to compare their acceptance in production.
         self.requests_by_verification = Counter("duo:requests_by_verification", "Requests that ran, by how their "
                                                 "drafts were verified.", ["verification"], registry=r)
@@ -115,6 +121,8 @@ class Metrics:
 
     # duo.target.target.StepObserver
     def on_step(self, record: StepRecord) -> None:
+        self.num_steps.inc()
+        self.num_emitted_tokens.inc(record.n_committed)
         if record.waited:
             self.waits.inc()
             self.wait_seconds.inc(record.waited)

@@ -20,6 +20,7 @@ from duo.api.http.routes import OpenAIApi
 from duo.api.messages import add_messages_routes
 from duo.api.messages.errors import AnthropicErrors
 from duo.api.metrics import Metrics
+from duo.api.page import add_page_routes
 from duo.api.native import ApplyTemplateBody, DetokenizeBody, InfillBody, NativeCompletionBody, TokenizeBody
 from duo.api.parsing import document_bodies
 from duo.api.requests import ClientError
@@ -72,6 +73,7 @@ def create_app(completions: Completions, metrics: Metrics, api_key: str | None, 
     app.add_api_route("/slots", api.slots, methods=["GET"])
     add_responses_routes(app, api)
     add_messages_routes(app, api)
+    add_page_routes(app)  # the chat page at /, as llama-server's
     document_bodies(app, {"/v1/completions": CompletionBody, "/v1/chat/completions": ChatBody,
                           "/chat/completions": ChatBody,
                           "/completion": NativeCompletionBody, "/completions": NativeCompletionBody,

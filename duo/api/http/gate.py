@@ -12,6 +12,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from duo.api.answers import ApiError
+from duo.api.page import PAGE_PATHS
 from duo.runtime import within
 
 # A request body must arrive within this long (a client trickling bytes would hold a connection forever).
@@ -131,8 +132,9 @@ class Gate:
 
 
 def _needs_key(path: str) -> bool:
-    """Everything but PUBLIC_PATHS and one model's card needs the key."""
-    return path not in PUBLIC_PATHS and not path.startswith("/v1/models/")
+    """Everything but PUBLIC_PATHS, the chat page's files (public as llama-server's page: the page asks for the key
+    and sends it with its API calls) and one model's card needs the key."""
+    return path not in PUBLIC_PATHS and path not in PAGE_PATHS and not path.startswith("/v1/models/")
 
 
 def _wrong_key() -> ApiError:

@@ -69,14 +69,16 @@ class OpenAIApi:
 
     async def completion(self, request: Request) -> Response:
         body = await parse_body(await request.body(), CompletionBody, self.completions.body_limits())
-        return await self.generate(body, body.to_request, request, CompletionFormat(self._name(body)))
+        return await self.generate(body, body.to_request, request,
+                                   CompletionFormat(self._name(body), sources=body.duo_sources))
 
     async def chat(self, request: Request) -> Response:
         body = await parse_body(await request.body(), ChatBody, self.completions.body_limits())
         functions = body.callable_functions()
         # The template's format even without functions: it says how the model marks its reasoning.
         return await self.generate(body, body.to_request, request,
-                                   ChatFormat(self._name(body), functions, self.completions.call_format()))
+                                   ChatFormat(self._name(body), functions, self.completions.call_format(),
+                                              sources=body.duo_sources))
 
     # llama-server's native endpoints, as scripts written for llama.cpp call them.
     async def native_completion(self, request: Request) -> Response:
