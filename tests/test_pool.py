@@ -288,3 +288,30 @@ def test_the_allow_list_reads_addresses_and_networks_and_checks_grpcs_peer_strin
     assert allowed("ipv4:8.8.8.8:1", [])  # no list: anyone (mutual TLS may still guard the port)
     with pytest.raises(ValueError, match="--draft-allow 'nonsense'"):
         parse_allow(["nonsense"])
+
+
+def test_acceptance_counts_the_accepted_tokens_and_the_first_rejected_one_never_those_after_it():
+    view = DraftView("a")
+    view.observe_acceptance(verified=4, accepted=1)  # accepted, rejected; the last two were never judged
+    view.observe_acceptance(verified=2, accepted=2)
+    # Four tokens judged, three accepted (a moving average: equal weights so far but for its decay).
+    assert view.acceptance.value == pytest.approx(0.75, abs=0.03)
+    assert view.acceptance.weight == pytest.approx(sum(0.95 ** i for i in range(4)))
+
+
+def test_a_draft_too_slow_to_be_timed_is_taken_as_one_token_a_step_and_a_timed_fast_one_gets_its_sessions():
+    slow, fast = RecordingDraft("slow"), RecordingDraft("fast")
+    clock = Clock()
+    pool = DraftPool(Switch, lambda: DEMAND, clock=clock, step_seconds=lambda: 0.2)
+    pool.add(slow)
+    for i in range(1, 5):
+        pool.register(session(i))
+    pool.add(fast)
+    pool.members[1].view.pace.observe(1, 0.01)
+    assert not pool.members[0].view.pace.measured  # untimed: assumed as fast as the best, for now
+    for _ in range(8):
+        clock.now += 1.0  # served its sessions UNTIMED_GRACE_S without a pace: one token a step at best
+        pool.rebalance()
+    assert pool.members[0].view.pace.measured
+    assert pool.members[0].view.pace.seconds_per_token(len(placed_on(pool, slow)) or 1) >= 0.2 * 0.25
+    assert len(placed_on(pool, fast)) >= 3

@@ -26,6 +26,13 @@ def pinned(cores: set[int]) -> Iterator[None]:
         os.sched_setaffinity(0, saved)
 
 
+def batch_tokens(model: Model, n: int) -> list[int]:
+    """`n` tokens of plausible code for a verify batch: COST_BATCH repeated as far as needed (it is 12 tokens;
+    cut short, T(n) past 12 would silently time 12)."""
+    tokens = model.tokenize(COST_BATCH)
+    return (tokens * (n // len(tokens) + 1))[:n]
+
+
 def measure_verify_costs(target: Path, cores: set[int], max_batch: int, reps: int) -> dict[int, float]:
     """T(n): median seconds to decode a batch of n tokens after a 200-token prefix, on `cores`."""
     with pinned(cores):
@@ -33,7 +40,7 @@ def measure_verify_costs(target: Path, cores: set[int], max_batch: int, reps: in
         context = model.new_context(1024)
         prefix = model.tokenize(COST_PREFIX)[:200]
         context.decode(prefix, 0, logits_for=[])
-        batch = model.tokenize(COST_BATCH)[:max_batch]
+        batch = batch_tokens(model, max_batch)
         costs = {}
         for n in range(1, max_batch + 1):
             times = []

@@ -66,7 +66,8 @@ class Target:
         # Whether speculation pays here, by what it delivers (duo.target.switch): the target's own switch, for the
         # requests no draft serves and the reference of decoding alone; each draft has one too (duo.target.pool).
         self.switch = Switch()
-        self.pool = DraftPool(self._draft_switch, self._draft_demand) if drafts or link is not None else None
+        self.pool = (DraftPool(self._draft_switch, self._draft_demand, step_seconds=self._step_seconds)
+                     if drafts or link is not None else None)
         if link is not None:
             self.pool.add(link)
         self.draft_len = settings.draft_max  # the latest request's preferred draft length (metrics)
@@ -127,6 +128,11 @@ class Target:
         every running session in one call (inf before any call was timed)."""
         load, k = max(1, self._stepping()), max(1, self.settings.draft_max)
         return k / self.costs.batch_seconds(load * (k + 1)) if self.costs.timed else float("inf")
+
+    def _step_seconds(self) -> float:
+        """How long a step of every running session takes now, with draft_max drafts each (0 before any call was timed)."""
+        load, k = max(1, self._stepping()), max(1, self.settings.draft_max)
+        return self.costs.batch_seconds(load * (k + 1)) if self.costs.timed else 0.0
 
     def _serves(self, generation: Generation) -> bool:
         """Whether a draft that is up serves the request now."""

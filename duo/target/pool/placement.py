@@ -71,8 +71,10 @@ class DraftView:
     judged_off: bool = False  # its switch found it does not beat decoding alone, or it broke bounds lately
 
     def observe_acceptance(self, verified: int, accepted: int) -> None:
-        """A step verified `verified` of this draft's tokens and accepted `accepted` of them."""
-        for i in range(verified):
+        """A step verified `verified` of this draft's tokens and accepted the first `accepted`: each accepted token
+        and the first rejected one were judged; those after it never were (the per-token acceptance a is the chance
+        a token is accepted where it is reached, as duo.target.policy counts it)."""
+        for i in range(min(verified, accepted + 1)):
             self.acceptance.add(1.0 if i < accepted else 0.0)
 
 

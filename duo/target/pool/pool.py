@@ -40,6 +40,10 @@ RETRIAL_S = 30.0
 # A draft that broke a bound (a chunk out of the vocabulary, the lead or its epochs; duo.wire) is offered no session
 # for this long after its latest fault, and its sessions move to a draft that keeps them, where there is one.
 FAULTY_FOR_S = 30.0
+# A draft's pace is timed between two chunks with no commit between them (duo.target.generation): a draft slower
+# than the target's steps is never timed so. One that served sessions this long untimed is taken to draft one token
+# a session per target step, at best: so an untimed slow draft does not keep sessions a faster one would serve.
+UNTIMED_GRACE_S = 3.0
 
 
 class PooledSession(LinkedSession, Protocol):
@@ -71,6 +75,7 @@ class Member:
     dialing: asyncio.Task[None] | None = None  # a --peer's reconnect loop
     full_until: float = 0.0                    # refused a session for want of room until then
     idle_off_since: float | None = None        # judged off with no session since then
+    untimed_since: float | None = None         # serving sessions with its pace untimed since then
     faults_seen: int = 0                       # the connection's fault count at the last look
     faulted_at: float | None = None            # when a new fault was seen last
 
@@ -94,10 +99,12 @@ class Member:
 class DraftPool:
     """The target's drafts. Target code registers sessions and sends their events here; the pool routes
     each event to the session's draft. `make_switch` builds a draft's switch (sharing the target's
-    reference for decoding alone); `demand` says how many drafts a second one session can use now."""
+    reference for decoding alone); `demand` says how many drafts a second one session can use now, `step_seconds`
+    how long the target's steps take now (0: not known yet)."""
 
     make_switch: Callable[[], Switch]
     demand: Callable[[], float]
+    step_seconds: Callable[[], float] = lambda: 0.0
     clock: Callable[[], float] = time.monotonic
     members: list[Member] = field(default_factory=list)
     sessions: dict[int, PooledSession] = field(default_factory=dict)
@@ -234,8 +241,18 @@ class DraftPool:
             view.room = 0 if now < member.full_until else None
             view.delay_s = member.timing.latency.value if member.timing.latency.weight > 0 else 0.0
             view.judged_off = self._judged_off(member, now) or self._faulty(member, now)
+            self._time_if_never_timed(member, now)
             views.append(view)
         return views
+
+    def _time_if_never_timed(self, member: Member, now: float) -> None:
+        """After UNTIMED_GRACE_S serving sessions untimed, the draft's pace is taken as one token per target step."""
+        if member.view.pace.measured or not member.connection.sessions:
+            member.untimed_since = None
+        elif member.untimed_since is None:
+            member.untimed_since = now
+        elif now - member.untimed_since >= UNTIMED_GRACE_S and (step := self.step_seconds()) > 0:
+            member.view.pace.observe(len(member.connection.sessions), step)
 
     @staticmethod
     def _faulty(member: Member, now: float) -> bool:
