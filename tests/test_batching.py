@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from duo.costs import StepCosts
-from duo.model import Part
+from duo.model import N_BATCH, Part
 from duo.runtime import ModelWorker
 from duo.sampling.params import SamplingParams
 from duo.target.batching import MIN_PREFILL_CHUNK, StepBatcher
@@ -177,11 +177,13 @@ def test_later_requests_decode_only_what_follows_the_prefix_a_sequence_holds(tar
             await target.close()
 
     outputs, stats, follow_up = asyncio.run(in_turns())
-    # The first decodes its whole prompt (but the last token, which its first step decodes); the second
+    # The first decodes its whole prompt (the last token in its first step's rows); the second
     # only its user turn; the follow-up finds the first request's prompt and answer (but the answer's
     # last token, committed and never decoded) on the sequence the first one left.
     assert [s.cached_prompt_tokens for s in stats] == [0, len(SYSTEM), len(first) + len(outputs[0]) - 1]
-    prompt_tokens = [sum(len(part.tokens) for part in call if not part.logits_for) for call in log.calls]
+    # Prompt tokens: a prefill part's, and those a first step reads before its own rows (VerifyWork.prompt_tail).
+    prompt_tokens = [sum(len(part.tokens) if not part.logits_for else part.logits_for[0] for part in call)
+                     for call in log.calls]
     assert sum(prompt_tokens) == (len(first) - 1) + (len(second) - 1 - len(SYSTEM)) + (len(follow_up) - len(first) - len(outputs[0]))
     for prompt, got in zip((first, second, follow_up), outputs):
         assert leaves_greedy_path_only_at_a_near_tie(target_model, prompt, got, 24)
@@ -299,3 +301,31 @@ def test_joining_while_the_model_thread_rolls_a_free_sequence_back_picks_by_what
     rolling = RolledBackWhileRead(prompt[:5] + [99] * 5, keep=3)
     batcher = StepBatcher(ModelWorker(), HeldOnly([rolling, [50, 51, 52, 53]]), StepCosts())
     assert batcher.join(prompt) == 1  # it would lose 4 tokens of sequence 1, 5 of sequence 0 as it was
+
+
+def test_a_request_reads_its_prompts_end_and_draws_its_first_token_in_one_call(target_model):
+    """No call of its own for the first token after the prompt (a whole T(1) more before it, as llama-server
+    does not); a long prompt is read in chunks first and only its end rides with the first token."""
+    target = Target(target_model, ModelWorker(), None, n_ctx=2048, settings=SpecSettings(lookup=False))
+    log = CallLog(target)
+    asyncio.run(log.attach())
+    short = SYSTEM + [7985, 264, 1140]
+    long = (SYSTEM + [7985, 264, 1140] * 150)[:420]
+
+    async def both():
+        try:
+            return await stream(target, greedy(short, 8)), await stream(target, greedy(long, 8))
+        finally:
+            await target.close()
+
+    (short_out, short_stats), (long_out, _) = asyncio.run(both())
+    [first] = log.calls[0]
+    assert list(first.tokens) == short and list(first.logits_for) == [len(short) - 1]
+    assert short_stats.batch_sizes[len(short):] == []  # its first step counts its own row, not the prompt's
+    long_calls = [call for call in log.calls[1:] if any(len(part.tokens) > 1 for part in call)]
+    chunk, end = long_calls[0][0], long_calls[1][0]
+    # (from what the short one's sequence holds: the shared prefix is not read again)
+    assert not chunk.logits_for and end.logits_for and chunk.pos + len(chunk.tokens) + len(end.tokens) == len(long)
+    assert len(end.tokens) <= N_BATCH // 2 + 1
+    for prompt, got in ((short, short_out), (long, long_out)):
+        assert leaves_greedy_path_only_at_a_near_tie(target_model, prompt, got, 8)

@@ -12,7 +12,8 @@ import pytest
 
 from duo.bench import llama_server as bench_llama
 from duo.bench import run as bench
-from duo.bench.llama_server import PeerAnswer, cpu_mask, expand_modes, read_stream, run_from_answer, server_args
+from duo.bench.llama_server import (PeerAnswer, answer_tokens, cpu_mask, expand_modes, read_stream, run_from_answer,
+                                    server_args)
 from duo.bench.report import Variant, print_table, summarise
 from duo.runtime import free_port
 
@@ -108,10 +109,19 @@ def test_the_stream_gives_the_first_tokens_time_and_the_last_chunks_timings():
              b'data: {"choices":[],"usage":{"completion_tokens":3},'
              b'"timings":{"predicted_n":3,"draft_n":8,"draft_n_accepted":5}}\n',
              b"data: [DONE]\n", b'data: {"choices":[{"delta":{"content":"late"}}]}\n']
-    first, timings, text = read_stream(lines, clock=lambda: next(ticks))
+    first, timings, text, finish = read_stream(lines, clock=lambda: next(ticks))
     assert first == 1.5  # the role-only chunk carries no token
     assert text == "def snake"  # what came after [DONE] is not the answer
-    assert timings == {"predicted_n": 3, "draft_n": 8, "draft_n_accepted": 5}
+    assert timings == {"predicted_n": 3, "draft_n": 8, "draft_n_accepted": 5} and finish == ""
+
+
+def test_an_answer_ended_by_its_end_token_counts_as_duo_counts_it_without_that_token():
+    lines = [b'data: {"choices":[{"delta":{"content":"Hi"}}]}\n',
+             b'data: {"choices":[{"delta":{},"finish_reason":"stop"}],"timings":{"predicted_n":3}}\n',
+             b"data: [DONE]\n"]
+    first, timings, text, finish = read_stream(lines, clock=lambda: 1.0)
+    assert finish == "stop" and answer_tokens(timings, finish) == 2
+    assert answer_tokens({"predicted_n": 192}, "length") == 192
 
 
 def _answer(tokens: int, seconds: float, ttft: float, draft_n: int = 0, accepted: int = 0) -> PeerAnswer:

@@ -83,7 +83,10 @@ def sillytavern_body(**settings) -> dict:
 
 
 def test_a_sillytavern_body_with_dry_xtc_and_typical_on_is_served_with_drafts_accepted(served_sync):
-    body = sillytavern_body(dry_multiplier=0.8, xtc_probability=0.5, xtc_threshold=0.1, typical_p=0.9)
+    # No prompt cache: both read the prompt in the same batches, so the seed replays the text bit for bit (a cached
+    # prompt rounds the first row's logits differently: a near-tie may fall the other way).
+    body = sillytavern_body(dry_multiplier=0.8, xtc_probability=0.5, xtc_threshold=0.1, typical_p=0.9,
+                            cache_prompt=False)
     response = post(served_sync, "/completion", body)
     assert response.status_code == 200, response.text
     answered = response.json()

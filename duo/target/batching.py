@@ -72,6 +72,15 @@ class VerifyWork:
     logprobs: int = -1  # >= 0: each committed token's log-probability and this many alternatives' (-1: none)
     committed: Sequence[int] = ()  # the prompt and the committed output (DRY reads them), unchanged until the result
     mu: float | None = None  # mirostat's state after them (None without mirostat)
+    # A request's first step may read the rest of its prompt before `last`, at positions pos - len(tail) ... pos - 1:
+    # its first token then comes from the call that reads the prompt's end, not from a call of its own after it (a
+    # whole T(1) more before the first token: ~100 ms for an F16 1.5B target on a CPU core, as llama-server does it).
+    prompt_tail: Sequence[int] = ()
+
+    @property
+    def size(self) -> int:
+        """The most tokens its part of a call may hold."""
+        return len(self.prompt_tail) + 1 + self.limit
 
 
 @dataclass(frozen=True)
@@ -229,7 +238,7 @@ class StepBatcher:
 
     def _deliver(self, planned: list[_Planned], results: list[Verdict | int | Exception], seconds: float) -> None:
         tokens = sum(len(item.part.tokens) for item in planned)
-        with_prefill = any(isinstance(item.work, PrefillWork) for item in planned)
+        with_prefill = any(isinstance(item.work, PrefillWork) or item.work.prompt_tail for item in planned)
         self.call_costs.observe(tokens, seconds)
         if self.drafting() and not with_prefill:
             self.costs.observe(tokens, seconds)
@@ -242,7 +251,8 @@ class StepBatcher:
                 item.future.set_exception(result)
                 continue
             if isinstance(result, Verdict):
-                result = VerifyResult(result, len(item.drafts), len(item.part.tokens), seconds, with_prefill, tokens)
+                batch = len(item.part.tokens) - len(item.work.prompt_tail)  # its own rows, not the prompt's end
+                result = VerifyResult(result, len(item.drafts), batch, seconds, with_prefill, tokens)
             self._thinking.add(item.work.seq)
             item.future.set_result(result)
 
@@ -261,7 +271,7 @@ class StepBatcher:
         """The work that fits one call (n_batch tokens: every verify batch whole), and what waits."""
         taken, rest, tokens = [], [], 0
         for work, future in queue:
-            size = 1 + work.limit if isinstance(work, VerifyWork) else 1
+            size = work.size if isinstance(work, VerifyWork) else 1
             if future.done() or (taken and tokens + size > self.context.n_batch):
                 rest += [] if future.done() else [(work, future)]
                 continue
@@ -277,7 +287,9 @@ class StepBatcher:
         for (work, future), k in zip(verifying, ks):
             k = 0 if k < work.draft_min else k
             n_verify = min(len(work.pending), k + 1)  # the last row checks one draft beyond the batch
-            part = Part(work.seq, work.pos, [work.last] + work.pending[:k], range(k + 1))
+            tail = len(work.prompt_tail)
+            part = Part(work.seq, work.pos - tail, [*work.prompt_tail, work.last, *work.pending[:k]],
+                        range(tail, tail + k + 1))
             planned.append(_Planned(work, future, part, work.pending[:n_verify], work.dists[:n_verify]))
         step_tokens = sum(len(item.part.tokens) for item in planned)
         budget = self._prefill_budget(step_tokens)
@@ -297,8 +309,14 @@ class StepBatcher:
         adaptive = [work for work in works if work.policy is not None]
         chosen = dict(zip((id(work) for work in adaptive),
                           choose_together([work.policy for work in adaptive], [work.limit for work in adaptive],
-                                          self.costs, sum(1 + w.limit for w in works if w.policy is None))))
+                                          self.costs, sum(w.size for w in works if w.policy is None)
+                                          + sum(len(w.prompt_tail) for w in adaptive))))
         return [chosen[id(work)] if work.policy is not None else work.limit for work in works]
+
+    def prompt_tail_room(self) -> int:
+        """Prompt tokens a request's first step may read before its own: a whole call's worth while it runs alone,
+        else a chunk (the others' steps ride in that call: a long read would hold them, _prefill_budget)."""
+        return self.context.n_batch // 2 if self.running <= 1 else MIN_PREFILL_CHUNK
 
     def _prefill_budget(self, step_tokens: int) -> int:
         """Prompt tokens this call may carry: a whole batch when no request is generating, else as many
@@ -340,7 +358,8 @@ def _decode_and_verify(context: Context,
             continue
         try:
             if work.penalties.active:  # p is the target's after the tokens each row follows
-                penalize_rows(work.penalties, logits, work.committed, item.part.tokens[1:], work.counted)
+                penalize_rows(work.penalties, logits, work.committed, item.part.tokens[len(work.prompt_tail) + 1:],
+                              work.counted)
             if work.masks is not None:  # p becomes the constrained target distribution, row by row
                 for row, allowed in zip(logits, work.masks):
                     row[~allowed] = -np.inf
@@ -350,7 +369,8 @@ def _decode_and_verify(context: Context,
                 verdict = replace(verdict, logprobs=[log_probs(row, token, work.logprobs)
                                                      for row, token in zip(logits, verdict.tokens)])
             # Cache entries are right up to the last accepted draft that was in the batch.
-            context.rollback(work.pos + 1 + min(verdict.n_accepted, len(item.part.tokens) - 1), work.seq)
+            drafted = len(item.part.tokens) - len(work.prompt_tail) - 1
+            context.rollback(work.pos + 1 + min(verdict.n_accepted, drafted), work.seq)
             results.append(verdict)
         except NoTokenAllowed as error:  # the request's own logit_bias and grammar: no traceback to read
             log.info("sequence %d ends: %s", work.seq, error)

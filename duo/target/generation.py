@@ -7,7 +7,7 @@ import asyncio
 import logging
 import secrets
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -133,7 +133,8 @@ class Generation:
             except asyncio.TimeoutError:
                 return
 
-    async def verify_work(self, seq: int, room: int, policy: AdaptivePolicy | None) -> VerifyWork:
+    async def verify_work(self, seq: int, room: int, policy: AdaptivePolicy | None,
+                          prompt_tail: Sequence[int] = ()) -> VerifyWork:
         """This step's work for the batched call: the pending drafts it may verify (`room`: positions
         the context has left; the batch never runs past it), the model's chain first, then free drafts.
         Under a grammar the drafts are checked on a worker thread: llguidance's calls can take a while, and some
@@ -164,7 +165,8 @@ class Generation:
                           params=self.request.params, rng=self.rng,
                           coupled_seed=self.seed if self.verification == COUPLED else None,
                           masks=masks, penalties=self.request.penalties, counted=self.output_counts,
-                          logprobs=self.request.logprobs, committed=self.committed, mu=self.mu)
+                          logprobs=self.request.logprobs, committed=self.committed, mu=self.mu,
+                          prompt_tail=prompt_tail)
 
     def _drafts(self, pending: list[int], limit: int) -> tuple[list[int], list[int], list[int]]:
         """The chain's drafts and the free drafts after them (_free_drafts)."""

@@ -9,7 +9,7 @@ import logging
 import time
 from dataclasses import replace
 from functools import partial
-from typing import AsyncIterator, Protocol
+from typing import AsyncIterator, Protocol, Sequence
 
 from duo._proto import duo_pb2 as pb
 from duo.costs import StepCosts
@@ -168,9 +168,12 @@ class Target:
             shared = request.cache_prompt and self.prompt_cache
             if generation.lookup is not None:  # the prompt indexed off the event loop: steps index only their commits
                 await generation.lookup.index_off_loop()  # (nothing extends the committed tokens before the first step)
-            generation.stats.cached_prompt_tokens = await self._prefill(batcher, seq, request.prompt_tokens[:-1], shared)
+            room = max(0, min(batcher.prompt_tail_room(), batcher.context.n_batch - self.settings.draft_max - 1))
+            cached, tail = await self._prefill(batcher, seq, request.prompt_tokens[:-1], shared, room)
+            generation.stats.cached_prompt_tokens = cached
             while True:
-                step = await self._step(generation, batcher, seq)
+                step = await self._step(generation, batcher, seq, tail)
+                tail = ()
                 if step.finish_reason is None and len(generation.committed) >= n_ctx:
                     step = replace(step, finish_reason="length")  # its logprobs and sources kept
                 if step.tokens and generation.stats.first_token_at is None:
@@ -188,14 +191,16 @@ class Target:
             batcher.leave(seq, keep=request.cache_prompt and self.prompt_cache)
 
     @staticmethod
-    async def _prefill(batcher: StepBatcher, seq: int, tokens: list[int], shared: bool) -> int:
-        """Decode the prompt (but its last token, which the first step decodes) in chunks that ride
-        along the running generations' steps, after the prefix some sequence already holds (`shared`;
-        else from nothing); return the length of that prefix."""
+    async def _prefill(batcher: StepBatcher, seq: int, tokens: list[int], shared: bool,
+                       tail_room: int) -> tuple[int, list[int]]:
+        """Decode the prompt (but its last token, which the first step decodes) in chunks that ride along the
+        running generations' steps, after the prefix some sequence already holds (`shared`; else from nothing),
+        until at most `tail_room` tokens are left: the first step reads those (VerifyWork.prompt_tail). Return
+        the length of that prefix, and the tail."""
         cached = pos = await batcher.adopt(seq, tokens if shared else [])
-        while pos < len(tokens):
-            pos += await batcher.run(PrefillWork(seq, pos, tokens[pos:]))
-        return cached
+        while len(tokens) - pos > tail_room:
+            pos += await batcher.run(PrefillWork(seq, pos, tokens[pos:len(tokens) - tail_room]))
+        return cached, tokens[pos:]
 
     async def _await_drafts(self, generation: Generation, want: int) -> None:
         """Synchronous mode: wait until `want` drafts are pending, the draft stopped, or it is gone."""
@@ -228,17 +233,20 @@ class Target:
         generation.stats.wait_seconds += waited
         return waited
 
-    async def _step(self, generation: Generation, batcher: StepBatcher, seq: int) -> Step:
+    async def _step(self, generation: Generation, batcher: StepBatcher, seq: int,
+                    prompt_tail: Sequence[int] = ()) -> Step:
         policy = generation.policy
         waited = 0.0
-        if self.settings.sync:
+        if prompt_tail:  # the prompt's end is read first, at once: no draft can have drafted past it yet
+            waited = 0.0
+        elif self.settings.sync:
             batcher.away(seq)
             await self._await_drafts(generation, self.settings.sync)
         elif policy is not None and batcher.running == 1:  # with others, the call goes anyway: ride on it
             batcher.away(seq)
             waited = await self._wait_if_worth_it(generation, policy)
         start = len(generation.committed)
-        work = await generation.verify_work(seq, batcher.context.n_ctx - (start - 1), policy)
+        work = await generation.verify_work(seq, batcher.context.n_ctx - (start - 1), policy, prompt_tail)
         result = await batcher.run(work)
         step = generation.commit(result.verdict, result.n_verified, result.batch_size)
         # The call's time (model work only, never the wait behind other work on the model thread).
