@@ -7,6 +7,7 @@ import errno
 import ipaddress
 import asyncio
 import logging
+import random
 import signal
 import socket
 import sys
@@ -216,6 +217,31 @@ async def write_within(write: Awaitable[None], timeout: float) -> None:
         await within(write, timeout)
     except asyncio.TimeoutError:
         raise WriteTimeout(f"the client read nothing for {timeout:g} s (duo-target --write-timeout)") from None
+
+
+# A peer that went away (a draft, or a target a draft joins) is dialed again after a jittered backoff that doubles
+# from RECONNECT_FIRST_S to RECONNECT_MAX_S, and quickly again after a connection that lasted.
+RECONNECT_FIRST_S = 0.2
+RECONNECT_MAX_S = 2.0
+
+
+async def keep_reconnecting(connect_once: Callable[[], Awaitable[None]], on_bug: Callable[[Exception], None],
+                            refused: Callable[[], bool], refused_retry_s: float,
+                            running: Callable[[], bool] = lambda: True) -> None:
+    """Run `connect_once` again and again while `running()`, backing off between tries; while `refused()` (the peer
+    refused this pair: it may be restarted with the right model) every `refused_retry_s`. An exception from it is a
+    bug, which must cost the connection, never the process: `on_bug` says so, and the loop goes on."""
+    backoff = RECONNECT_FIRST_S
+    while running():
+        started = asyncio.get_running_loop().time()
+        try:
+            await connect_once()
+        except Exception as error:
+            on_bug(error)
+        if asyncio.get_running_loop().time() - started > 10 * RECONNECT_MAX_S:
+            backoff = RECONNECT_FIRST_S  # it was up for a while: retry quickly
+        await asyncio.sleep(refused_retry_s if refused() else backoff * (0.5 + random.random()))
+        backoff = min(RECONNECT_MAX_S, backoff * 2)
 
 
 def grpc_server_options() -> list[tuple[str, int]]:

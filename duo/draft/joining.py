@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from contextlib import aclosing
 from typing import AsyncIterator
 
@@ -13,13 +12,10 @@ import grpc
 from duo._proto import duo_pb2 as pb
 from duo._proto import duo_pb2_grpc as pb_grpc
 from duo.draft.service import DraftServicer
-from duo.runtime import grpc_channel_options, within
+from duo.runtime import grpc_channel_options, keep_reconnecting, within
 
 log = logging.getLogger("duo.draft")
 
-# The same pacing as the target's own link to a draft (duo.target.link), seen from the other end.
-BACKOFF_FIRST_S = 0.2
-BACKOFF_MAX_S = 2.0
 # A target that accepts the call but never answers (stopped, overloaded) is given up after this long: its
 # Hello carries a vocabulary of a few MB.
 HELLO_TIMEOUT_S = 30.0
@@ -56,19 +52,12 @@ class Joiner:
 
     async def run(self) -> None:
         """Join, serve, and join again until duo-draft stops (or this is cancelled); never raises otherwise."""
-        backoff = BACKOFF_FIRST_S
-        while not self.servicer.stopping:
-            started = asyncio.get_running_loop().time()
-            try:
-                await self._join_once()
-            except Exception as error:  # a bug here must cost this target's sessions, not the draft process
-                log.exception("joining target %s failed; joining again", self.address)
-                self._lost(f"internal error: {error!r}")
-            if asyncio.get_running_loop().time() - started > 10 * BACKOFF_MAX_S:
-                backoff = BACKOFF_FIRST_S  # it was up for a while: retry quickly
-            delay = REFUSED_RETRY_S if self.state == "refused" else backoff * (0.5 + random.random())
-            await asyncio.sleep(delay)
-            backoff = min(BACKOFF_MAX_S, backoff * 2)
+        def bug(error: Exception) -> None:  # a bug here must cost this target's sessions, not the draft process
+            log.error("joining target %s failed; joining again", self.address, exc_info=error)
+            self._lost(f"internal error: {error!r}")
+
+        await keep_reconnecting(self._join_once, bug, lambda: self.state == "refused", REFUSED_RETRY_S,
+                                lambda: not self.servicer.stopping)
 
     async def _join_once(self) -> None:
         options = grpc_channel_options()  # the target's Hello carries its vocabulary: the full message limit

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 
 import grpc
 
@@ -12,7 +11,7 @@ from duo import wire
 from duo._proto import duo_pb2 as pb
 from duo._proto import duo_pb2_grpc as pb_grpc
 from duo.vocab import IncompatibleVocab, Vocab, check_compatible
-from duo.runtime import MAX_MESSAGE_BYTES, grpc_channel_options, within
+from duo.runtime import MAX_MESSAGE_BYTES, grpc_channel_options, keep_reconnecting, within
 from duo.target.pool.connection import DraftConnection, clip
 
 log = logging.getLogger("duo.link")
@@ -20,8 +19,6 @@ log = logging.getLogger("duo.link")
 # A stopped or overloaded draft accepts the connection but never answers: give up on the handshake
 # (a vocabulary of a few MB each way) after this long and try again.
 HANDSHAKE_TIMEOUT_S = 30.0
-BACKOFF_FIRST_S = 0.2
-BACKOFF_MAX_S = 2.0
 # A draft that refused this target (the wrong model) is asked again this often, since it may be
 # swapped for the right one; meanwhile the target decodes alone.
 INCOMPATIBLE_RETRY_S = 30.0
@@ -56,19 +53,11 @@ class DraftLink(DraftConnection):
 
     async def run(self) -> None:
         """Connect, serve, and reconnect forever (until cancelled); never raises otherwise."""
-        backoff = BACKOFF_FIRST_S
-        while True:
-            started = asyncio.get_running_loop().time()
-            try:
-                await self._connect_once()
-            except Exception as error:  # a bug here must cost speculation, not the target process
-                log.exception("the link to draft %s failed; reconnecting", self.address)
-                self._lost(f"internal error: {error!r}")
-            if asyncio.get_running_loop().time() - started > 10 * BACKOFF_MAX_S:
-                backoff = BACKOFF_FIRST_S  # it was up for a while: retry quickly
-            delay = INCOMPATIBLE_RETRY_S if self.state == "incompatible" else backoff * (0.5 + random.random())
-            await asyncio.sleep(delay)
-            backoff = min(BACKOFF_MAX_S, backoff * 2)
+        def bug(error: Exception) -> None:  # a bug here must cost speculation, not the target process
+            log.error("the link to draft %s failed; reconnecting", self.address, exc_info=error)
+            self._lost(f"internal error: {error!r}")
+
+        await keep_reconnecting(self._connect_once, bug, lambda: self.state == "incompatible", INCOMPATIBLE_RETRY_S)
 
     async def _connect_once(self) -> None:
         try:
