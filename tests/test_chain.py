@@ -258,3 +258,17 @@ def test_every_pending_token_comes_with_the_distribution_the_draft_sent_for_its_
                 expected_token, expected_dist = sent[(chain.main.epoch, len(committed) + i)]
                 assert token == expected_token, (seed, i)
                 assert dist is expected_dist, (seed, i, chain.main.epoch, len(committed) + i)
+
+
+def test_a_branch_the_target_did_not_keep_never_replaces_the_chain():
+    """A branch refused on arrival (its fork already decided by a longer commit) still makes its epoch known: its
+    later chunks, which carry no branch_of, are its own and dropped with it, never taken for a restarted chain
+    (which threw the live chain away and verified tokens drafted after the branch's wrong assumption)."""
+    chain = DraftChain([7, 8])
+    chain.receive(0, 2, [4, 5, 6, 10], [])
+    chain.committed.extend([4, 5, 6])
+    chain.on_commit()
+    chain.receive(1, 3, [9, 1], [], branch_of=0)  # its fork (position 3) is decided already: not kept
+    chain.receive(1, 5, [2], [])                  # the branch grows (no branch_of)
+    chain.receive(0, 6, [11], [])                 # and so does the chain
+    assert chain.pending()[0] == [10, 11] and chain.epoch == 0

@@ -107,8 +107,10 @@ class DraftChain:
         main = self.main
         if branch.epoch <= self.newest_epoch:
             return
+        # Known from now on, kept or not: its later chunks (no branch_of) are its own, never a new chain.
+        self.newest_epoch = branch.epoch
         if main is None and self.died == (parent, branch.start):
-            self.newest_epoch, self.died = branch.epoch, None
+            self.died = None
             if branch.first_conflict(self.committed) is None:
                 self.main = branch
                 self.branch_hits += 1
@@ -116,7 +118,6 @@ class DraftChain:
         if (main is None or parent != main.epoch or not len(self.committed) <= branch.start <= main.end
                 or len(self.branches) >= MAX_BRANCHES):
             return
-        self.newest_epoch = branch.epoch
         self.branches[branch.epoch] = branch
 
     def _extend(self, line: Line, start: int, tokens: Sequence[int], dists: list[SparseDist | None]) -> None:
