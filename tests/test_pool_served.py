@@ -88,6 +88,7 @@ def test_sessions_spread_over_two_drafts_and_a_killed_one_hands_them_over_within
     marks: dict[int, int] = {}
     try:
         wait_for_draft(target.address)
+        until(lambda: all(f"draft {d.address} connected" in target.log() for d in (first, second)))  # both, not one
 
         def kill_first_mid_generation(streams: list[Stream]) -> None:
             # Every stream placed (and drafted for), and some on the draft about to die.
