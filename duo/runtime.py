@@ -225,6 +225,32 @@ RECONNECT_FIRST_S = 0.2
 RECONNECT_MAX_S = 2.0
 
 
+# While a peer cannot be reached, its dialer says so at the first failure, then this often.
+UNREACHABLE_LOG_EVERY_S = 60.0
+
+
+class Unreachable:
+    """When a peer that cannot be reached is worth a log line: at its first failure since it was last up, then every
+    UNREACHABLE_LOG_EVERY_S while it lasts (a peer on loopback, or behind a firewall, fails every few seconds)."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None  # the first failure since the peer was last up
+        self.logged_at = 0.0
+
+    def reached(self) -> None:
+        self.since = None
+
+    def seconds_to_log(self) -> float | None:
+        """A failure now: how long the peer has been unreachable, when a line is due; None when it is not."""
+        now = asyncio.get_running_loop().time()
+        if self.since is None:
+            self.since = now
+        elif now - self.logged_at < UNREACHABLE_LOG_EVERY_S:
+            return None
+        self.logged_at = now
+        return now - self.since
+
+
 async def keep_reconnecting(connect_once: Callable[[], Awaitable[None]], on_bug: Callable[[Exception], None],
                             refused: Callable[[], bool], refused_retry_s: float,
                             running: Callable[[], bool] = lambda: True) -> None:

@@ -240,3 +240,24 @@ def test_within_times_out_and_cancels_what_it_awaited():
 
     assert asyncio.run(scenario()).cancelled()
     assert asyncio.run(within(asyncio.sleep(0, "done"), 1.0)) == "done"
+
+
+def test_an_unreachable_peer_is_reported_at_once_then_once_a_minute_and_afresh_after_it_was_reached(monkeypatch):
+    import asyncio
+
+    from duo import runtime
+
+    now = [10.0]
+
+    async def run() -> list:
+        monkeypatch.setattr(asyncio.get_running_loop(), "time", lambda: now[0])
+        report, seen = runtime.Unreachable(), []
+        for step in (0.0, 5.0, runtime.UNREACHABLE_LOG_EVERY_S, 1.0):
+            now[0] += step
+            seen.append(report.seconds_to_log())
+        report.reached()
+        now[0] += 1.0
+        seen.append(report.seconds_to_log())
+        return seen
+
+    assert asyncio.run(run()) == [0.0, None, 65.0, None, 0.0]

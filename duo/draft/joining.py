@@ -12,7 +12,7 @@ import grpc
 from duo._proto import duo_pb2 as pb
 from duo._proto import duo_pb2_grpc as pb_grpc
 from duo.draft.service import DraftServicer
-from duo.runtime import grpc_channel_options, keep_reconnecting, within
+from duo.runtime import Unreachable, grpc_channel_options, keep_reconnecting, within
 
 log = logging.getLogger("duo.draft")
 
@@ -25,8 +25,6 @@ REFUSED_RETRY_S = 30.0
 # A target that answers pings but reads none of the stream fills the HTTP/2 window, and a write would wait
 # forever: one blocked this long drops the stream, and the draft joins again.
 WRITE_STALL_S = 30.0
-# While the target cannot be reached, the draft says so at its first failure, then this often.
-UNREACHABLE_LOG_EVERY_S = 60.0
 UNREACHABLE_HINT = ("is duo-target running there with --draft-listen on that port, reachable from this machine "
                     "(the port open in the firewall)?")
 # Longest text of the target's own that is logged (a hostile target may send megabytes).
@@ -46,8 +44,7 @@ class Joiner:
         self.state = "disconnected"  # or "joined", "refused"
         self.last_error = ""
         self._hello = pb.JoinUp(hello=servicer.hello())  # built once: it carries the whole vocabulary
-        self._failing_since: float | None = None  # first failure to reach the target since it was last joined
-        self._failure_logged_at = 0.0
+        self._out_of_reach = Unreachable()
         self._ended_why = ""  # why the target's events ended (set while reading them)
 
     async def run(self) -> None:
@@ -119,7 +116,7 @@ class Joiner:
 
     def _joined(self, target: pb.Hello) -> None:
         self.state, self.last_error = "joined", ""
-        self._failing_since = None
+        self._out_of_reach.reached()
         log.info("joined target %s (model %s)", self.address, _clip(target.model or "unnamed"))
 
     def _failed(self, error: grpc.aio.AioRpcError) -> None:
@@ -149,14 +146,9 @@ class Joiner:
     def _unreachable(self, reason: str) -> None:
         """Say that the target cannot be reached, with the likely cause: at once, then every
         UNREACHABLE_LOG_EVERY_S while it lasts."""
-        now = asyncio.get_running_loop().time()
-        if self._failing_since is None:
-            self._failing_since = now
-        elif now - self._failure_logged_at < UNREACHABLE_LOG_EVERY_S:
-            return
-        self._failure_logged_at = now
-        log.warning("cannot join target %s for %.0f s (%s): %s", self.address, now - self._failing_since, reason,
-                    UNREACHABLE_HINT)
+        if (failing := self._out_of_reach.seconds_to_log()) is not None:
+            log.warning("cannot join target %s for %.0f s (%s): %s", self.address, failing, reason,
+                        UNREACHABLE_HINT)
 
 
 async def join_all(joiners: list[Joiner]) -> None:

@@ -11,7 +11,7 @@ from duo import wire
 from duo._proto import duo_pb2 as pb
 from duo._proto import duo_pb2_grpc as pb_grpc
 from duo.vocab import IncompatibleVocab, Vocab, check_compatible
-from duo.runtime import MAX_MESSAGE_BYTES, grpc_channel_options, keep_reconnecting, within
+from duo.runtime import MAX_MESSAGE_BYTES, Unreachable, grpc_channel_options, keep_reconnecting, within
 from duo.target.pool.connection import DraftConnection, clip
 
 log = logging.getLogger("duo.link")
@@ -26,8 +26,6 @@ INCOMPATIBLE_RETRY_S = 30.0
 # events would pile up in memory for as long as it stays: one write blocked this long drops the stream
 # (the link reconnects; the outbox holds at most what the target sends meanwhile).
 WRITE_STALL_S = 30.0
-# While the draft cannot be reached, the target says so at its first failure, then this often.
-UNREACHABLE_LOG_EVERY_S = 60.0
 UNREACHABLE_HINT = ("is duo-draft running there, listening on an address this machine can reach (it listens on "
                     "127.0.0.1 unless started with --listen 0.0.0.0:PORT), with the port open in the firewall?")
 
@@ -46,8 +44,7 @@ class DraftLink(DraftConnection):
         super().__init__(address, vocab, max_lead=max_lead)
         self.model_name = model_name
         self.credentials = credentials
-        self._failing_since: float | None = None  # first failure to reach the draft since it was last up
-        self._failure_logged_at = 0.0
+        self._out_of_reach = Unreachable()
         # Built once: it carries the whole vocabulary, and an absent draft is retried every few seconds.
         self._hello = pb.Hello(protocol=wire.PROTOCOL, model=model_name, vocab=wire.vocab_to_pb(vocab))
 
@@ -99,7 +96,7 @@ class DraftLink(DraftConnection):
 
     async def _stream(self, stub: pb_grpc.DraftStub) -> None:
         outbox = self._stream_up()
-        self._failing_since = None
+        self._out_of_reach.reached()
         call = stub.Speculate()
         # grpc leaves a request iterator of its own pending forever after a failed call, so the link
         # writes its events itself, and the stream lasts until reading or writing ends.
@@ -151,14 +148,9 @@ class DraftLink(DraftConnection):
     def _unreachable(self, reason: str) -> None:
         """Say that the draft cannot be reached, with the likely cause: at once, then every
         UNREACHABLE_LOG_EVERY_S while it lasts (a newcomer's draft on loopback is never reached)."""
-        now = asyncio.get_running_loop().time()
-        if self._failing_since is None:
-            self._failing_since = now
-        elif now - self._failure_logged_at < UNREACHABLE_LOG_EVERY_S:
-            return
-        self._failure_logged_at = now
-        log.warning("cannot reach draft %s for %.0f s (%s): %s", self.address,
-                    now - self._failing_since, reason, UNREACHABLE_HINT)
+        if (failing := self._out_of_reach.seconds_to_log()) is not None:
+            log.warning("cannot reach draft %s for %.0f s (%s): %s", self.address,
+                        failing, reason, UNREACHABLE_HINT)
 
 
 async def _send_all(call: grpc.aio.StreamStreamCall, outbox: asyncio.Queue[pb.TargetEvent]) -> None:

@@ -126,8 +126,8 @@ class Target:
     def _draft_demand(self) -> float:
         """Drafts a second one session can use at the current load: draft_max of them a verify step, a step of
         every running session in one call (inf before any call was timed)."""
-        load, k = max(1, self._stepping()), max(1, self.settings.draft_max)
-        return k / self.costs.batch_seconds(load * (k + 1)) if self.costs.timed else float("inf")
+        step = self._step_seconds()
+        return max(1, self.settings.draft_max) / step if step else float("inf")
 
     def _step_seconds(self) -> float:
         """How long a step of every running session takes now, with draft_max drafts each (0 before any call was timed)."""

@@ -14,6 +14,7 @@ from duo import wire
 from duo._proto import duo_pb2 as pb
 from duo._proto import duo_pb2_grpc as pb_grpc
 from duo.runtime import within
+from duo.target.link import WRITE_STALL_S  # a draft that reads none of the stream this long is dropped
 from duo.target.pool.connection import DraftConnection, clip
 from duo.target.pool.pool import DraftPool
 from duo.vocab import IncompatibleVocab, Vocab, check_compatible
@@ -21,7 +22,6 @@ from duo.vocab import IncompatibleVocab, Vocab, check_compatible
 log = logging.getLogger("duo.pool")
 
 HELLO_TIMEOUT_S = 30.0  # a caller that sends no Hello within this is dropped
-WRITE_STALL_S = 30.0    # as duo.target.link's: a draft that reads none of the stream this long is dropped
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
