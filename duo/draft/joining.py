@@ -120,12 +120,15 @@ class Joiner:
         log.info("joined target %s (model %s)", self.address, _clip(target.model or "unnamed"))
 
     def _failed(self, error: grpc.aio.AioRpcError) -> None:
-        """The call failed: the target refused this draft (FAILED_PRECONDITION, PERMISSION_DENIED), or is gone."""
+        """The call failed: the target refused this draft (FAILED_PRECONDITION, PERMISSION_DENIED), is full
+        (RESOURCE_EXHAUSTED: as many drafts as its port takes, or a Hello beyond its bound), or is gone."""
         if error.code() == grpc.StatusCode.FAILED_PRECONDITION:
             self._refused(f"it refused this draft: {_clip(error.details() or 'no reason given')}")
         elif error.code() == grpc.StatusCode.PERMISSION_DENIED:
             self._refused(f"it does not allow this draft's address (duo-target --draft-allow): "
                           f"{_clip(error.details() or 'no reason given')}")
+        elif error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+            self._refused(f"it takes no more drafts now: {_clip(error.details() or 'no reason given')}")
         else:
             self._lost(_describe(error))
 

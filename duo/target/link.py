@@ -12,7 +12,7 @@ from duo._proto import duo_pb2 as pb
 from duo._proto import duo_pb2_grpc as pb_grpc
 from duo.vocab import IncompatibleVocab, Vocab, check_compatible
 from duo.runtime import MAX_MESSAGE_BYTES, Unreachable, grpc_channel_options, keep_reconnecting, within
-from duo.target.pool.connection import DraftConnection, clip
+from duo.target.pool.connection import DraftConnection, clip, draft_model_name
 
 log = logging.getLogger("duo.link")
 
@@ -83,7 +83,7 @@ class DraftLink(DraftConnection):
                 raise IncompatibleVocab(f"the draft speaks protocol {clip(reply.protocol)!r}, not {wire.PROTOCOL!r}: "
                                         "run the same duo version on both sides")
             check_compatible(self.vocab, wire.vocab_from_pb(reply.vocab))
-            self.draft_model = reply.model or "unnamed"
+            self.draft_model = draft_model_name(reply.model)
         except grpc.aio.AioRpcError as error:
             if error.code() != grpc.StatusCode.FAILED_PRECONDITION:
                 raise

@@ -25,6 +25,11 @@ LEAD_MARGIN = 64
 HOSTILE_REASONS = frozenset({"token", "distribution", "length", "lead"})
 # Longest text of the draft's own that is logged (its error messages are untrusted too).
 MAX_LOGGED_CHARS = 200
+# Longest model name a draft may give itself: it is kept for as long as the draft is in the pool, served on the
+# public /health and /props and exported as a Prometheus label (a label per distinct value: a draft that renamed
+# itself with megabytes, or at every join, would bloat every scrape). duo-draft sends its file's name and llama.cpp's
+# description ("qwen2.5-coder-0.5b-instruct-q4_0.gguf (qwen2 0.5B Q4_0)"): even a long file name fits.
+MAX_MODEL_NAME_CHARS = 128
 
 
 class LinkedSession(Protocol):
@@ -67,7 +72,7 @@ class DraftConnection:
         self.state = "disconnected"  # or "connected", "incompatible"
         self.last_error = ""
         self.connections = 0
-        self.draft_model = ""  # as the draft named itself in the handshake
+        self.draft_model = ""  # as the draft named itself in the handshake (draft_model_name: clipped, printable)
         # The pool's hooks: the stream came up, went down, or the draft refused a session (SessionError).
         self.on_up: Callable[[DraftConnection], None] = lambda connection: None
         self.on_down: Callable[[DraftConnection], None] = lambda connection: None
@@ -154,5 +159,13 @@ class DraftConnection:
                         self.address, session_id, what)
 
 
-def clip(text: str) -> str:
-    return text if len(text) <= MAX_LOGGED_CHARS else text[:MAX_LOGGED_CHARS] + "..."
+def clip(text: str, limit: int = MAX_LOGGED_CHARS) -> str:
+    """A peer's text fit for a log line or a JSON field: at most `limit` characters (and "..."), and control
+    characters as "?" (a newline in it would forge a log line of its own)."""
+    text = text if len(text) <= limit else text[:limit] + "..."
+    return text if text.isprintable() else "".join(char if char.isprintable() else "?" for char in text)
+
+
+def draft_model_name(text: str) -> str:
+    """The model name a draft gave in its Hello, as the target keeps, logs and serves it."""
+    return clip(text, MAX_MODEL_NAME_CHARS) or "unnamed"

@@ -7,21 +7,30 @@ import asyncio
 import ipaddress
 import logging
 from typing import AsyncIterator
+from urllib.parse import unquote
 
 import grpc
 
 from duo import wire
 from duo._proto import duo_pb2 as pb
 from duo._proto import duo_pb2_grpc as pb_grpc
-from duo.runtime import within
+from duo.runtime import grpc_server_options, within
 from duo.target.link import WRITE_STALL_S  # a draft that reads none of the stream this long is dropped
-from duo.target.pool.connection import DraftConnection, clip
+from duo.target.pool.connection import DraftConnection, clip, draft_model_name
 from duo.target.pool.pool import DraftPool
 from duo.vocab import IncompatibleVocab, Vocab, check_compatible
 
 log = logging.getLogger("duo.pool")
 
 HELLO_TIMEOUT_S = 30.0  # a caller that sends no Hello within this is dropped
+# The largest message the pool's port reads: a draft's Hello, which carries its whole vocabulary (each token's text
+# and two or three bytes of framing). Measured: Qwen2.5's 151,936 tokens make a Hello of 1.7 MB, Llama 3's 128,256
+# one of 1.3 MB, Gemma's 262,144 one of 2.8 MB; 16 MiB leaves Gemma five times its room, and no caller can make the
+# target parse 64 MiB (duo.runtime.MAX_MESSAGE_BYTES, the other ports' limit) before any check.
+MAX_JOIN_MESSAGE_BYTES = 16 * 1024 * 1024
+# Join calls at once (beyond: RESOURCE_EXHAUSTED): a joined draft holds one for as long as it stays, a caller that
+# sends no Hello one for HELLO_TIMEOUT_S. Far more drafts than one target's sessions can use.
+MAX_JOIN_CALLS = 64
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -37,9 +46,17 @@ def parse_allow(values: list[str]) -> list[Network]:
     return networks
 
 
+def pool_server() -> grpc.aio.Server:
+    """The gRPC server of --draft-listen: duo's server options, with its messages and calls bounded."""
+    options = [(name, MAX_JOIN_MESSAGE_BYTES if name == "grpc.max_receive_message_length" else value)
+               for name, value in grpc_server_options()]
+    return grpc.aio.server(options=options, maximum_concurrent_rpcs=MAX_JOIN_CALLS)
+
+
 def peer_host(peer: str) -> str:
-    """The address in grpc's peer string: "ipv4:10.0.0.2:5000" -> 10.0.0.2, "ipv6:[::1]:5000" -> ::1."""
-    kind, _, rest = peer.partition(":")
+    """The address in grpc's peer string: "ipv4:10.0.0.2:5000" -> 10.0.0.2, "ipv6:[::1]:5000" -> ::1 (grpc writes
+    the brackets as %5B and %5D)."""
+    kind, _, rest = unquote(peer).partition(":")
     if kind not in ("ipv4", "ipv6"):
         return ""
     host = rest.rpartition(":")[0]
@@ -47,7 +64,8 @@ def peer_host(peer: str) -> str:
 
 
 def allowed(peer: str, networks: list[Network]) -> bool:
-    """No list allows everyone (mutual TLS may still stand guard); else the peer's address must be in one."""
+    """No list allows everyone (mutual TLS may still stand guard); else the peer's address must be in one (grpc
+    names an IPv4 draft reaching a port on [::] by its IPv4 address)."""
     if not networks:
         return True
     try:
@@ -118,8 +136,9 @@ class PoolService(pb_grpc.PoolServicer):
         hello = await self._hello_of(request_iterator, context)
         await context.write(pb.JoinDown(hello=self._hello))
         # Named by its address and port as the target sees them: two drafts joining from one machine stay apart.
-        draft = JoinedDraft(f"{peer.partition(':')[2] or peer} (joined)", self.vocab, max_lead=self.max_lead)
-        draft.draft_model = hello.model or "unnamed"
+        name = f"{unquote(peer).partition(':')[2] or peer} (joined)"
+        draft = JoinedDraft(name, self.vocab, max_lead=self.max_lead)
+        draft.draft_model = draft_model_name(hello.model)
         self.pool.add(draft)
         try:
             reason = await draft.serve(request_iterator, context)
