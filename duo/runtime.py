@@ -349,23 +349,25 @@ def metrics_server(registry: CollectorRegistry, address: str) -> tuple[HttpServe
     return HttpServer(config), listen_socket(address)
 
 
-async def run_server(server: grpc.aio.Server, address: str, banner: str, *,
+async def run_server(server: grpc.aio.Server, address: str | None, banner: str, *,
                      credentials: grpc.ServerCredentials | None = None,
                      http: Sequence[tuple[HttpServer, socket.socket]] = (),
                      background: Callable[[], Awaitable[None]] | None = None,
                      stopping: Callable[[], None] | None = None,
                      draining: Callable[[], Awaitable[None]] | None = None) -> None:
-    """Start `server` on `address` (TLS with `credentials`) and each (server, listening socket) pair of
-    `http` on this same event loop, run `background` beside them, and stop them all cleanly on
-    SIGINT/SIGTERM: call `stopping` (so that streams cut by the stop are not taken for failures), await
-    `draining` (the requests in flight finish or end with an error), then stop every server together;
-    if `background` fails, stop and raise its error."""
-    try:
-        port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
-    except RuntimeError:  # grpc >= 1.60 raises where older versions returned 0
-        port = 0
-    if port == 0:
-        raise SystemExit(cannot_listen(address, "the address is in use (another duo process?) or not this machine's"))
+    """Start `server` on `address` (TLS with `credentials`; None: on no port, for a draft that only dials out) and
+    each (server, listening socket) pair of `http` on this same event loop, run `background` beside them, and stop
+    them all cleanly on SIGINT/SIGTERM: call `stopping` (so that streams cut by the stop are not taken for
+    failures), await `draining` (the requests in flight finish or end with an error), then stop every server
+    together; if `background` fails, stop and raise its error."""
+    if address is not None:
+        try:
+            port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+        except RuntimeError:  # grpc >= 1.60 raises where older versions returned 0
+            port = 0
+        if port == 0:
+            raise SystemExit(cannot_listen(address, "the address is in use (another duo process?) or not this "
+                                                    "machine's"))
     await server.start()
     logging.getLogger("duo").info(banner)
     stop = asyncio.Event()

@@ -29,6 +29,9 @@ from duo.wire import MAX_BRANCHES
 
 log = logging.getLogger("duo.draft")
 
+DEFAULT_LISTEN = "127.0.0.1:7070"  # where duo-draft listens for targets when it joins none
+
+
 def describe_placement(model: Model, args: argparse.Namespace) -> str:
     """The model, where it runs, and what it holds, for the start-up line."""
     cells = args.kv_cells or KV_CELLS_PER_CONTEXT * args.ctx_size
@@ -59,8 +62,9 @@ def default_draft_path(on_gpu: bool) -> tuple[Path, str]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="duo-draft", description=__doc__)
-    add_process_arguments(parser, model=None, listen="127.0.0.1:7070", serves="targets", per="session",
+    add_process_arguments(parser, model=None, listen=DEFAULT_LISTEN, serves="targets", per="session",
                           model_default=f"the fastest for its device: {CPU_DRAFT} on a CPU, {DEFAULT_DRAFT} on a GPU")
+    parser.set_defaults(listen=None)  # not given: listen_address decides, by --join
     parser.add_argument("--top-k-cap", type=int, default=10,
                         help="when sampling with residual verification, draft among at most this many tokens, whose "
                              "probabilities travel to the target (output stays exact; coupled sessions send none "
@@ -88,7 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                         "or a firewall), besides serving targets that dial --listen")
     join.add_argument("--join", action="append", default=[], metavar="TARGET:PORT",
                       help="draft for the duo-target whose --draft-listen is TARGET:PORT, joining it again whenever "
-                           "the link drops (repeat to join several targets)")
+                           "the link drops (repeat to join several targets). A draft that joins listens on no port "
+                           f"unless --listen is given (else on {DEFAULT_LISTEN}): several on one machine, one per "
+                           "GPU, need no ports of their own")
     join.add_argument("--join-tls-ca", default=None, metavar="PEM",
                       help="join over TLS, trusting the CA in this PEM file for the targets' certificates")
     join.add_argument("--join-tls-cert", default=None, metavar="PEM",
@@ -98,12 +104,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def listen_address(args: argparse.Namespace) -> str | None:
+    """Where duo-draft listens for targets: --listen, else DEFAULT_LISTEN; nowhere for a draft that only joins its
+    targets (--join without --listen), which dials out and needs no port: two on one machine would collide."""
+    if args.listen is not None:
+        return args.listen
+    return None if args.join else DEFAULT_LISTEN
+
+
 def check_flags(args: argparse.Namespace) -> None:
-    check_can_listen(args.listen)
-    host, port = host_port(args.listen, "--listen", listening=True)
-    if is_loopback(host) and not args.join:  # a draft that joins its targets needs no reachable --listen
+    if args.listen is not None:
+        check_listen(args.listen, joins=bool(args.join))
+    elif args.tls_cert or args.tls_key:
+        raise ValueError("--tls-cert/--tls-key serve targets that dial --listen: give --listen too (--join-tls-* "
+                         "secure --join)")
+    check_settings(args)
+
+
+def check_listen(address: str, *, joins: bool) -> None:
+    check_can_listen(address)
+    host, port = host_port(address, "--listen", listening=True)
+    if is_loopback(host) and not joins:  # a draft that joins its targets needs no reachable --listen
         log.warning("listening on %s: only a target on this machine can reach it; for a target on another "
-                    "machine, start duo-draft with --listen 0.0.0.0:%d (or this machine's LAN address)", args.listen, port)
+                    "machine, start duo-draft with --listen 0.0.0.0:%d (or this machine's LAN address)", address, port)
+
+
+def check_settings(args: argparse.Namespace) -> None:
     if not check_pair(args.tls_cert, args.tls_key, "--tls-cert/--tls-key") and args.tls_ca:
         raise ValueError("--tls-ca needs --tls-cert and --tls-key (mutual TLS is TLS first)")
     if not 1 <= args.top_k_cap <= wire.MAX_DIST_IDS:
@@ -151,20 +177,22 @@ async def serve(args: argparse.Namespace, model: Model, metrics: DraftMetrics,
     pb_grpc.add_DraftServicer_to_server(servicer, server)
     credentials = server_credentials(args.tls_cert, args.tls_key, args.tls_ca) if args.tls_cert else None
     security = " over mutual TLS" if args.tls_ca else " over TLS" if args.tls_cert else ""
-    endpoints = args.listen + (f", metrics on {args.metrics}" if args.metrics else "")
+    endpoints = ((f"on {args.listen}" if args.listen else "to the targets it joins (no --listen: no port of its own)")
+                 + (f", metrics on {args.metrics}" if args.metrics else ""))
     joining = [Joiner(servicer, address, join) for address in args.join]
     if joining:
         security += f"; joining {', '.join(args.join)}" + (" over TLS" if args.join_tls_ca else "")
+    banner = f"duo-draft serving {describe_placement(model, args)} {endpoints}{security}"
     try:
-        await run_server(server, args.listen, f"duo-draft serving {describe_placement(model, args)} on {endpoints}{security}",
-                         credentials=credentials, http=[http] if http else [], stopping=servicer.stop,
-                         background=(lambda: join_all(joining)) if joining else None)
+        await run_server(server, args.listen, banner, credentials=credentials, http=[http] if http else [],
+                         stopping=servicer.stop, background=(lambda: join_all(joining)) if joining else None)
     finally:
         await drafter.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.listen = listen_address(args)
     setup_logging(args.log_level)
     metrics = DraftMetrics()
     try:
