@@ -16,7 +16,7 @@ from typing import Sequence
 from duo.api.events import CallArguments, CallClosed, CallOpened, Delta, TextDelta
 from duo.api.tools.formats import MISTRAL, CallFormat
 from duo.api.tools.messages import FunctionBody, ToolCall
-from duo.api.tools.scanning import JsonEnd, JsonString, More, NotCall, Text, XmlArguments, partial_suffix
+from duo.api.tools.scanning import JsonEnd, JsonString, NotCall, Text, Wait, XmlArguments, partial_suffix
 
 PYTHON_TAG = "<|python_tag|>"  # Llama 3.x may open its call with it
 NAME_END = re.compile(r"[\s:<]")  # after a header's name: Kimi's ":0", GPT-OSS' " <|constrain|>json"
@@ -88,10 +88,6 @@ class CallSplitter:
         assert reader is not None
         try:
             done = reader.read(out, final)
-        except More:
-            if not final:
-                return False
-            done = self._not_calls(out, reader)
         except NotCall:
             done = self._not_calls(out, reader)
         if done:
@@ -121,193 +117,198 @@ class CallSplitter:
 
 class CallReader:
     """The calls after their opening, read as their text commits: each call's head (up to its arguments) whole, its
-    arguments in pieces, its tail (up to the next call or the end of the calls) whole."""
+    arguments in pieces, its tail (up to the next call or the end of the calls) whole. The reading is one coroutine
+    (`steps`) that waits where the text runs out and goes on from there as more arrives: a head or a tail cut into
+    many pieces is read once, not again from its start at each piece."""
 
     def __init__(self, splitter: CallSplitter) -> None:
         self.splitter = splitter
         self.format = splitter.format
+        self.text = Text()                   # the splitter's buffer, read
+        self.out: list[Delta] = []           # where the deltas of the text read now go
         self.call: CallOpened | None = None  # the call whose arguments are being read
         self.arguments: list[str] = []       # the call's argument pieces so far
-        self.argued = False                  # the call's arguments are whole: its tail comes next
         self.calls = 0                       # calls read since the opening
-        self.scan: JsonEnd | None = None     # where a JSON format's arguments end
-        self.xml: XmlArguments | None = None
-        self.listed = self.format.listed      # the generic format's {"tool_calls": [...]} is a list too
-        self.reply: JsonString | None = None  # the generic format's {"response": "..."}
-        self.replied = False                  # its string has ended
+        self.listed = self.format.listed     # the generic format's {"tool_calls": [...]} is a list too
+        self.steps = self._calls()
 
     def read(self, out: list[Delta], final: bool) -> bool:
-        """Read what the buffer holds; True once the calls are over. More: wait for text; NotCall: no call."""
-        while True:
-            text = Text(self.splitter.buffer, final)
-            if self.reply is not None:
-                return self._reply(out, text)
-            if self.call is None:
-                if self._over(text):
-                    self._commit(text)
-                    return True
-                name = self._head(text)
-                if self.reply is not None:
-                    self._commit(text)
-                    continue
-                self._open(out, name, text)
-            elif not self.argued:
-                if not self._arguments(out, text):
-                    return False
-                self.argued = True
-            else:
-                self._tail(text)
-                out.append(self.closed())
-                self.calls += 1
-                if not (self.listed or self.format.section):
-                    return True  # each call has an opening of its own: the splitter finds the next
+        """Read what the buffer holds: True once the calls are over, False while they wait for more text; NotCall
+        where they turn out to be none."""
+        self.out = out
+        self.text.grown(self.splitter.buffer, final)
+        try:
+            next(self.steps)
+        except StopIteration:
+            return True
+        return False
 
-    def _reply(self, out: list[Delta], text: Text) -> bool:
+    def _calls(self) -> Wait[None]:
+        """The calls to their end (a list's, a section's, or one call's where each has an opening of its own)."""
+        while not (yield from self._over()):
+            name = yield from self._head()
+            if name is None:  # the generic format's {"response": "..."}
+                self._commit()
+                return (yield from self._reply())
+            self._open(name)
+            yield from self._arguments()
+            yield from self._tail()
+            self.out.append(self.closed())
+            self.calls += 1
+            if not (self.listed or self.format.section):
+                return  # each call has an opening of its own: the splitter finds the next
+        self._commit()
+
+    def _reply(self) -> Wait[None]:
         """The generic format's {"response": "..."}: the string's text is content, as it streams."""
-        assert self.reply is not None
-        if not self.replied:
-            piece, used, self.replied = self.reply.feed(text.rest())
+        text, reply = self.text, JsonString()
+        while True:
+            piece, used, replied = reply.feed(text.rest())
             if piece:
-                self.splitter.content(out, piece)
+                self.splitter.content(self.out, piece)
             text.at += used
-            self._commit(text)
-            if not self.replied:
-                if text.final:
-                    raise NotCall
-                return False
-            text = Text(self.splitter.buffer, text.final)
+            self._commit()
+            if replied:
+                break
+            yield from text.wait()
         text.space()
-        text.expect("}")
-        self._commit(text)
-        return True
+        yield from text.expect("}")
+        self._commit()
 
-    def _over(self, text: Text) -> bool:
+    def _over(self) -> Wait[bool]:
         """Whether the calls end here (their section's end, the end of a JSON list, or no further call)."""
         if not self.calls:
             return False
+        text = self.text
         text.space()
         if self.listed:
-            if not text.literal("]"):
-                text.expect(",")
+            if not (yield from text.literal("]")):
+                yield from text.expect(",")
                 return False
             text.space()
             if self.format.naming == "generic":
-                text.expect("}")
+                yield from text.expect("}")
             elif self.format.section_end:
-                text.literal(self.format.section_end)
+                yield from text.literal(self.format.section_end)
             return True
-        if self.format.section_end and text.literal(self.format.section_end):
+        if self.format.section_end and (yield from text.literal(self.format.section_end)):
             return True
-        if text.at_end():
-            raise More
-        return not text.starts(self.format.call_open)
+        while text.at_end():
+            yield from text.wait()
+        return not (yield from text.starts(self.format.call_open))
 
-    def _head(self, text: Text) -> str:
-        """The next call's function, read up to where its arguments begin."""
-        format_ = self.format
+    def _head(self) -> Wait[str | None]:
+        """The next call's function, read up to where its arguments begin (None: the generic format's reply)."""
+        format_, text = self.format, self.text
         text.space()
         if format_.listed and not self.calls:
-            text.expect("[")
+            yield from text.expect("[")
             text.space()
         if format_.section and format_.call_open:
-            text.expect(format_.call_open)
+            yield from text.expect(format_.call_open)
         if format_.naming == "header":
-            header = text.until(format_.header_end)
+            header = yield from text.until(format_.header_end)
             name = NAME_END.split(header.removeprefix(format_.header_prefix), maxsplit=1)[0]
         elif format_.naming == "xml":
             text.space()
-            text.expect("<function=")
-            name = text.until(">")
+            yield from text.expect("<function=")
+            name = yield from text.until(">")
         else:
-            name = self._json_head(text)
-        if name not in self.splitter.functions and self.reply is None:
+            name = yield from self._json_head()
+        if name is not None and name not in self.splitter.functions:
             raise NotCall
         return name
 
-    def _json_head(self, text: Text) -> str:
+    def _json_head(self) -> Wait[str | None]:
         """A JSON call's keys up to its arguments: its name must come first (or after keys duo skips, as an id)."""
+        text = self.text
         if self.format.naming == "generic" and not self.calls:
-            text.expect("{")
-            key = text.json_key()
+            yield from text.expect("{")
+            key = yield from text.json_key()
             if key == "response":
-                self.reply = JsonString()
-                return ""
+                return None
             if key == "tool_calls":
                 text.space()
-                text.expect("[")
+                yield from text.expect("[")
                 self.listed = True
             elif key != "tool_call":
                 raise NotCall
         text.space()
-        text.expect("{")
+        yield from text.expect("{")
         name = None
         while True:
-            key = text.json_key()
+            key = yield from text.json_key()
             if key == self.format.arguments and name is not None:
                 return name
-            value = text.json_value()
+            value = yield from text.json_value()
             if key == self.format.name_key and isinstance(value, str):
                 name = value
             text.space()
-            text.expect(",")
+            yield from text.expect(",")
 
-    def _open(self, out: list[Delta], name: str, text: Text) -> None:
-        text.space()
-        self._commit(text)
+    def _open(self, name: str) -> None:
+        self.text.space()
+        self._commit()
         splitter = self.splitter
         self.call = CallOpened(splitter.count, splitter.new_id(), name)
         splitter.count += 1
-        out.append(self.call)
+        self.out.append(self.call)
         self.arguments = []
+
+    def _arguments(self) -> Wait[None]:
+        """The call's arguments, each piece out as it commits, to their end."""
+        assert self.call is not None
+        text, xml, scan = self.text, None, None
         if self.format.naming == "xml":
-            self.xml = XmlArguments(splitter.functions[name])
+            xml = XmlArguments(self.splitter.functions[self.call.name])
         else:
-            self.scan = JsonEnd()
-
-    def _arguments(self, out: list[Delta], text: Text) -> bool:
-        """The arguments the buffer adds (True once they are whole)."""
-        if self.xml is not None:
-            piece, used, done = self.xml.read(text.rest(), text.final)
-        else:
-            assert self.scan is not None
+            scan = JsonEnd()
+        while True:
             rest = text.rest()
-            lead = 0 if self.scan.started else len(rest) - len(rest.lstrip())  # the space before them is not theirs
-            used, done = self.scan.feed(rest)
-            piece = rest[lead:used]
-        if piece:
-            self.arguments.append(piece)
-            out.append(CallArguments(self.call.index, piece))
-        self.splitter.buffer = self.splitter.buffer[used:]
-        if not done and text.final:
-            raise NotCall
-        return done
+            if xml is not None:
+                piece, used, done = xml.read(rest, text.final)
+            else:
+                assert scan is not None
+                lead = 0 if scan.started else len(rest) - len(rest.lstrip())  # the space before them is not theirs
+                used, done = scan.feed(rest)
+                piece = rest[lead:used]
+            if piece:
+                self.arguments.append(piece)
+                self.out.append(CallArguments(self.call.index, piece))
+            text.at += used
+            self._commit()
+            if done:
+                return
+            yield from text.wait()
 
-    def _tail(self, text: Text) -> None:
+    def _tail(self) -> Wait[None]:
         """What closes a call: a JSON call's remaining keys and its brace, the format's call_close."""
+        text = self.text
         if self.format.naming in ("json", "generic"):
             while True:
                 text.space()
-                if text.literal("}"):
+                if (yield from text.literal("}")):
                     break
-                text.expect(",")
-                text.json_key()
-                text.json_value()
+                yield from text.expect(",")
+                yield from text.json_key()
+                yield from text.json_value()
             if self.format.naming == "generic" and not self.listed:
                 text.space()
-                text.expect("}")
+                yield from text.expect("}")
         elif self.format.naming == "xml":
             text.space()
-            text.expect("</function>")
+            yield from text.expect("</function>")
         text.space()
         if self.format.call_close:
-            text.expect(self.format.call_close)
-        self._commit(text)
+            yield from text.expect(self.format.call_close)
+        self._commit()
 
     def closed(self) -> CallClosed:
-        call, self.call, self.scan, self.xml, self.argued = self.call, None, None, None, False
+        call, self.call = self.call, None
         assert call is not None
         return CallClosed(call.index, ToolCall(call.id, call.name, "".join(self.arguments)))
 
-    def _commit(self, text: Text) -> None:
-        self.splitter.buffer = self.splitter.buffer[text.at:]
+    def _commit(self) -> None:
+        """What was read is the calls': the buffer keeps what comes after it."""
+        self.splitter.buffer = self.text.cut()
         self.splitter.opener = ""

@@ -1,18 +1,22 @@
-"""Reading call text that may be cut anywhere: where a JSON value ends, a JSON string's text so far, Qwen3-Coder's
-XML parameters as JSON; More where the text may go on into what is read, NotCall where it cannot."""
+"""Reading call text that may be cut anywhere: a cursor whose steps wait for more text where it stops inside what
+they read (NotCall where no more comes, or where the text cannot be a call), where a JSON value ends, a JSON
+string's text so far, Qwen3-Coder's XML parameters as JSON."""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Generator
+from typing import Any, TypeVar
 
 from duo.api.tools.messages import FunctionBody
 
 MAX_HEADER = 256  # a function's name, and what stands around it in a header, is never longer
+PARAMETER_END = "</parameter>"  # what ends a Qwen3-Coder parameter's value
 
-
-class More(Exception):
-    """The text so far stops inside what is being read: wait for more."""
+T = TypeVar("T")
+# A step of reading: it yields each time it has read all the text there is and waits for more, and returns what it
+# read. A waiting step resumes where it stopped, so that each character is read once however the text is cut.
+Wait = Generator[None, None, T]
 
 
 class NotCall(Exception):
@@ -28,10 +32,21 @@ def partial_suffix(text: str, marker: str) -> int:
 
 
 class Text:
-    """A cursor on the text of the calls; `final`: no more text comes (the answer has ended)."""
+    """A cursor on the text of the calls, which grows as the answer streams (`grown`); `final`: no more text comes
+    (the answer has ended), and a step that would wait raises NotCall instead."""
 
-    def __init__(self, text: str, final: bool) -> None:
-        self.text, self.final, self.at = text, final, 0
+    def __init__(self) -> None:
+        self.text, self.final, self.at = "", False, 0
+        self.spaced = -1  # where space() last stopped (-1: nowhere since the last cut)
+
+    def grown(self, text: str, final: bool) -> None:
+        """The text as it stands now: what it was, and what has arrived since."""
+        self.text, self.final = text, final
+
+    def cut(self) -> str:
+        """The text from the cursor on, which is all the text from now on (what was read before is let go)."""
+        self.text, self.at, self.spaced = self.text[self.at:], 0, -1
+        return self.text
 
     def rest(self) -> str:
         return self.text[self.at:]
@@ -39,66 +54,73 @@ class Text:
     def at_end(self) -> bool:
         return self.at >= len(self.text)
 
+    def wait(self) -> Wait[None]:
+        """Wait for more text. A step that waits right after space() resumes after the space that arrives in the
+        meantime too: read at once, that text would have been skipped with the rest."""
+        if self.final:
+            raise NotCall
+        spaced = self.at == self.spaced
+        yield
+        if spaced:
+            self.space()
+
     def space(self) -> None:
         while self.at < len(self.text) and self.text[self.at].isspace():
             self.at += 1
+        self.spaced = self.at
 
-    def starts(self, literal: str) -> bool:
-        """Whether `literal` comes next; More while the text so far may still become it."""
-        rest = self.rest()
-        if rest.startswith(literal):
-            return True
-        if literal.startswith(rest):
-            self.more()
-        return False
+    def starts(self, literal: str) -> Wait[bool]:
+        """Whether `literal` comes next, waiting while the text so far may still become it."""
+        while not self.text.startswith(literal, self.at):
+            if not literal.startswith(self.text[self.at:self.at + len(literal)]):
+                return False
+            yield from self.wait()
+        return True
 
-    def literal(self, literal: str) -> bool:
-        if self.starts(literal):
+    def literal(self, literal: str) -> Wait[bool]:
+        if (yield from self.starts(literal)):
             self.at += len(literal)
             return True
         return False
 
-    def expect(self, literal: str) -> None:
-        if not self.literal(literal):
+    def expect(self, literal: str) -> Wait[None]:
+        if not (yield from self.literal(literal)):
             raise NotCall
 
-    def until(self, end: str) -> str:
-        """The text up to `end`, passed."""
-        found = self.text.find(end, self.at, self.at + MAX_HEADER + len(end))
-        if found < 0:
+    def until(self, end: str) -> Wait[str]:
+        """The text up to `end`, passed (a header: MAX_HEADER at most, so that looking again is cheap)."""
+        while (found := self.text.find(end, self.at, self.at + MAX_HEADER + len(end))) < 0:
             if len(self.text) - self.at > MAX_HEADER + len(end):
                 raise NotCall
-            self.more()
+            yield from self.wait()
         text, self.at = self.text[self.at:found], found + len(end)
         return text
 
-    def json_key(self) -> str:
+    def json_key(self) -> Wait[str]:
         """A JSON object's next key, passed with its colon."""
         self.space()
-        if not self.starts('"'):
+        if not (yield from self.starts('"')):
             raise NotCall
-        key = self.json_value()
+        key = yield from self.json_value()
         self.space()
-        self.expect(":")
+        yield from self.expect(":")
         self.space()
         return key
 
-    def json_value(self) -> Any:
-        """The JSON value that comes next, passed."""
+    def json_value(self) -> Wait[Any]:
+        """The JSON value that comes next, passed; its end is looked for in each piece of text once, as it comes."""
         self.space()
-        scan = JsonEnd()
-        used, done = scan.feed(self.rest())
-        if not done and not (self.final and scan.scalar):
-            self.more()
+        start, scan = self.at, JsonEnd()
+        while True:
+            used, done = scan.feed(self.text[self.at:])
+            self.at += used
+            if done or self.final and scan.scalar:  # a scalar at the very end of the answer ends there
+                break
+            yield from self.wait()
         try:
-            value = json.loads(self.rest()[:used])
+            return json.loads(self.text[start:self.at])
         except (ValueError, RecursionError):
             raise NotCall from None
-        self.at += used
-        return value
-
-    def more(self) -> None:
-        raise NotCall if self.final else More
 
 
 class JsonEnd:
@@ -187,6 +209,7 @@ class XmlArguments:
         self.first = True
         self.key: str | None = None  # the parameter whose value is being read
         self.lead = False            # the value's first line break is still to come
+        self.searched = 0            # how much of a value read whole has been searched for its end
 
     def read(self, text: str, final: bool) -> tuple[str, int, bool]:
         """The JSON that `text` adds, how much of `text` it used, and whether the arguments are whole (at
@@ -216,25 +239,26 @@ class XmlArguments:
 
     def _value(self, text: str, at: int, final: bool) -> tuple[str, int, bool]:
         """The JSON of the current value that `text` adds from `at`, where it stopped, and whether it ended."""
-        end = text.find("</parameter>", at)
+        end = text.find(PARAMETER_END, at + self.searched)
         if end < 0 and final:
             raise NotCall
         if self.properties.get(self.key or "", {}).get("type") != "string":  # a number, an object: whole at its end
-            if end < 0:
+            if end < 0:  # the value waits, unread, for its end: the next piece's search starts where this one's ended
+                self.searched = max(0, len(text) - at - len(PARAMETER_END) + 1)
                 return "", at, False
-            self.key = None
+            self.key, self.searched = None, 0
             value = text[at:end].removeprefix("\n").removesuffix("\n")
-            return _as_json(value), end + len("</parameter>"), True
+            return _as_json(value), end + len(PARAMETER_END), True
         piece = ""
         if self.lead:  # the value starts on the line after its tag
             if at == len(text):
                 return "", at, False
             at, self.lead, piece = at + (text[at] == "\n"), False, '"'
         if end < 0:
-            held = partial_suffix(text[at:], "\n</parameter>")
+            held = partial_suffix(text[at:], "\n" + PARAMETER_END)
             return piece + _escaped(text[at:len(text) - held]), len(text) - held, False
         self.key = None
-        return piece + _escaped(text[at:end].removesuffix("\n")) + '"', end + len("</parameter>"), True
+        return piece + _escaped(text[at:end].removesuffix("\n")) + '"', end + len(PARAMETER_END), True
 
 
 def _escaped(text: str) -> str:
