@@ -22,8 +22,13 @@ def next_mu(mu: float, prob: float, tau: float, eta: float) -> float:
 
 def v2_size(weights: np.ndarray, mass: float, mu: float) -> int:
     """Mirostat v2: how many of the most probable tokens have a surprise -log2 p <= mu (p = weight / mass), at least
-    one; they are a prefix of the ranking."""
-    return max(int(np.count_nonzero(weights >= mass * 2.0 ** -mu)), 1)
+    one; they are a prefix of the ranking.
+
+    Every surprise is >= 0, so a negative mu keeps the top token alone, as llama.cpp's float math does; asked
+    directly, 2^-mu would overflow a float below mu = -1024 (a large eta with a small tau drives mu there)."""
+    if not mu >= 0:  # NaN too: no surprise is within it
+        return 1
+    return max(int(np.count_nonzero(weights >= mass * 2.0 ** -mu)), 1)  # 2^-mu underflows to 0 for a large mu: all
 
 
 def v1_size(leading_probs: np.ndarray, mu: float, n_vocab: int) -> int:
