@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from duo.api.answers import api_error, generation_error
 from duo.api.completion import Completion, Piece
-from duo.api.deltas import (AnswerSplitter, CallArguments, CallClosed, CallOpened, Delta, ReasoningDelta, TextDelta,
-                            answer_splitter, whole_answer)
+from duo.api.deltas import (AnswerSplitter, CallClosed, CallOpened, Delta, ReasoningDelta, TextDelta, answer_splitter,
+                            whole_answer)
 from duo.api.messages.errors import error_body
 from duo.api.messages.translate import anthropic_id
 from duo.api.requests import ShuttingDown
@@ -23,10 +23,30 @@ if TYPE_CHECKING:  # as duo.api.deltas names them: the tools package builds on t
 Event = dict[str, Any]  # one server-sent event's data; its "type" names the event
 
 
+def tool_input(arguments: str) -> str:
+    """The JSON of a call's tool_use input: the model's arguments where they are a JSON object, else {}, as
+    llama-server answers. Small models write Python's {'city': 'Paris'} or a bare True, which Chat and the Responses
+    API pass on as text, but a tool_use's input is an object. The JSON must be strict: Python reads NaN, Infinity, a
+    number beyond a float (1e999) and a lone surrogate ("\\ud800"), which the answer's encoder, and the SDK's
+    reader, refuse."""
+    try:
+        value = json.loads(arguments, parse_constant=_not_json)
+        json.dumps(value, allow_nan=False, ensure_ascii=False).encode()
+    except (ValueError, RecursionError):  # UnicodeEncodeError (a lone surrogate) is a ValueError
+        return "{}"
+    return arguments if isinstance(value, dict) else "{}"
+
+
+def _not_json(constant: str) -> None:
+    raise ValueError(f"{constant} is no JSON")
+
+
 class ContentBlocks:
     """An answer's Deltas as Anthropic's content block events. Blocks are numbered in the order they open, as the
     SDK assembles them (by position): text and reasoning each open a block where the block before is of another
-    kind; each call is a block of its own, its arguments streamed as input_json_delta."""
+    kind; each call is a block of its own, its input sent whole, in one input_json_delta, as the call closes. Whether
+    the model's arguments are a JSON object is known only at their end (and events once sent cannot be taken back),
+    so that the streamed input is the whole answer's, and never a piece that the SDK's reader refuses."""
 
     def __init__(self) -> None:
         self.opened = 0  # blocks opened so far
@@ -43,9 +63,9 @@ class ContentBlocks:
             elif isinstance(delta, CallOpened):
                 events += self._open({"type": "tool_use", "id": anthropic_id(delta.id), "name": delta.name,
                                       "input": {}})
-            elif isinstance(delta, CallArguments) and delta.text:
-                events.append(self._delta({"type": "input_json_delta", "partial_json": delta.text}))
             elif isinstance(delta, CallClosed):
+                events.append(self._delta({"type": "input_json_delta",
+                                           "partial_json": tool_input(delta.call.arguments)}))
                 events += self.close()
                 self.calls += 1
         return events
@@ -74,7 +94,7 @@ class ContentBlocks:
 
 
 def assembled(events: Iterable[Event]) -> list[dict[str, Any]]:
-    """The content blocks that `events` stream, as a whole answer holds them (a call's input parsed)."""
+    """The content blocks that `events` stream, as a whole answer holds them (a call's input parsed: tool_input's)."""
     blocks: list[dict[str, Any]] = []
     arguments: dict[int, str] = {}
     for event in events:
