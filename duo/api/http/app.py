@@ -50,8 +50,9 @@ def validation_message(error: RequestValidationError) -> ApiError:
 def create_app(completions: Completions, metrics: Metrics, api_key: str | None, *,
                write_timeout: float = WRITE_TIMEOUT_S, cors_origins: Sequence[str] | None = None) -> ASGIApp:
     """The app: every route but the public ones (duo.api.http.gate) needs the key when one is set; CORS as
-    llama-server's, narrowed to `cors_origins` where given. A streaming client that takes no event for
-    `write_timeout` seconds is dropped."""
+    llama-server's, narrowed to `cors_origins` where given (duo.api.http.gate.Cors: other origins refused, private
+    network access only behind the list or the key). A streaming client that takes no event for `write_timeout`
+    seconds is dropped."""
     api = OpenAIApi(completions, metrics, write_timeout)
     # No /docs or /redoc: they load their scripts from a CDN. /openapi.json describes the API.
     app = FastAPI(title="duo-target", docs_url=None, redoc_url=None, strict_content_type=False)
@@ -81,7 +82,8 @@ def create_app(completions: Completions, metrics: Metrics, api_key: str | None, 
                           "/tokenize": TokenizeBody, "/detokenize": DetokenizeBody,
                           "/apply-template": ApplyTemplateBody})
     add_error_handlers(app)
-    return Cors(AnthropicErrors(Gate(app, completions.max_body_bytes, api_key)), cors_origins)
+    # Anthropic's error shape outermost, so that the refusals of CORS and the gate on /v1/messages are in it too.
+    return AnthropicErrors(Cors(Gate(app, completions.max_body_bytes, api_key), cors_origins, keyed=bool(api_key)))
 
 
 def add_error_handlers(app: FastAPI) -> None:

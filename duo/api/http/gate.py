@@ -1,11 +1,10 @@
 """What every HTTP request passes before the routes: CORS as llama-server answers it (preflights without the key, the
-Origin echoed), the API key, and the body's size and arrival time."""
+Origin echoed) with guards of its own, the API key, and the body's size and arrival time."""
 
 from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 from collections.abc import Callable, Sequence
 
 from starlette.exceptions import HTTPException
@@ -27,12 +26,20 @@ PREFLIGHT_MAX_AGE_S = 600
 class Cors:
     """CORS as llama-server answers it: a request's Origin is echoed (with credentials allowed), a preflight (OPTIONS
     with Access-Control-Request-Method) is answered at once, without the key, allowing the method and headers it
-    asks for. `origins` narrows this to a list ("*": any); an Origin off the list gets no CORS headers, and its
-    preflight a 403."""
+    asks for. `origins` narrows this to a list ("*": any): a request from an Origin off the list is refused (403)
+    before it runs, preflighted or not (a form's text/plain POST needs no preflight, and would run unseen), but for
+    the server's own pages (an Origin that is the server's own: same-origin). Requests without an Origin (no
+    browser's, or a same-origin GET) pass as they are.
 
-    def __init__(self, app: ASGIApp, origins: Sequence[str] | None = None) -> None:
+    Private network access (Chrome's Access-Control-Allow-Private-Network, which lets a public page call a server on
+    a LAN or localhost) is allowed only where a guard stands: the Origin is named on the list, or `keyed` (the API
+    key is set, which such a page must then hold). Without either, any public page could drive a server on the
+    user's own machine and read its answers; llama-server never allows it."""
+
+    def __init__(self, app: ASGIApp, origins: Sequence[str] | None = None, keyed: bool = False) -> None:
         self.app = app
         self.origins = None if origins is None or "*" in origins else frozenset(origin.rstrip("/") for origin in origins)
+        self.keyed = keyed
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -41,11 +48,11 @@ class Cors:
         origin = headers.get(b"origin")
         if origin is None:
             return await self.app(scope, receive, send)
-        allowed = self.origins is None or origin.decode("latin-1") in self.origins
+        listed = self.origins is not None and origin.decode("latin-1") in self.origins
+        if not (self.origins is None or listed or _same_origin(scope, headers, origin)):
+            return await _refused(origin).response()(scope, receive, send)
         if scope["method"] == "OPTIONS" and b"access-control-request-method" in headers:
-            return await self._preflight(headers, origin, allowed, send)
-        if not allowed:
-            return await self.app(scope, receive, send)
+            return await _preflight(headers, origin, private_network=listed or self.keyed, send=send)
 
         async def with_cors(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -54,30 +61,34 @@ class Cors:
 
         await self.app(scope, receive, with_cors)
 
-    async def _preflight(self, headers: dict[bytes, bytes], origin: bytes, allowed: bool, send: Send) -> None:
-        if not allowed:
-            error = ApiError(403, f"the origin {origin.decode('latin-1')[:200]} is not in duo-target's --cors-origin "
-                                  "list", code="origin_not_allowed")
-            return await _send_json(send, error.status, json.dumps(error.body()).encode(), [])
-        answer = [*_allow(origin), (b"access-control-allow-methods", b"GET, POST, OPTIONS"),
-                  (b"access-control-max-age", str(PREFLIGHT_MAX_AGE_S).encode())]
-        if b"access-control-request-headers" in headers:
-            answer.append((b"access-control-allow-headers", headers[b"access-control-request-headers"]))
-        if headers.get(b"access-control-request-private-network") == b"true":  # a public page calling a LAN server
-            answer.append((b"access-control-allow-private-network", b"true"))
-        await _send_json(send, 204, b"", answer)
+
+def _same_origin(scope: Scope, headers: dict[bytes, bytes], origin: bytes) -> bool:
+    """Whether `origin` is the server's own, as the browser reached it (its scheme and the Host it sent): the chat
+    page at / posts to the API from there. Behind a proxy that rewrites Host, the page's origin needs the list."""
+    host = headers.get(b"host", b"")
+    return bool(host) and origin.lower() == f"{scope.get('scheme', 'http')}://".encode() + host.lower()
+
+
+def _refused(origin: bytes) -> ApiError:
+    shown = origin.decode("latin-1")[:200]
+    return ApiError(403, f"the origin {shown} is not in duo-target's --cors-origin list: start it with "
+                         f"--cors-origin {shown} to let pages from there call it", code="origin_not_allowed")
+
+
+async def _preflight(headers: dict[bytes, bytes], origin: bytes, *, private_network: bool, send: Send) -> None:
+    answer = [*_allow(origin), (b"access-control-allow-methods", b"GET, POST, OPTIONS"),
+              (b"access-control-max-age", str(PREFLIGHT_MAX_AGE_S).encode())]
+    if b"access-control-request-headers" in headers:
+        answer.append((b"access-control-allow-headers", headers[b"access-control-request-headers"]))
+    if private_network and headers.get(b"access-control-request-private-network") == b"true":
+        answer.append((b"access-control-allow-private-network", b"true"))
+    await send({"type": "http.response.start", "status": 204, "headers": [*answer, (b"content-length", b"0")]})
+    await send({"type": "http.response.body", "body": b""})
 
 
 def _allow(origin: bytes) -> list[tuple[bytes, bytes]]:
     return [(b"access-control-allow-origin", origin), (b"access-control-allow-credentials", b"true"),
             (b"vary", b"Origin")]
-
-
-async def _send_json(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
-    content = [(b"content-type", b"application/json")] if body else []
-    await send({"type": "http.response.start", "status": status,
-                "headers": [*headers, *content, (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
 
 
 class Gate:
