@@ -51,6 +51,8 @@ def check_compatible(target: Vocab, draft: Vocab) -> None:
             f"vocabulary sizes differ by {size_difference} (target {target.n_vocab}, draft "
             f"{draft.n_vocab}); at most {VOCAB_MAX_SIZE_DIFFERENCE} is allowed")
     n_common = min(target.n_vocab, draft.n_vocab)
+    if target.token_texts[VOCAB_CHECK_START_ID:n_common] == draft.token_texts[VOCAB_CHECK_START_ID:n_common]:
+        return  # one comparison in C: a Hello is checked at every join, and a loop in Python held the event loop
     for token_id in range(VOCAB_CHECK_START_ID, n_common):
         if target.token_texts[token_id] != draft.token_texts[token_id]:
             raise IncompatibleVocab(

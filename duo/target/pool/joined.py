@@ -160,7 +160,9 @@ class PoolService(pb_grpc.PoolServicer):
             if hello.protocol != wire.PROTOCOL:
                 raise IncompatibleVocab(f"the draft speaks protocol {clip(hello.protocol)!r}, not {wire.PROTOCOL!r}: "
                                         "run the same duo version on both sides")
-            check_compatible(self.vocab, wire.vocab_from_pb(hello.vocab))
+            # Off the event loop: reading and comparing a vocabulary of 150k texts takes tens of milliseconds, and
+            # anyone the port lets in may join again and again.
+            await asyncio.to_thread(lambda: check_compatible(self.vocab, wire.vocab_from_pb(hello.vocab)))
         except IncompatibleVocab as error:
             message = f"draft {clip(hello.model)} cannot draft for this target: {error}"
             log.error("refused draft %s: %s", context.peer(), message)
