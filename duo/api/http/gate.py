@@ -34,7 +34,7 @@ class Cors:
     Private network access (Chrome's Access-Control-Allow-Private-Network, which lets a public page call a server on
     a LAN or localhost) is allowed only where a guard stands: the Origin is named on the list, or `keyed` (the API
     key is set, which such a page must then hold). Without either, any public page could drive a server on the
-    user's own machine and read its answers; llama-server never allows it."""
+    user's own machine and read its answers (llama-server sends the header to no page)."""
 
     def __init__(self, app: ASGIApp, origins: Sequence[str] | None = None, keyed: bool = False) -> None:
         self.app = app
