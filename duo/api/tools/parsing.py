@@ -149,7 +149,8 @@ class CallReader:
             name = yield from self._head()
             if name is None:  # the generic format's {"response": "..."}
                 self._commit()
-                return (yield from self._reply())
+                yield from self._reply()
+                return
             self._open(name)
             yield from self._arguments()
             yield from self._tail()
