@@ -82,8 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
                               "model, as llama-server serving one model answers whatever `model` says")
     clients.add_argument("--cors-origin", action="append", default=None, metavar="ORIGIN",
                          help="answer browsers' cross-origin requests only from this origin, e.g. "
-                              "http://localhost:3000 (repeatable; default: any origin is echoed, as llama-server "
-                              "does; preflights never need the API key)")
+                              "http://localhost:3000 (repeatable; requests from other origins are refused with a "
+                              "403; default: any origin is echoed, as llama-server does; preflights never need the "
+                              "API key)")
     clients.add_argument("--parallel", type=int, default=4, metavar="N",
                          help="generations running at once, every one's step decoded in one batched model call "
                               "(one context of --ctx-size x N cells, each generation up to --ctx-size tokens)")
