@@ -16,17 +16,24 @@ class Loose(BaseModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
-class Block(Loose):
-    """One content block of any type; duo.api.messages.translate says which types duo renders, and refuses the rest
-    by name. `content` is a tool_result's: a string or text blocks."""
+class TextBlock(Loose):
+    """A block of a tool_result's content: Anthropic's are text or images, and duo.api.messages.translate renders
+    text alone. It holds no blocks of its own, so that pydantic validates no deeper than the bounds were checked
+    (duo.api.limits.PROMPT_LISTS)."""
 
     type: str
     text: str | None = None
+
+
+class Block(TextBlock):
+    """One content block of any type; duo.api.messages.translate says which types duo renders, and refuses the rest
+    by name. `content` is a tool_result's: a string or text blocks."""
+
     id: str | None = None            # tool_use
     name: str | None = None          # tool_use
     input: Any = None                # tool_use: the call's arguments, a JSON object
     tool_use_id: str | None = None   # tool_result: the call it answers
-    content: Union[str, list[Block], None] = None  # tool_result
+    content: Union[str, list[TextBlock], None] = None  # tool_result
     is_error: bool | None = None     # tool_result: the result text says what failed; templates have no field for it
 
 

@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from duo.api.bodies import ChatBody
-from duo.api.messages.body import Block, CountTokensBody, MessageBody, ToolChoiceBody, ToolDefinition
+from duo.api.messages.body import Block, CountTokensBody, MessageBody, TextBlock, ToolChoiceBody, ToolDefinition
 from duo.api.requests import BadRequest
 
 # Blocks of earlier answers that a chat template does not take back: the model's reasoning (templates drop the
@@ -144,7 +144,7 @@ def _result(block: Block, where: str) -> dict[str, Any]:
     return {"role": "tool", "tool_call_id": template_id(block.tool_use_id), "content": content or ""}
 
 
-def _text(block: Block, where: str) -> str:
+def _text(block: TextBlock, where: str) -> str:
     if block.type != "text":
         raise _unsupported(block.type, where, "")
     return block.text or ""

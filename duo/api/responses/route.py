@@ -13,7 +13,7 @@ from duo.api.parsing import document_bodies, parse_body
 from duo.api.responses.answer import ResponsesFormat
 from duo.api.responses.body import ResponsesBody
 from duo.api.responses.store import Conversation, ResponseStore, characters
-from duo.api.responses.translate import chat_body, input_messages
+from duo.api.responses.translate import chat_body, check_fits, input_messages
 
 if TYPE_CHECKING:  # duo.api.http registers these routes: imported at run time, the two would import each other
     from duo.api.http.routes import OpenAIApi
@@ -33,7 +33,7 @@ class ResponsesApi:
         body.check_supported()
         history = self.store.conversation(body.previous_response_id) if body.previous_response_id else ()
         # On a worker thread, as the chat endpoint's: a loop over the client's items and tools (and the held ones).
-        conversation, size, chat = await asyncio.to_thread(self._translated, body, history, limits.items - 1)
+        conversation, size, chat = await asyncio.to_thread(self._translated, body, history, limits.items)
         functions = chat.callable_functions()
 
         def keep(response_id: str, output: list[dict[str, Any]]) -> None:  # the answer's few messages counted here
@@ -45,10 +45,11 @@ class ResponsesApi:
         return await self.api.generate(chat, chat.to_request, request, output)
 
     def _translated(self, body: ResponsesBody, history: Conversation,
-                    max_items: int) -> tuple[list[dict[str, Any]], int, ChatBody]:
+                    n_ctx: int) -> tuple[list[dict[str, Any]], int, ChatBody]:
         """The conversation so far (held history and this input, without instructions), its size for the store, and
-        its chat request."""
-        conversation = [*history, *input_messages(body, max_items)]
+        its chat request, for a context of `n_ctx` tokens."""
+        conversation = [*history, *input_messages(body)]
+        check_fits(conversation, n_ctx)
         return conversation, characters(conversation), chat_body(body, conversation)
 
 

@@ -21,13 +21,11 @@ SAME_FIELDS = ("model", "temperature", "top_p", "parallel_tool_calls", "seed", "
                "presence_penalty", "frequency_penalty")
 
 
-def input_messages(body: ResponsesBody, max_items: int) -> list[dict[str, Any]]:
+def input_messages(body: ResponsesBody) -> list[dict[str, Any]]:
     """The body's input as chat messages (instructions not included); BadRequest naming the item that duo cannot
-    render, or an input longer than the context could hold (each item takes a token at least)."""
+    render. How many items it may hold was bounded before validation (duo.api.parsing)."""
     if isinstance(body.input, str):
         return [{"role": "user", "content": body.input}] if body.input else []
-    if len(body.input) > max_items:
-        raise too_long(f"input holds {len(body.input)} items; the context holds fewer tokens", param="input")
     messages: list[dict[str, Any]] = []
     for i, item in enumerate(body.input):
         if item.type == "message":
@@ -42,6 +40,14 @@ def input_messages(body: ResponsesBody, max_items: int) -> list[dict[str, Any]]:
             raise BadRequest(f"input[{i}].type {item.type!r} is not supported by duo-target; it takes message, "
                              "function_call and function_call_output items", param=f"input[{i}].type")
     return messages
+
+
+def check_fits(conversation: list[dict[str, Any]], n_ctx: int) -> None:
+    """BadRequest where the conversation (the held one and this input) has more messages than the context holds
+    tokens (each takes one at least), before the chat body validates every one of them."""
+    if len(conversation) >= n_ctx:
+        raise too_long(f"the conversation holds {len(conversation)} messages with previous_response_id's, each a "
+                       "token at least", n_prompt_tokens=len(conversation), n_ctx=n_ctx, param="input")
 
 
 def _message(item: InputItem, i: int) -> dict[str, Any]:
