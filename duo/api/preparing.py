@@ -147,6 +147,8 @@ class Preparer:
         offered = request.tool_use.offered if request.tool_use else []
         for strings, param in [(offered, "tools"), ([message for message in raw if message], "messages")]:
             text = json.dumps(strings, ensure_ascii=False)  # as the template writes them: not escaped
+            if len(text) > self.max_prompt_bytes:  # tokenizing it would cost seconds (4 MB: 20 s), for a 400
+                raise self._far_too_long(len(text), param)
             if strings and model.tokenize(text, add_special=False) != model.tokenize(text, add_special=False,
                                                                                       parse_special=False):
                 raise BadRequest(f"{param} hold the text of a control token of the model", param=param)

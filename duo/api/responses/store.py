@@ -11,9 +11,12 @@ from duo.api.requests import BadRequest
 
 Conversation = tuple[dict[str, Any], ...]
 MAX_RESPONSES = 256
-# What the held conversations may take together (their texts' characters): a client chaining long conversations
-# must not grow the server's memory without bound; the oldest go first.
+# What the held conversations may take together (their strings' characters, and an allowance for each entry): a client
+# chaining long conversations must not grow the server's memory without bound; the oldest go first.
 MAX_CHARACTERS = 64 * 1024 * 1024
+# What each object, list and string is counted for beside its characters: many empty ones take memory too (a CPython
+# object takes 50 bytes or more, so the bound holds the memory to a small multiple of itself).
+ENTRY_CHARACTERS = 16
 
 
 class ResponseStore:
@@ -54,10 +57,18 @@ class ResponseStore:
 
 
 def characters(messages: Sequence[dict[str, Any]]) -> int:
-    """About what `messages` take: their texts and calls' arguments (counted, not serialized, and off the event loop:
-    a held conversation may run to megabytes)."""
-    total = 0
-    for message in messages:
-        calls = message.get("tool_calls") or []
-        total += len(message.get("content") or "") + sum(len(call["function"]["arguments"]) for call in calls) + 64
+    """About what `messages` take: every string they hold (roles, contents, ids, names, arguments: a long one the
+    template never writes takes memory all the same) and ENTRY_CHARACTERS for each object, list and string beside
+    its text; counted, not serialized, and off the event loop: a held conversation may run to megabytes."""
+    total, waiting = 0, list(messages)
+    while waiting:
+        value = waiting.pop()
+        total += ENTRY_CHARACTERS
+        if isinstance(value, str):
+            total += len(value)
+        elif isinstance(value, dict):
+            waiting += value.keys()
+            waiting += value.values()
+        elif isinstance(value, (list, tuple)):
+            waiting += value
     return total
