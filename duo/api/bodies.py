@@ -95,14 +95,18 @@ class LlamaServerFields(BaseModel):
 
 
 def _log_ignored(what: str) -> None:
-    if what not in _ignored_seen and len(_ignored_seen) < MAX_LOGGED_FIELDS:
-        _ignored_seen.add(what)
-        log.info("ignoring %s: neither duo-target nor llama-server reads it (logged once)", what[:120])
+    """Log once that `what` (a field or sampler name) is ignored. Only its first LOGGED_NAME_LENGTH characters are
+    logged and kept: a name can be as long as a body, and the set lives as long as the process."""
+    clipped = what[:LOGGED_NAME_LENGTH]
+    if clipped not in _ignored_seen and len(_ignored_seen) < MAX_LOGGED_FIELDS:
+        _ignored_seen.add(clipped)
+        log.info("ignoring %s: neither duo-target nor llama-server reads it (logged once)", clipped)
 
 
-# Names already logged as ignored; bounded, so that a client sending ever-new names cannot grow it.
+# Names already logged as ignored (clipped); bounded, so that a client sending ever-new names cannot grow it.
 _ignored_seen: set[str] = set()
 MAX_LOGGED_FIELDS = 1024
+LOGGED_NAME_LENGTH = 120
 
 
 class GenerationBody(LlamaServerFields, SamplerFields):
