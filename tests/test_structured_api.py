@@ -66,6 +66,22 @@ def test_llama_servers_grammar_and_json_schema_fields_constrain_a_completion(ser
     assert choice["finish_reason"] == "stop" and check(choice["text"])
 
 
+@pytest.mark.parametrize("served", ["served_alone", "served_sync"])
+def test_a_grammar_writing_markup_as_text_is_a_400_saying_to_name_its_token(served, request):
+    """llguidance tokenizes the text "<tool_call>" as Qwen's special token and masks every other, then refuses to
+    consume that token: the forced drafts failed every request at its first step with a message about chains, and
+    an answer decoded alone went on past the refusal, the token repeated to the end. Now the request ends with a
+    400 that says how to write it; written as its token, the same grammar is served."""
+    server = request.getfixturevalue(served)
+    as_text = post(server, "/completion", {"prompt": "hi", "n_predict": 12, "temperature": 0,
+                                           "grammar": 'start: "<tool_call>\\n{" /x{20}/'})
+    assert as_text.status_code == 400 and "<[id]>" in as_text.json()["error"]["message"], as_text.text
+    as_token = post(server, "/completion", {"prompt": "hi", "n_predict": 12, "temperature": 0,
+                                            "grammar": 'start: <[151657]> "\\n{" /x{20}/'})
+    assert as_token.status_code == 200, as_token.text
+    assert as_token.json()["content"].startswith("<tool_call>\n{x")
+
+
 def test_grpc_generate_takes_a_grammar(served_sync):
     request = pb.GenerateRequest(prompt="Answer:", max_tokens=40,
                                  grammar=pb.Grammar(kind="regex", source="(red|green|blue)!"))

@@ -13,6 +13,7 @@ import numpy as np
 
 from duo import wire
 from duo._proto import duo_pb2 as pb
+from duo.constraint import GrammarError
 from duo.lookup import ContextLookup
 from duo.model import Model
 from duo.runtime import within
@@ -179,7 +180,11 @@ class Generation:
         """Under the grammar, on a worker thread: the chain's drafts it allows (a draft it forbids would be rejected:
         no verify row is spent on it, nor on what follows), the free drafts after them, and the masks of the rows
         the batch may verify, so that the model thread every request shares computes none."""
-        self.cursor.move_to(output)
+        if not self.cursor.move_to(output):  # llguidance's mask allowed a token its matcher then refused
+            refused = output[len(self.cursor.tokens)]
+            raise GrammarError(f"the grammar refuses token {refused} ({self.model.token_piece(refused, special=True)!r}) "
+                               "that its own mask allowed: write markup such as <tool_call> in a grammar as its "
+                               "token (<[id]> in Lark), not as text")
         first = self.cursor.allowed()  # first: it builds the lexer states forced() needs without the GIL
         pending, forced, found = self._drafts(pending[:self.cursor.valid_prefix(pending)], limit)
         return pending, forced, found, [first, *self.cursor.masks_after(output, (pending + forced + found)[:limit])]
@@ -191,6 +196,8 @@ class Generation:
         "` of a schema); after the chain, what the context lookup finds (duo.lookup). Both, at most `limit`
         drafts in all with `pending`."""
         forced = (self.cursor.forced() if self.cursor is not None and not pending else [])[:limit - len(pending)]
+        if forced:  # llguidance tokenizes forced text as the tokenizer would: "<tool_call>" as the special token,
+            forced = forced[:self.cursor.valid_prefix(forced)]  # which the grammar's text does not allow
         before = pending + forced
         found = self.lookup.propose(before, limit - len(before)) if self.lookup else []
         if self.cursor is not None and found:
