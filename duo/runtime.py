@@ -201,6 +201,9 @@ async def within(awaitable: Awaitable[T], seconds: float) -> T:
     finally:
         if not task.done():  # timed out, or this task was cancelled: the awaitable goes too
             task.cancel()
+        # Where this task is cancelled, the awaitable may still end with an error of its own (a call's stream ending
+        # as it is cancelled) that nobody reads below: read it, so that asyncio does not log it as never retrieved.
+        task.add_done_callback(lambda ended: ended.cancelled() or ended.exception())
     if not done:
         await asyncio.wait({task})  # cancelled for good before saying so
         raise asyncio.TimeoutError(f"not done within {seconds:g} s")

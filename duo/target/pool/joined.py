@@ -97,9 +97,12 @@ class JoinedDraft(DraftConnection):
                          context: grpc.aio.ServicerContext) -> str:
         while True:
             getting = asyncio.ensure_future(outbox.get())
-            await asyncio.wait({getting, reading}, return_when=asyncio.FIRST_COMPLETED)
+            try:
+                await asyncio.wait({getting, reading}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                if not getting.done():  # the draft's side ended, or the call was cancelled: stop waiting too
+                    getting.cancel()
             if not getting.done():
-                getting.cancel()
                 error = None if reading.cancelled() else reading.exception()
                 return clip(str(error)) if error is not None else "the draft ended its call"
             try:
