@@ -8,8 +8,8 @@ import sys
 
 import grpc
 
-from duo._proto import duo_pb2 as pb
-from duo._proto import duo_pb2_grpc as pb_grpc
+from duo.net._proto import duo_pb2 as pb
+from duo.net._proto import duo_pb2_grpc as pb_grpc
 
 
 def main() -> int:

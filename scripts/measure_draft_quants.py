@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from duo.bench.timing import measure_verify_costs, pinned
-from duo.model import Model
+from duo.llama.model import Model
 from duo.models import hub
 from duo.models.files import convert_ftype
 

@@ -70,7 +70,7 @@ CONTEXT_SIZE = 512
 @pytest.fixture(scope="session")
 def target_model(tiny_target: Path):
     """The tiny target loaded in this process (one core), for tests of the model layer and the loops."""
-    from duo.model import Model
+    from duo.llama.model import Model
 
     model = Model(tiny_target, device="cpu", threads=1)
     yield model
@@ -80,7 +80,7 @@ def target_model(tiny_target: Path):
 @pytest.fixture(scope="session")
 def draft_model(tiny_draft: Path):
     """The tiny draft loaded in this process (one core)."""
-    from duo.model import Model
+    from duo.llama.model import Model
 
     model = Model(tiny_draft, device="cpu", threads=1)
     yield model

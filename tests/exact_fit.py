@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 from scipy.stats import chisquare
 
-from duo.model import Model
+from duo.llama.model import Model
 from duo.sampling.distributions import distribution
 from duo.sampling.params import SamplingParams
 

@@ -3,9 +3,9 @@ sends it and sends nothing back (tests feed chunks to sessions themselves)."""
 
 from __future__ import annotations
 
-from duo._proto import duo_pb2 as pb
+from duo.net._proto import duo_pb2 as pb
 from duo.target.pool.connection import DraftConnection
-from duo.vocab import Vocab
+from duo.llama.vocab import Vocab
 
 
 class RecordingDraft(DraftConnection):

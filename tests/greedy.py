@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 
 from duo.constraint import Cursor
-from duo.model import Model
+from duo.llama.model import Model
 from duo.sampling.coupled import coupled_ranking
 from duo.sampling.distributions import distribution
 from duo.sampling.params import SamplingParams

@@ -14,9 +14,9 @@ import threading
 
 import grpc
 
-from duo import wire
-from duo._proto import duo_pb2 as pb
-from duo._proto import duo_pb2_grpc as pb_grpc
+from duo.net import wire
+from duo.net._proto import duo_pb2 as pb
+from duo.net._proto import duo_pb2_grpc as pb_grpc
 
 
 class DishonestJoiner:
@@ -86,7 +86,7 @@ class DishonestJoiner:
 
 
 def main() -> None:
-    from duo.model import Model
+    from duo.llama.model import Model
 
     address, model_path = sys.argv[1:3]
     model = Model(model_path, device="cpu", threads=1)

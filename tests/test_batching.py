@@ -8,8 +8,8 @@ import threading
 import pytest
 
 from duo.costs import StepCosts
-from duo.model import N_BATCH, Part
-from duo.runtime import ModelWorker
+from duo.llama.model import N_BATCH, Part
+from duo.llama.worker import ModelWorker
 from duo.sampling.params import SamplingParams
 from duo.target.batching import MIN_PREFILL_CHUNK, StepBatcher
 from duo.target.target import Target

@@ -247,7 +247,7 @@ def test_stats_of_a_revision_without_branches_or_waits_read_as_zero():
 
 
 def test_runs_record_the_verification_and_seed_the_target_reports():
-    from duo._proto import duo_pb2 as pb
+    from duo.net._proto import duo_pb2 as pb
 
     stats = pb.Stats(generated_tokens=10, verification="coupled", seed=7)
     run = run_from_stats(Variant("duo-coupled"), "p", 0.7, 0, stats, 2.0, 0.5)
@@ -421,7 +421,7 @@ def test_the_concurrency_chart_is_drawn(tmp_path):
 
 
 def test_requests_sent_together_are_released_at_once_and_timed_from_the_first_send(monkeypatch):
-    from duo._proto import duo_pb2 as pb
+    from duo.net._proto import duo_pb2 as pb
 
     calls = []
 

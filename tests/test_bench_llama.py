@@ -15,7 +15,7 @@ from duo.bench import run as bench
 from duo.bench.llama_server import (PeerAnswer, answer_tokens, cpu_mask, expand_modes, read_stream, run_from_answer,
                                     server_args)
 from duo.bench.report import Variant, print_table, summarise
-from duo.runtime import free_port
+from duo.net.listening import free_port
 
 MODELS = (Path("/m/target.gguf"), Path("/m/draft.gguf"))
 

@@ -18,7 +18,7 @@ from duo.bench import specbench
 from duo.bench.cluster import Cluster, chat_request
 from duo.bench.report import Run, Variant, run_from_stats, summarise
 from duo.bench.specbench import Question, converse, pick, read_questions
-from duo.runtime import free_port
+from duo.net.listening import free_port
 
 LINES = [
     {"question_id": 81, "category": "writing", "turns": ["Write a poem.", "Now make it rhyme."]},

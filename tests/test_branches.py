@@ -7,13 +7,13 @@ import asyncio
 import numpy as np
 import pytest
 
-from duo._proto import duo_pb2 as pb
+from duo.net._proto import duo_pb2 as pb
 from duo.draft.batch import Step, Work, plan_works
 from duo.draft.branches import Branch, Doubt, branch_length, doubt_of
 from duo.draft.drafter import Drafter
 from duo.draft.session import DraftSession, Slot
 from duo.draft.value import Round
-from duo.runtime import ModelWorker
+from duo.llama.worker import ModelWorker
 from duo.sampling.distributions import SparseDist
 from duo.sampling.params import SamplingParams
 from test_draft_and_plan import FixedExtraCost, draft_until_idle

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from duo.runtime import free_port
+from duo.net.listening import free_port
 from processes import Process, start
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from duo import backends
-from duo.backends import amx_compiled, layers_for_devices, llama
-from duo.errors import ModelError
+from duo.llama import backends
+from duo.llama.backends import amx_compiled, layers_for_devices, llama
+from duo.llama.errors import ModelError
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -31,7 +31,7 @@ SPR_INFO = ("CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 
 
 def test_the_installed_llama_cpp_has_no_amx_kernels_or_loads_without_them(caplog):
     info = llama().llama_print_system_info().decode()
-    with caplog.at_level(logging.WARNING, logger="duo.backends"):
+    with caplog.at_level(logging.WARNING, logger="duo.llama.backends"):
         safe = backends.extra_buffers_safe()
     assert safe == (not amx_compiled(info)), info
     if not safe:
@@ -44,13 +44,13 @@ def test_the_guard_reads_amx_from_the_system_info_and_loads_without_extra_buffer
     assert not amx_compiled(SPR_INFO.replace("AMX_INT8 = 1 | ", ""))
     assert not amx_compiled("CPU : NEON = 1 | ARM_FMA = 1 | ")
     monkeypatch.setattr(llama(), "llama_print_system_info", lambda: SPR_INFO.encode())
-    with caplog.at_level(logging.WARNING, logger="duo.backends"):
+    with caplog.at_level(logging.WARNING, logger="duo.llama.backends"):
         assert backends.extra_buffers_safe() is False
     assert "AMX" in caplog.text and "scripts/setup.sh" in caplog.text
 
 
 def test_a_model_loaded_under_the_guard_decodes_as_one_loaded_normally(tiny_draft, monkeypatch):
-    from duo import model as model_module
+    from duo.llama import model as model_module
 
     def last_logits() -> object:
         model = model_module.Model(tiny_draft, threads=1)
@@ -84,7 +84,7 @@ def test_the_no_amx_flags_remove_amx_from_a_sapphire_rapids_target_whatever_thei
 _BATCHES = textwrap.dedent("""
     import sys
     import numpy as np
-    from duo.model import Model
+    from duo.llama.model import Model
     model = Model(sys.argv[1], threads=1)
     tokens = model.tokenize("def fibonacci(n):\\n    if n < 2:\\n        return n\\n    return fibonacci(n - 1) + "
                             "fibonacci(n - 2)\\n\\nprint(fibonacci(10))")[:32]

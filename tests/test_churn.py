@@ -20,7 +20,7 @@ from typing import Callable
 import httpx
 import pytest
 
-from duo.model import Model
+from duo.llama.model import Model
 from greedy import leaves_greedy_path_only_at_a_near_tie
 from processes import Process, generate, start, wait_for_draft
 

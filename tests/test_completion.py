@@ -165,7 +165,7 @@ def test_an_oversized_body_is_refused_before_it_is_read():
 
 def test_a_chat_templates_own_refusal_is_a_400_with_its_message(target_model, monkeypatch):
     """Gemma's, Mistral's and Llama 2's templates call raise_exception on roles out of order."""
-    from duo.backends import llama
+    from duo.llama.backends import llama
 
     refusing = llama().llama_chat_format.Jinja2ChatFormatter(
         template="{% if messages[0]['role'] == 'assistant' %}{{ raise_exception('Conversation roles must "

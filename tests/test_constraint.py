@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from duo.constraint import Cursor, GrammarError, grammar_of
-from duo.model import Part
-from duo.runtime import ModelWorker
+from duo.llama.model import Part
+from duo.llama.worker import ModelWorker
 from duo.sampling.coupled import coupled_ranking
 from duo.sampling.distributions import distribution
 from duo.sampling.params import SamplingParams
@@ -20,7 +20,7 @@ from duo.target.batching import VerifyWork, _decode_and_verify, _Planned
 from duo.target.generation import Generation
 from duo.target.target import Target
 from duo.target.request import Request, SpecSettings, StepRecord
-from duo.wire import ChainChunk
+from duo.net.wire import ChainChunk
 from fake_drafts import RecordingDraft
 from greedy import leaves_constrained_greedy_path_only_at_a_near_tie
 from test_sampling import chi_square_pvalue

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from duo._proto import duo_pb2 as pb
-from duo._proto import duo_pb2_grpc as pb_grpc
+from duo.net._proto import duo_pb2 as pb
+from duo.net._proto import duo_pb2_grpc as pb_grpc
 from duo.draft.drafter import Drafter, InvalidEvent
-from duo.runtime import ModelWorker
+from duo.llama.worker import ModelWorker
 from duo.sampling import coupled, verification
 from duo.sampling.coupled import coupled_sample
 from duo.sampling.distributions import distribution

@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
-from duo._proto import duo_pb2 as pb
+from duo.net._proto import duo_pb2 as pb
 from duo.costs import StepCosts
 from duo.draft.drafter import Drafter
 from duo.draft.session import DraftSession
 from duo.draft.value import RoundCost
-from duo.runtime import ModelWorker
+from duo.llama.worker import ModelWorker
 from duo.sampling.params import SamplingParams
 from duo.target.batching import StepBatcher
 from duo.target.generation import Generation

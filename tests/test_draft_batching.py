@@ -7,12 +7,12 @@ import asyncio
 
 import pytest
 
-from duo._proto import duo_pb2 as pb
+from duo.net._proto import duo_pb2 as pb
 from duo.draft.drafter import Drafter
 from duo.draft.metrics import DraftMetrics
 from duo.draft.session import DraftSession
-from duo.model import Context, ModelError, Part
-from duo.runtime import ModelWorker
+from duo.llama.model import Context, ModelError, Part
+from duo.llama.worker import ModelWorker
 from test_draft_and_plan import FixedExtraCost, draft_until_idle
 from test_draft_hardening import CountingModel, Stream, holds_nothing, servicer_for
 

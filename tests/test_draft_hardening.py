@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from duo._proto import duo_pb2 as pb
+from duo.net._proto import duo_pb2 as pb
 from duo.cli.draft import main
 from duo.draft.drafter import Drafted, Drafter
 from duo.draft.metrics import DraftMetrics
 from duo.draft.service import DraftServicer, SessionLimits
 from duo.draft.session import DraftSession, proposes
-from duo.model import Context, Model, ModelError
-from duo.runtime import ModelWorker
+from duo.llama.model import Context, Model, ModelError
+from duo.llama.worker import ModelWorker
 from duo.sampling.distributions import SparseDist, sample
 from duo.sampling.params import SamplingParams
 from duo.sampling.verification import verify

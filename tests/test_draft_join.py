@@ -12,17 +12,17 @@ from pathlib import Path
 import grpc
 import pytest
 
-from duo import wire
-from duo._proto import duo_pb2 as pb
-from duo._proto import duo_pb2_grpc as pb_grpc
+from duo.net import wire
+from duo.net._proto import duo_pb2 as pb
+from duo.net._proto import duo_pb2_grpc as pb_grpc
 from duo.cli.draft import main
 from duo.draft import joining
 from duo.draft.drafter import Drafter
 from duo.draft.joining import Joiner
 from duo.draft.metrics import DraftMetrics
 from duo.draft.service import DraftServicer, SessionLimits
-from duo.runtime import ModelWorker
-from duo.tls import server_credentials
+from duo.llama.worker import ModelWorker
+from duo.net.tls import server_credentials
 from pki import write_pki
 from processes import Process, accepts, free_port, start
 from tiny_models import MISMATCH_TOKEN_ID, MISMATCH_TOKEN_TEXT

@@ -12,7 +12,7 @@ import time
 import grpc
 import pytest
 
-from duo._proto import duo_pb2 as pb
+from duo.net._proto import duo_pb2 as pb
 from duo.sampling.params import SamplingParams
 from exact_fit import first_two_p_values
 from greedy import leaves_greedy_path_only_at_a_near_tie
@@ -138,8 +138,8 @@ def stream_and_interrupt(address: str, prompt: str, max_tokens: int, interrupt, 
                          seed: int | None = None, with_draft: bool = True) -> tuple[list[int], int]:
     """Stream a generation (greedy by default), calling `interrupt` once 10% of it has arrived (with draft
     help, unless `with_draft` is False); the tokens, and the draft tokens received by then."""
-    from duo._proto import duo_pb2 as pb
-    from duo._proto import duo_pb2_grpc as pb_grpc
+    from duo.net._proto import duo_pb2 as pb
+    from duo.net._proto import duo_pb2_grpc as pb_grpc
 
     request = pb.GenerateRequest(prompt=prompt, max_tokens=max_tokens,
                                  sampling=pb.SamplingParams(temperature=temperature, seed=seed))
@@ -166,8 +166,8 @@ def test_a_restarted_draft_rejoins_a_generation_that_is_still_running(tiny_targe
             draft.kill()
             replacement.append(start("duo.cli.draft", ["--model", str(tiny_draft)], log_dir, port=port))
 
-        from duo._proto import duo_pb2 as pb
-        from duo._proto import duo_pb2_grpc as pb_grpc
+        from duo.net._proto import duo_pb2 as pb
+        from duo.net._proto import duo_pb2_grpc as pb_grpc
 
         request = pb.GenerateRequest(prompt=PROMPTS[2], max_tokens=1500)
         tokens, received_after_restart, restarted_at = [], 0, None

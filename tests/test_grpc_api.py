@@ -14,8 +14,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
 from conftest import CONTEXT_SIZE
-from duo._proto import duo_pb2 as pb
-from duo._proto import duo_pb2_grpc as pb_grpc
+from duo.net._proto import duo_pb2 as pb
+from duo.net._proto import duo_pb2_grpc as pb_grpc
 from processes import free_port, generate, health_status
 
 

@@ -9,7 +9,7 @@ import asyncio
 
 import numpy as np
 
-from duo._proto import duo_pb2 as pb
+from duo.net._proto import duo_pb2 as pb
 from duo.costs import MovingAverage
 from duo.draft.batch import Work, draw_step
 from duo.draft.guess import GuessRate, guess_length

@@ -10,7 +10,7 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from duo._proto import duo_pb2 as pb
+from duo.net._proto import duo_pb2 as pb
 from duo.api import choices, infill
 from duo.api.admission import Admission, QueueFull
 from duo.api.completion import Completions

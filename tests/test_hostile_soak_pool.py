@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-from duo.runtime import free_port
+from duo.net.listening import free_port
 from greedy import leaves_greedy_path_only_at_a_near_tie
 from processes import start, wait_for_draft
 from test_hostile_soak import HEALTH_BUDGET_S, RSS_GROWTH_MB, rss_mb

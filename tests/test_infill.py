@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from conftest import CONTEXT_SIZE
-from duo import wire
+from duo.net import wire
 from duo.api.infill import FimInput, FimStops, NoFim, fim_tokens
 from duo.api.stop import StopMatcher
-from duo.model import Model
+from duo.llama.model import Model
 from duo.sampling.distributions import SparseDist, distribution
 from duo.sampling.ops.infill import InfillVocab, infill, infill_vocab
 from duo.sampling.params import SamplingParams

@@ -11,9 +11,9 @@ import httpx
 import pytest
 from grpc_health.v1 import health
 
-from duo import runtime
-from duo._proto import duo_pb2 as pb
-from duo._proto import duo_pb2_grpc as pb_grpc
+from duo.net import listening, options
+from duo.net._proto import duo_pb2 as pb
+from duo.net._proto import duo_pb2_grpc as pb_grpc
 from duo.api.admission import Admission
 from duo.api.completion import Completions
 from duo.api.grpc import client_server
@@ -48,7 +48,7 @@ def slow_service() -> Completions:
 @pytest.fixture
 def short_keepalive(monkeypatch):
     """Both sides' keepalive as the processes set it, every KEEPALIVE_MS instead of 10 s."""
-    monkeypatch.setattr(runtime, "KEEPALIVE_TIME_MS", KEEPALIVE_MS)
+    monkeypatch.setattr(options, "KEEPALIVE_TIME_MS", KEEPALIVE_MS)
 
 
 async def serving_grpc(body) -> object:
@@ -121,7 +121,7 @@ def frame(kind: int, payload: bytes) -> bytes:
 def test_a_streamed_http_request_waits_out_the_prefill(short_keepalive):
     async def run() -> list[str]:
         server = http_server(create_app(slow_service(), Metrics(), None), tls_cert=None, tls_key=None, debug=False)
-        sock = runtime.listen_socket("127.0.0.1:0")
+        sock = listening.listen_socket("127.0.0.1:0")
         serving = asyncio.create_task(server.serve(sockets=[sock]))
         try:
             url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1/completions"

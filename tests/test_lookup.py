@@ -10,7 +10,7 @@ import threading
 import numpy as np
 
 from duo.lookup import MAX_N, MIN_N, ContextLookup
-from duo.runtime import ModelWorker
+from duo.llama.worker import ModelWorker
 from duo.sampling.distributions import SparseDist, distribution
 from duo.sampling.ops.penalties import Penalties
 from duo.sampling.params import SamplingParams

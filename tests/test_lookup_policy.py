@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from duo.costs import StepCosts
-from duo.runtime import ModelWorker
+from duo.llama.worker import ModelWorker
 from duo.sampling.params import SamplingParams
 from duo.target import lookup_policy as lp
 from duo.target.target import Target

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from duo.backends import available_backends, gpu_layers_for
-from duo.model import Model, ModelError
-from duo.vocab import IncompatibleVocab, Vocab, check_compatible
+from duo.llama.backends import available_backends, gpu_layers_for
+from duo.llama.model import Model, ModelError
+from duo.llama.vocab import IncompatibleVocab, Vocab, check_compatible
 
 
 def test_decode_returns_the_logits_of_every_position_that_asked(target_model):

@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from duo import wire
-from duo.runtime import ModelWorker
+from duo.net import wire
+from duo.llama.worker import ModelWorker
 from duo.sampling.ops.penalties import OutputCounts, Penalties
 from duo.sampling.ops.rows import penalize_rows
 from duo.sampling.params import SamplingParams

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from duo.constraint import Cursor, grammar_of
-from duo.runtime import ModelWorker
+from duo.llama.worker import ModelWorker
 from duo.sampling.distributions import NoTokenAllowed
 from duo.sampling.ops.penalties import Penalties
 from duo.sampling.params import SamplingParams

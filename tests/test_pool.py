@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from duo._proto import duo_pb2 as pb
-from duo.runtime import ModelWorker
+from duo.net._proto import duo_pb2 as pb
+from duo.llama.worker import ModelWorker
 from duo.sampling.params import SamplingParams
 from duo.target.generation import Generation
 from duo.target.pool import placement
@@ -17,7 +17,7 @@ from duo.target.pool.pool import FAULTY_FOR_S, RETRIAL_S, ROOM_RETRY_S, DraftPoo
 from duo.target.request import Request, SpecSettings
 from duo.target.switch import Switch
 from duo.target.target import Target
-from duo.wire import ChainChunk
+from duo.net.wire import ChainChunk
 from fake_drafts import RecordingDraft
 
 DEMAND = 20.0  # drafts a second one session can use

@@ -15,9 +15,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from duo import wire
-from duo._proto import duo_pb2 as pb
-from duo._proto import duo_pb2_grpc as pb_grpc
+from duo.net import wire
+from duo.net._proto import duo_pb2 as pb
+from duo.net._proto import duo_pb2_grpc as pb_grpc
 from duo.cli import draft as draft_process
 from duo.cli import target as target_process
 from duo.cli.target_drafts import ANY_HOST_FLAG, check_draft_flags, who_may_join
@@ -25,8 +25,10 @@ from duo.draft.drafter import Drafter
 from duo.draft.joining import Joiner
 from duo.draft.metrics import DraftMetrics
 from duo.draft.service import DraftServicer, SessionLimits
-from duo.runtime import ModelWorker, free_port, grpc_channel_options
-from duo.target.link import DraftLink
+from duo.llama.worker import ModelWorker
+from duo.net.listening import free_port
+from duo.net.options import grpc_channel_options
+from duo.target.pool.link import DraftLink
 from duo.target.pool import joined
 from duo.target.pool.connection import MAX_MODEL_NAME_CHARS, DraftConnection
 from duo.target.pool.joined import MAX_JOIN_MESSAGE_BYTES, PoolService, allowed, parse_allow, peer_host, pool_server

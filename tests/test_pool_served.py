@@ -13,10 +13,10 @@ import grpc
 import httpx
 import pytest
 
-from duo import wire
-from duo._proto import duo_pb2 as pb
-from duo._proto import duo_pb2_grpc as pb_grpc
-from duo.runtime import free_port
+from duo.net import wire
+from duo.net._proto import duo_pb2 as pb
+from duo.net._proto import duo_pb2_grpc as pb_grpc
+from duo.net.listening import free_port
 from greedy import leaves_greedy_path_only_at_a_near_tie
 from processes import Process, start, wait_for_draft
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from duo.runtime import ModelWorker
+from duo.llama.worker import ModelWorker
 from duo.sampling.params import SamplingParams
 from duo.target.target import Target
 from duo.target.request import Request, SpecSettings

@@ -11,6 +11,6 @@ def test_committed_stubs_match_the_generator(tmp_path):
     gen_proto = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen_proto)
     for generated in gen_proto.generate(tmp_path):
-        committed = ROOT / "duo" / "_proto" / generated.name
+        committed = ROOT / "duo" / "net" / "_proto" / generated.name
         assert committed.read_text() == generated.read_text(), (
             f"{committed} is stale: run `python scripts/gen_proto.py` and commit the result")

@@ -11,8 +11,8 @@ import pytest
 from fastapi.testclient import TestClient
 from grpc_health.v1 import health
 
-from duo._proto import duo_pb2 as pb
-from duo._proto import duo_pb2_grpc as pb_grpc
+from duo.net._proto import duo_pb2 as pb
+from duo.net._proto import duo_pb2_grpc as pb_grpc
 from duo.api.admission import Admission
 from duo.api.completion import Completions
 from duo.api.grpc import client_server

@@ -10,9 +10,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from duo.backends import rpc_supported
+from duo.llama.backends import rpc_supported
 from duo.cli import main as cli
-from duo.rpc import parse_endpoints, parse_tensor_split
+from duo.llama.rpc import parse_endpoints, parse_tensor_split
 from greedy import leaves_greedy_path_only_at_a_near_tie
 from processes import Process, free_port, generate, start, wait_for_draft
 from test_duo import PROMPTS, stream_and_interrupt

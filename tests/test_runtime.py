@@ -8,7 +8,11 @@ import threading
 
 import pytest
 
-from duo.runtime import ModelWorker, host_port, is_loopback, within
+from duo.cli.process import host_port, is_loopback
+
+from duo.llama.worker import ModelWorker
+
+from duo.net.timeouts import within
 
 WAIT_S = 5.0
 
@@ -167,7 +171,7 @@ def test_each_process_defaults_to_its_roles_catalog_model_and_names_the_pull_tha
 @pytest.mark.parametrize("flag", ["--draft-max", "--sync"])
 def test_a_verify_batch_larger_than_one_model_call_is_refused_at_start(flag, capsys):
     from duo.cli import target as target_process
-    from duo.model import N_BATCH
+    from duo.llama.model import N_BATCH
 
     assert target_process.main(["--model", "absent.gguf", "--listen", "127.0.0.1:0", flag, str(N_BATCH)]) == 1
     assert f"{flag} {N_BATCH} is too large" in capsys.readouterr().err
@@ -197,7 +201,7 @@ def test_the_api_key_comes_from_the_flag_a_file_or_the_environment(tmp_path, mon
 
 def test_the_clients_grpc_port_caps_messages_like_http_and_keeps_grpcs_ping_flood_protection():
     from duo.api.completion import MAX_BODY_BYTES
-    from duo.runtime import client_server_options, grpc_server_options
+    from duo.net.options import client_server_options, grpc_server_options
 
     options = dict(client_server_options())
     assert options["grpc.max_receive_message_length"] == MAX_BODY_BYTES
@@ -245,14 +249,14 @@ def test_within_times_out_and_cancels_what_it_awaited():
 def test_an_unreachable_peer_is_reported_at_once_then_once_a_minute_and_afresh_after_it_was_reached(monkeypatch):
     import asyncio
 
-    from duo import runtime
+    from duo.net import reconnect
 
     now = [10.0]
 
     async def run() -> list:
         monkeypatch.setattr(asyncio.get_running_loop(), "time", lambda: now[0])
-        report, seen = runtime.Unreachable(), []
-        for step in (0.0, 5.0, runtime.UNREACHABLE_LOG_EVERY_S, 1.0):
+        report, seen = reconnect.Unreachable(), []
+        for step in (0.0, 5.0, reconnect.UNREACHABLE_LOG_EVERY_S, 1.0):
             now[0] += step
             seen.append(report.seconds_to_log())
         report.reached()

@@ -10,7 +10,7 @@ from typing import Callable, Sequence
 import numpy as np
 import pytest
 
-from duo.model import Model
+from duo.llama.model import Model
 from duo.sampling.distributions import SparseDist, distribution, sample
 from duo.sampling.params import SamplingParams
 from duo.sampling.verification import Verdict, verify_stochastic

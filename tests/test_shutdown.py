@@ -11,8 +11,8 @@ import time
 import grpc
 import httpx
 
-from duo._proto import duo_pb2 as pb
-from duo._proto import duo_pb2_grpc as pb_grpc
+from duo.net._proto import duo_pb2 as pb
+from duo.net._proto import duo_pb2_grpc as pb_grpc
 from processes import health_status, start
 
 GRACE_S = 1.0

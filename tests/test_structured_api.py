@@ -9,8 +9,8 @@ import grpc
 import pydantic
 import pytest
 
-from duo._proto import duo_pb2 as pb
-from duo._proto import duo_pb2_grpc as pb_grpc
+from duo.net._proto import duo_pb2 as pb
+from duo.net._proto import duo_pb2_grpc as pb_grpc
 from test_http_api import client, model_name, post
 
 # The tiny models write words: strings and numbers are bounded so that answers end.

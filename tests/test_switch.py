@@ -180,7 +180,7 @@ def test_a_new_request_wants_drafts_from_its_first_step():
 
 
 def test_the_reason_shows_in_a_requests_stats_line_and_in_the_targets_log_line():
-    from duo._proto import duo_pb2 as pb
+    from duo.net._proto import duo_pb2 as pb
     from duo.cli.generate import format_stats
     from duo.target.request import GenerationStats
 

@@ -7,15 +7,15 @@ import time
 
 import pytest
 
-from duo._proto import duo_pb2 as pb
+from duo.net._proto import duo_pb2 as pb
 from duo.costs import PRIOR_BATCH_SLOPE
-from duo.runtime import ModelWorker
+from duo.llama.worker import ModelWorker
 from duo.sampling.params import SamplingParams
 from duo.target.generation import Generation
 from duo.target.target import SYNC_WAIT_S, Target
 from duo.target.policy import AdaptivePolicy
 from duo.target.request import Request, SpecSettings, StepRecord
-from duo.wire import ChainChunk
+from duo.net.wire import ChainChunk
 from fake_drafts import RecordingDraft
 
 BLOCK_S = 0.15  # another request's work on the model thread, in front of every step

@@ -16,9 +16,9 @@ import grpc
 import httpx
 import pytest
 
-from duo._proto import duo_pb2 as pb
-from duo._proto import duo_pb2_grpc as pb_grpc
-from duo.runtime import KEEPALIVE_TIME_MS, KEEPALIVE_TIMEOUT_MS, grpc_channel_options, grpc_server_options
+from duo.net._proto import duo_pb2 as pb
+from duo.net._proto import duo_pb2_grpc as pb_grpc
+from duo.net.options import KEEPALIVE_TIME_MS, KEEPALIVE_TIMEOUT_MS, grpc_channel_options, grpc_server_options
 from processes import Process, generate, start, wait_for_draft
 
 WRITE_TIMEOUT_S = 1.0

@@ -102,7 +102,7 @@ def required_text(model, format_, functions, parallel=False) -> str:
 
     from duo.api.tools import call_grammar
     from duo.constraint import Cursor, grammar_of
-    from duo.runtime import ModelWorker
+    from duo.llama.worker import ModelWorker
     from duo.sampling.params import SamplingParams
     from duo.target.target import Target
     from duo.target.request import Request, SpecSettings

@@ -21,17 +21,17 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from duo import wire
-from duo._proto import duo_pb2 as pb
-from duo._proto import duo_pb2_grpc as pb_grpc
-from duo.model import Model
-from duo.vocab import Vocab
+from duo.net import wire
+from duo.net._proto import duo_pb2 as pb
+from duo.net._proto import duo_pb2_grpc as pb_grpc
+from duo.llama.model import Model
+from duo.llama.vocab import Vocab
 from duo.target import link as duo_link
 from duo.target.pool.connection import LEAD_MARGIN
 from duo.target.chain import DraftChain
 from duo.target.request import SpecSettings
-from duo.target.link import DraftLink
-from duo.wire import ChainChunk
+from duo.target.pool.link import DraftLink
+from duo.net.wire import ChainChunk
 from greedy import leaves_greedy_path_only_at_a_near_tie
 from processes import Process, free_port, generate, health_status, start, wait_for_draft
 

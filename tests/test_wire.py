@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from duo import wire
-from duo._proto import duo_pb2 as pb
+from duo.net import wire
+from duo.net._proto import duo_pb2 as pb
 from duo.sampling.distributions import SparseDist
 from duo.sampling.params import SamplingParams
 

@@ -7,7 +7,7 @@ import grpc
 import httpx
 import pytest
 
-from duo._proto import duo_pb2 as pb
+from duo.net._proto import duo_pb2 as pb
 from duo.sampling.params import SamplingParams
 from processes import generate
 

@@ -69,7 +69,7 @@ def choice_requests(request: CompletionRequest, n: int) -> list[CompletionReques
 async def start_choices(completions: Completions, requests: Sequence[CompletionRequest]) -> Choices:
     """Start every choice (their places taken together, the request prepared once: Completions.start_choices). The
     first decodes the prompt; the others start once it has given its first token: the prompt is then in its cells,
-    which each of them adopts (duo.model.Context.adopt_prefix) instead of decoding it again. QueueFull or a
+    which each of them adopts (duo.llama.model.Context.adopt_prefix) instead of decoding it again. QueueFull or a
     ClientError as Completions.start raises them, with every choice started closed."""
     started = Choices([Choice(completion) for completion in await completions.start_choices(requests)])
     try:

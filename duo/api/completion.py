@@ -23,7 +23,7 @@ from duo.api.sources import SourcedDecoder, step_sources
 from duo.api.stop import StopMatcher
 from duo.api.tools import CallFormat, ToolError, call_format
 from duo.constraint import Compiler, CompilerBusy, Cursor, GrammarError, GrammarTooCostly
-from duo.model import Model, ModelError
+from duo.llama.model import Model, ModelError
 from duo.sampling.distributions import NoTokenAllowed
 from duo.target.target import Target
 from duo.target.request import GenerationStats, Request

@@ -11,14 +11,15 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from duo import wire
-from duo._proto import duo_pb2 as pb
-from duo._proto import duo_pb2_grpc as pb_grpc
+from duo.net import wire
+from duo.net._proto import duo_pb2 as pb
+from duo.net._proto import duo_pb2_grpc as pb_grpc
 from duo.api.admission import QueueFull
 from duo.api.completion import Completions, Piece, failure_message, request_fault
 from duo.api.requests import BadRequest, ClientError, CompletionRequest, NotReady, ShuttingDown
 from duo.constraint import GrammarSpec
-from duo.runtime import MAX_CLIENT_RPCS, WRITE_TIMEOUT_S, WriteTimeout, client_server_options, write_within
+from duo.net.options import MAX_CLIENT_RPCS, client_server_options
+from duo.net.timeouts import WRITE_TIMEOUT_S, WriteTimeout, write_within
 
 log = logging.getLogger("duo.grpc_api")
 

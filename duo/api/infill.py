@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from duo.api.stop import StopMatcher
-from duo.model import Model
+from duo.llama.model import Model
 
 FIM_BATCH = 2048  # llama-server's default --batch-size, which sets its FIM budgets (capped by the context)
 REPO_NAME = "myproject\n"  # llama-server's: the project has no name in the request

@@ -17,7 +17,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from duo.target.request import GenerationStats, StepRecord
-from duo.wire import REJECTION_REASONS
+from duo.net.wire import REJECTION_REASONS
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 

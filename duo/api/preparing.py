@@ -16,7 +16,7 @@ from duo.api.limits import INT32_MAX, INT32_MIN
 from duo.api.requests import BadRequest, CompletionRequest, check_stops, too_long
 from duo.api.tools import GENERIC, ToolError, call_format, call_grammar, thinking_opened, with_tools_described
 from duo.constraint import GrammarError, GrammarSpec, grammar_of
-from duo.model import Model, ModelError
+from duo.llama.model import Model, ModelError
 from duo.sampling.ops.infill import infill_vocab
 from duo.sampling.ops.penalties import Penalties
 from duo.target.request import Request

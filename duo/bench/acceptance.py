@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from duo.bench.cluster import ROOT
-from duo.model import Model
+from duo.llama.model import Model
 from duo.models import hub
 from duo.sampling.coupled import coupled_sample
 from duo.sampling.distributions import SparseDist, distribution, sample

@@ -28,11 +28,11 @@ from typing import Callable, Iterator, NamedTuple, Sequence, TypeVar
 
 import grpc
 
-from duo._proto import duo_pb2 as pb
-from duo._proto import duo_pb2_grpc as pb_grpc
+from duo.net._proto import duo_pb2 as pb
+from duo.net._proto import duo_pb2_grpc as pb_grpc
 from duo.bench.structured import schema_json, split
 from duo.bench.report import Variant
-from duo.runtime import free_port
+from duo.net.listening import free_port
 
 # The checkout this bench runs from: its duo, its git history (baselines), its scripts/ (llama-server's build).
 ROOT = Path(__file__).resolve().parents[2]

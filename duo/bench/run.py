@@ -139,7 +139,7 @@ from duo.bench.structured import STRUCTURED
 from duo.bench.report import UNDELAYED_MODES, Run, Variant, plot, print_table, run_from_stats, summarise
 from duo.bench.timing import measure_sequence_costs, measure_verify_costs
 from duo.models import hub
-from duo.runtime import free_port
+from duo.net.listening import free_port
 
 PROMPTS = {
     # As in the community tests of llama-server's speculative decoding.
@@ -181,7 +181,7 @@ def check_modes(modes: list[str]) -> None:
 
 
 def machine_info(args: argparse.Namespace) -> dict:
-    from duo.backends import available_backends
+    from duo.llama.backends import available_backends
 
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())

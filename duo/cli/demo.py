@@ -11,11 +11,11 @@ from pathlib import Path
 
 import grpc
 
-from duo._proto import duo_pb2 as pb
+from duo.net._proto import duo_pb2 as pb
 from duo.cli.generate import format_stats, stream
-from duo.backends import gpu_layers_for
+from duo.llama.backends import gpu_layers_for
 from duo.models import hub
-from duo.runtime import free_port
+from duo.net.listening import free_port
 
 
 def split_cores() -> tuple[set[int], set[int]]:

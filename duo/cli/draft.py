@@ -11,21 +11,23 @@ from pathlib import Path
 
 import grpc
 
-from duo import wire
-from duo._proto import duo_pb2_grpc as pb_grpc
+from duo.net import wire
+from duo.net._proto import duo_pb2_grpc as pb_grpc
 from duo.constraint import build_tokenizer_in_background
 from duo.draft.drafter import KV_CELLS_PER_CONTEXT, Drafter
 from duo.draft.joining import Joiner, join_all
 from duo.draft.metrics import DraftMetrics
 from duo.draft.service import DraftServicer, SessionLimits
-from duo.backends import gpu_layers_for
-from duo.model import MAX_SEQUENCES, Model, ModelError
+from duo.llama.backends import gpu_layers_for
+from duo.llama.model import MAX_SEQUENCES, Model, ModelError
 from duo.models.hub import (CATALOG, CPU_DRAFT, DEFAULT_DRAFT, HubError, default_draft, is_present, pull,
                             resolve_model)
-from duo.runtime import (HttpServer, ModelWorker, add_process_arguments, check_can_listen, grpc_server_options, host_port,
-                         is_loopback, metrics_server, model_options, run_async, run_server, setup_logging)
-from duo.tls import channel_credentials, check_pair, server_credentials
-from duo.wire import MAX_BRANCHES
+from duo.cli.process import add_process_arguments, check_can_listen, host_port, is_loopback, metrics_server, model_options, run_async, run_server, setup_logging
+from duo.llama.worker import ModelWorker
+from duo.net.listening import HttpServer
+from duo.net.options import grpc_server_options
+from duo.net.tls import channel_credentials, check_pair, server_credentials
+from duo.net.wire import MAX_BRANCHES
 
 log = logging.getLogger("duo.draft")
 

@@ -11,10 +11,10 @@ from typing import Iterator
 import grpc
 from google.protobuf.json_format import MessageToDict
 
-from duo._proto import duo_pb2 as pb
-from duo._proto import duo_pb2_grpc as pb_grpc
-from duo.runtime import grpc_channel_options
-from duo.tls import channel_credentials
+from duo.net._proto import duo_pb2 as pb
+from duo.net._proto import duo_pb2_grpc as pb_grpc
+from duo.net.options import grpc_channel_options
+from duo.net.tls import channel_credentials
 
 
 def add_generate_arguments(parser: argparse.ArgumentParser) -> None:

@@ -178,7 +178,7 @@ def add_bench_command(subparsers: argparse._SubParsersAction) -> None:
 
 
 def add_rpc_server_command(subparsers: argparse._SubParsersAction) -> None:
-    from duo.rpc import add_rpc_server_command as add
+    from duo.llama.rpc import add_rpc_server_command as add
 
     add(subparsers)
 

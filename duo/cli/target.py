@@ -20,17 +20,19 @@ from duo.api.completion import Completions
 from duo.api.grpc import client_server, set_serving
 from duo.api.http import create_app, http_server
 from duo.api.metrics import Metrics
-from duo.backends import on_native_abort
+from duo.llama.backends import on_native_abort
 from duo.constraint import build_tokenizer_in_background
-from duo.model import MAX_SEQUENCES, N_BATCH, Model, ModelError
+from duo.llama.model import MAX_SEQUENCES, N_BATCH, Model, ModelError
 from duo.models.hub import CATALOG, DEFAULT_TARGET, HubError, resolve_model
-from duo.runtime import (WRITE_TIMEOUT_S, ModelWorker, add_process_arguments, check_can_listen,
-                         listen_socket, metrics_server, model_options, run_async, run_server, setup_logging)
+from duo.cli.process import add_process_arguments, check_can_listen, metrics_server, model_options, run_async, run_server, setup_logging
+from duo.llama.worker import ModelWorker
+from duo.net.listening import listen_socket
+from duo.net.timeouts import WRITE_TIMEOUT_S
 from duo.sampling.verification import COUPLED, RESIDUAL
 from duo.target.target import Target
 from duo.cli.target_drafts import add_draft_arguments, check_draft_flags, describe_drafts, serve_drafts, wants_drafts
 from duo.target.request import SpecSettings
-from duo.tls import check_pair, server_credentials
+from duo.net.tls import check_pair, server_credentials
 
 log = logging.getLogger("duo.target")
 

@@ -8,15 +8,15 @@ import logging
 
 import grpc
 
-from duo._proto import duo_pb2_grpc as pb_grpc
-from duo.model import Model
-from duo.runtime import cannot_listen, check_can_listen, host_port, is_loopback
-from duo.target.link import DraftLink
+from duo.net._proto import duo_pb2_grpc as pb_grpc
+from duo.llama.model import Model
+from duo.cli.process import cannot_listen, check_can_listen, host_port, is_loopback
+from duo.target.pool.link import DraftLink
 from duo.target.pool.connection import DraftObserver
 from duo.target.pool.joined import PoolService, parse_allow, pool_server
 from duo.target.request import SpecSettings
 from duo.target.target import Target
-from duo.tls import channel_credentials, check_pair, server_credentials
+from duo.net.tls import channel_credentials, check_pair, server_credentials
 
 log = logging.getLogger("duo.target")
 

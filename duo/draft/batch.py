@@ -14,7 +14,7 @@ from duo.constraint import GrammarError
 from duo.draft.branches import Branch, Doubt
 from duo.draft.session import DraftSession, Drawn, Slot, draw, proposes
 from duo.draft.value import Round
-from duo.model import Context, ModelError, Part, common_prefix_length
+from duo.llama.model import Context, ModelError, Part, common_prefix_length
 
 
 @dataclass(frozen=True)
@@ -149,7 +149,7 @@ class DraftCache:
         decodes the rest: at least the last token, for fresh logits.
 
         A branch sequence that holds another branch first takes the chain's prefix up to the fork: no
-        recompute, the cells are shared (duo.model.Context.fork). A branch keeps what it decoded, so
+        recompute, the cells are shared (duo.llama.model.Context.fork). A branch keeps what it decoded, so
         growing it decodes one token a round, as the chain does.
         """
         session, want, seq = work.session, work.tokens, work.seq

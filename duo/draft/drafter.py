@@ -8,8 +8,8 @@ from typing import Iterable, Protocol, Sequence
 
 import numpy as np
 
-from duo import wire
-from duo._proto import duo_pb2 as pb
+from duo.net import wire
+from duo.net._proto import duo_pb2 as pb
 from duo.constraint import Compiler, CompilerBusy, Cursor, GrammarError
 from duo.draft.batch import DraftCache, RoundReport, Step, Work, plan_works
 from duo.draft.branches import Branch, Doubt, branch_length
@@ -17,8 +17,8 @@ from duo.draft.guess import GuessRate, guess_length, shared_guess_rate
 from duo.draft.session import DraftSession, Drawn
 from duo.draft.value import RoundCost, with_riders
 from duo.lookup import ContextLookup
-from duo.model import Model, ModelError
-from duo.runtime import ModelWorker
+from duo.llama.model import Model, ModelError
+from duo.llama.worker import ModelWorker
 from duo.sampling.distributions import SparseDist
 from duo.sampling.ops.penalties import Penalties
 from duo.sampling.params import SamplingParams
@@ -66,8 +66,8 @@ class Drafter:
         self.max_branches = max_branches
         self.branch_len = branch_len
         self.worker = worker
-        self.n_ctx = min(n_ctx, model.n_ctx_train)  # what a sequence gets (duo.model.Context caps it so)
-        self.cells = max(cells or KV_CELLS_PER_CONTEXT * self.n_ctx, self.n_ctx)  # as duo.model.Context makes it
+        self.n_ctx = min(n_ctx, model.n_ctx_train)  # what a sequence gets (duo.llama.model.Context caps it so)
+        self.cells = max(cells or KV_CELLS_PER_CONTEXT * self.n_ctx, self.n_ctx)  # as duo.llama.model.Context makes it
         self.max_sessions = max_sessions
         self.n_vocab = model.n_vocab
         self.top_k_cap = top_k_cap

@@ -9,10 +9,12 @@ from typing import AsyncIterator
 
 import grpc
 
-from duo._proto import duo_pb2 as pb
-from duo._proto import duo_pb2_grpc as pb_grpc
+from duo.net._proto import duo_pb2 as pb
+from duo.net._proto import duo_pb2_grpc as pb_grpc
 from duo.draft.service import DraftServicer
-from duo.runtime import Unreachable, grpc_channel_options, keep_reconnecting, within
+from duo.net.options import grpc_channel_options
+from duo.net.reconnect import Unreachable, keep_reconnecting
+from duo.net.timeouts import within
 
 log = logging.getLogger("duo.draft")
 

@@ -12,14 +12,14 @@ from typing import Any, AsyncIterable, AsyncIterator, Callable
 
 import grpc
 
-from duo import wire
-from duo._proto import duo_pb2 as pb
-from duo._proto import duo_pb2_grpc as pb_grpc
+from duo.net import wire
+from duo.net._proto import duo_pb2 as pb
+from duo.net._proto import duo_pb2_grpc as pb_grpc
 from duo.draft.drafter import Drafted, Drafter, InvalidEvent
 from duo.draft.metrics import DraftMetrics
 from duo.draft.session import DraftSession
-from duo.model import Model, ModelError
-from duo.vocab import IncompatibleVocab, check_compatible
+from duo.llama.model import Model, ModelError
+from duo.llama.vocab import IncompatibleVocab, check_compatible
 
 log = logging.getLogger("duo.draft")
 

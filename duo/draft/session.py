@@ -12,7 +12,7 @@ from duo.draft.branches import Branch, Doubt, branch_length, doubt_of
 from duo.draft.guess import GuessRate
 from duo.draft.value import Calibration, Horizon, Round, ranked_rounds
 from duo.lookup import ContextLookup
-from duo.model import common_prefix_length
+from duo.llama.model import common_prefix_length
 from duo.sampling.coupled import coupled_race, coupled_ranking
 from duo.sampling.distributions import SparseDist, advance, distribution, sample
 from duo.sampling.ops.penalties import OutputCounts, Penalties
@@ -29,7 +29,7 @@ class Slot:
 
     chain: int
     # Its branches' sequence (None: the draft drafts no branches). A branch shares the chain's prefix up
-    # to its fork without recomputing it (duo.model.Context.fork).
+    # to its fork without recomputing it (duo.llama.model.Context.fork).
     branch: int | None
 
 

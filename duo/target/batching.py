@@ -3,7 +3,7 @@
 Decoding a memory-bound model reads every weight once per call whatever the batch holds, so one call
 carrying all running requests' verify batches costs about as much as one of them (F16 1.5B on one
 CPU core: 4 sequences of one token each cost 2.0 single steps, 10 tokens over 4 sequences 3.5). Each
-request owns one sequence of a shared context (duo.model.Context, a unified KV cache): its tokens,
+request owns one sequence of a shared context (duo.llama.model.Context, a unified KV cache): its tokens,
 its verification and its rollback stay its own.
 """
 
@@ -19,8 +19,9 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 
 from duo.costs import StepCosts
-from duo.model import Context, ModelError, Part, common_prefix_length
-from duo.runtime import ModelWorker, within
+from duo.llama.model import Context, ModelError, Part, common_prefix_length
+from duo.llama.worker import ModelWorker
+from duo.net.timeouts import within
 from duo.sampling.distributions import NoTokenAllowed, SparseDist, log_probs
 from duo.sampling.ops.penalties import OutputCounts, Penalties
 from duo.sampling.ops.rows import penalize_rows
@@ -182,7 +183,7 @@ class StepBatcher:
 
     async def adopt(self, seq: int, prompt: Sequence[int]) -> int:
         """Give the request on `seq` the longest prefix of `prompt` that a sequence holds, with no recompute
-        (duo.model.Context.adopt_prefix), from no sequence a private request holds or left; the prompt tokens it
+        (duo.llama.model.Context.adopt_prefix), from no sequence a private request holds or left; the prompt tokens it
         need not decode.
 
         On the model thread, which runs one job at a time in order: no call touches the context meanwhile.

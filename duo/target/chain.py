@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from duo.sampling.distributions import SparseDist
-from duo.wire import MAX_BRANCHES
+from duo.net.wire import MAX_BRANCHES
 
 
 @dataclass

@@ -11,12 +11,12 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from duo import wire
-from duo._proto import duo_pb2 as pb
+from duo.net import wire
+from duo.net._proto import duo_pb2 as pb
 from duo.constraint import GrammarError
 from duo.lookup import ContextLookup
-from duo.model import Model
-from duo.runtime import within
+from duo.llama.model import Model
+from duo.net.timeouts import within
 from duo.sampling.distributions import SparseDist
 from duo.sampling.ops.penalties import OutputCounts
 from duo.sampling.verification import COUPLED, GREEDY, RESIDUAL, Verdict
@@ -25,7 +25,7 @@ from duo.target.chain import DraftChain
 from duo.target.policy import AdaptivePolicy, DraftTiming
 from duo.target.request import GenerationStats, Request, SpecSettings, Step, verification_of
 from duo.target.switch import Switch
-from duo.wire import ChainChunk
+from duo.net.wire import ChainChunk
 
 log = logging.getLogger("duo.target")
 

@@ -11,10 +11,10 @@ from dataclasses import replace
 from functools import partial
 from typing import AsyncIterator, Protocol, Sequence
 
-from duo._proto import duo_pb2 as pb
+from duo.net._proto import duo_pb2 as pb
 from duo.costs import StepCosts
-from duo.model import Model, ModelError
-from duo.runtime import ModelWorker
+from duo.llama.model import Model, ModelError
+from duo.llama.worker import ModelWorker
 from duo.sampling.verification import COUPLED, GREEDY, RESIDUAL
 from duo.target.batching import CallObserver, PrefillWork, StepBatcher, one_token_seconds
 from duo.target.generation import Generation

@@ -25,8 +25,9 @@ from duo.api.native import ApplyTemplateBody, DetokenizeBody, InfillBody, Native
 from duo.api.parsing import document_bodies
 from duo.api.requests import ClientError
 from duo.api.responses import add_responses_routes
-from duo.model import ModelError
-from duo.runtime import WRITE_TIMEOUT_S, HttpServer
+from duo.llama.model import ModelError
+from duo.net.listening import HttpServer
+from duo.net.timeouts import WRITE_TIMEOUT_S
 
 # Connections served at once; beyond, uvicorn answers 503 (generations are bounded by --parallel/--queue-size).
 MAX_HTTP_CONNECTIONS = 256

@@ -12,7 +12,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from duo.api.answers import ApiError
 from duo.api.page import PAGE_PATHS
-from duo.runtime import within
+from duo.net.timeouts import within
 
 # A request body must arrive within this long (a client trickling bytes would hold a connection forever).
 BODY_READ_TIMEOUT_S = 30.0

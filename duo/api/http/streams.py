@@ -14,7 +14,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from duo.api.choices import Choices
 from duo.api.completion import Completion
-from duo.runtime import WriteTimeout, write_within
+from duo.net.timeouts import WriteTimeout, write_within
 
 log = logging.getLogger("duo.http")
 

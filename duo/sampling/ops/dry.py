@@ -89,7 +89,7 @@ def _in_sorted(values: np.ndarray, sorted_values: np.ndarray) -> np.ndarray:
 
 
 class DryVocab(Protocol):
-    """What DRY reads of a model: its tokens' text and its tokenizer (duo.model.Model is one)."""
+    """What DRY reads of a model: its tokens' text and its tokenizer (duo.llama.model.Model is one)."""
 
     @property
     def n_vocab(self) -> int: ...

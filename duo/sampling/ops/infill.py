@@ -40,7 +40,7 @@ class InfillVocab:
 
 
 class InfillModel(Protocol):
-    """What the transform reads of a model (duo.model.Model is one)."""
+    """What the transform reads of a model (duo.llama.model.Model is one)."""
 
     def special_token(self, name: str) -> int | None: ...
 

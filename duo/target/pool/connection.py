@@ -7,12 +7,12 @@ import asyncio
 import logging
 from typing import Callable, Protocol
 
-from duo import wire
-from duo._proto import duo_pb2 as pb
-from duo.runtime import MAX_MESSAGE_BYTES
+from duo.net import wire
+from duo.net._proto import duo_pb2 as pb
+from duo.net.options import MAX_MESSAGE_BYTES
 from duo.target.chain import DraftChain
-from duo.vocab import Vocab
-from duo.wire import ChainChunk
+from duo.llama.vocab import Vocab
+from duo.net.wire import ChainChunk
 
 log = logging.getLogger("duo.link")
 
@@ -20,7 +20,7 @@ log = logging.getLogger("duo.link")
 # shortened the lead crosses chunks drafted under the longer one (the adaptive policy's lead is at
 # most 2 x 16 + 2), and anything further is a broken or hostile draft.
 LEAD_MARGIN = 64
-# Bounds an honest draft never breaks (duo.wire.REJECTION_REASONS): its epochs and positions may lag behind the
+# Bounds an honest draft never breaks (duo.net.wire.REJECTION_REASONS): its epochs and positions may lag behind the
 # target's commits in a race, but its tokens, distributions, lengths and lead are its own.
 HOSTILE_REASONS = frozenset({"token", "distribution", "length", "lead"})
 # Longest text of the draft's own that is logged (its error messages are untrusted too).

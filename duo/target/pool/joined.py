@@ -11,14 +11,15 @@ from urllib.parse import unquote
 
 import grpc
 
-from duo import wire
-from duo._proto import duo_pb2 as pb
-from duo._proto import duo_pb2_grpc as pb_grpc
-from duo.runtime import grpc_server_options, within
-from duo.target.link import WRITE_STALL_S  # a draft that reads none of the stream this long is dropped
+from duo.net import wire
+from duo.net._proto import duo_pb2 as pb
+from duo.net._proto import duo_pb2_grpc as pb_grpc
+from duo.net.options import grpc_server_options
+from duo.net.timeouts import within
+from duo.target.pool.link import WRITE_STALL_S  # a draft that reads none of the stream this long is dropped
 from duo.target.pool.connection import DraftConnection, clip, draft_model_name
 from duo.target.pool.pool import DraftPool
-from duo.vocab import IncompatibleVocab, Vocab, check_compatible
+from duo.llama.vocab import IncompatibleVocab, Vocab, check_compatible
 
 log = logging.getLogger("duo.pool")
 
@@ -26,7 +27,7 @@ HELLO_TIMEOUT_S = 30.0  # a caller that sends no Hello within this is dropped
 # The largest message the pool's port reads: a draft's Hello, which carries its whole vocabulary (each token's text
 # and two or three bytes of framing). Measured: Qwen2.5's 151,936 tokens make a Hello of 1.7 MB, Llama 3's 128,256
 # one of 1.3 MB, Gemma's 262,144 one of 2.8 MB; 16 MiB leaves Gemma five times its room, and no caller can make the
-# target parse 64 MiB (duo.runtime.MAX_MESSAGE_BYTES, the other ports' limit) before any check.
+# target parse 64 MiB (duo.net.options.MAX_MESSAGE_BYTES, the other ports' limit) before any check.
 MAX_JOIN_MESSAGE_BYTES = 16 * 1024 * 1024
 # Join calls at once (beyond: RESOURCE_EXHAUSTED): a joined draft holds one for as long as it stays, a caller that
 # sends no Hello one for HELLO_TIMEOUT_S. Far more drafts than one target's sessions can use.

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
-from duo._proto import duo_pb2 as pb
+from duo.net._proto import duo_pb2 as pb
 from duo.costs import MovingAverage
 from duo.target.policy import DraftTiming
 from duo.target.pool.connection import DraftConnection, DraftObserver, LinkedSession
@@ -37,7 +37,7 @@ ROOM_RETRY_S = 5.0  # a draft that refused a session for want of room is offered
 # A draft judged off that has no session left gets no steps to judge it again: after this long it gets a fresh
 # switch (an on trial), so that it is offered sessions again and judged on them.
 RETRIAL_S = 30.0
-# A draft that broke a bound (a chunk out of the vocabulary, the lead or its epochs; duo.wire) is offered no session
+# A draft that broke a bound (a chunk out of the vocabulary, the lead or its epochs; duo.net.wire) is offered no session
 # for this long after its latest fault, and its sessions move to a draft that keeps them, where there is one.
 FAULTY_FOR_S = 30.0
 # A draft's pace is timed between two chunks with no commit between them (duo.target.generation): a draft slower

@@ -1,6 +1,6 @@
 """The model layer: load a GGUF, tokenize, decode with logits (several sequences in one call), roll back.
 
-With duo.backends, the only code that touches llama.cpp."""
+With duo.llama.backends, the only code that touches llama.cpp."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from typing import Any, Collection, Mapping, Sequence
 import numpy as np
 from jinja2 import TemplateError
 
-from duo.backends import add_rpc_server, describe_devices, extra_buffers_safe, gpu_layers_for, llama
-from duo.errors import ModelError
-from duo.vocab import Vocab
+from duo.llama.backends import add_rpc_server, describe_devices, extra_buffers_safe, gpu_layers_for, llama
+from duo.llama.errors import ModelError
+from duo.llama.vocab import Vocab
 
 # Sequences one context may hold (llama.cpp's LLAMA_MAX_SEQ, which its Python binding does not export).
 MAX_SEQUENCES = 256

@@ -14,8 +14,8 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from duo.backends import DEVICES, NO_RPC, rpc_supported, serve_rpc
-from duo.model import ModelError
+from duo.llama.backends import DEVICES, NO_RPC, rpc_supported, serve_rpc
+from duo.llama.model import ModelError
 
 DEFAULT_LISTEN = "127.0.0.1:50052"  # llama.cpp's rpc-server default port; loopback unless asked otherwise
 CONNECT_TIMEOUT_S = 5.0

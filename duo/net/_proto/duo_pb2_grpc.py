@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from duo._proto import duo_pb2 as duo_dot___proto_dot_duo__pb2
+from duo.net._proto import duo_pb2 as duo_dot_net_dot___proto_dot_duo__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in duo/_proto/duo_pb2_grpc.py depends on'
+        + ' but the generated code in duo/net/_proto/duo_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -40,13 +40,13 @@ class DraftStub:
         """
         self.Handshake = channel.unary_unary(
                 '/duo.v1.Draft/Handshake',
-                request_serializer=duo_dot___proto_dot_duo__pb2.Hello.SerializeToString,
-                response_deserializer=duo_dot___proto_dot_duo__pb2.Hello.FromString,
+                request_serializer=duo_dot_net_dot___proto_dot_duo__pb2.Hello.SerializeToString,
+                response_deserializer=duo_dot_net_dot___proto_dot_duo__pb2.Hello.FromString,
                 _registered_method=True)
         self.Speculate = channel.stream_stream(
                 '/duo.v1.Draft/Speculate',
-                request_serializer=duo_dot___proto_dot_duo__pb2.TargetEvent.SerializeToString,
-                response_deserializer=duo_dot___proto_dot_duo__pb2.DraftEvent.FromString,
+                request_serializer=duo_dot_net_dot___proto_dot_duo__pb2.TargetEvent.SerializeToString,
+                response_deserializer=duo_dot_net_dot___proto_dot_duo__pb2.DraftEvent.FromString,
                 _registered_method=True)
 
 
@@ -78,13 +78,13 @@ def add_DraftServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Handshake': grpc.unary_unary_rpc_method_handler(
                     servicer.Handshake,
-                    request_deserializer=duo_dot___proto_dot_duo__pb2.Hello.FromString,
-                    response_serializer=duo_dot___proto_dot_duo__pb2.Hello.SerializeToString,
+                    request_deserializer=duo_dot_net_dot___proto_dot_duo__pb2.Hello.FromString,
+                    response_serializer=duo_dot_net_dot___proto_dot_duo__pb2.Hello.SerializeToString,
             ),
             'Speculate': grpc.stream_stream_rpc_method_handler(
                     servicer.Speculate,
-                    request_deserializer=duo_dot___proto_dot_duo__pb2.TargetEvent.FromString,
-                    response_serializer=duo_dot___proto_dot_duo__pb2.DraftEvent.SerializeToString,
+                    request_deserializer=duo_dot_net_dot___proto_dot_duo__pb2.TargetEvent.FromString,
+                    response_serializer=duo_dot_net_dot___proto_dot_duo__pb2.DraftEvent.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -116,8 +116,8 @@ class Draft:
             request,
             target,
             '/duo.v1.Draft/Handshake',
-            duo_dot___proto_dot_duo__pb2.Hello.SerializeToString,
-            duo_dot___proto_dot_duo__pb2.Hello.FromString,
+            duo_dot_net_dot___proto_dot_duo__pb2.Hello.SerializeToString,
+            duo_dot_net_dot___proto_dot_duo__pb2.Hello.FromString,
             options,
             channel_credentials,
             insecure,
@@ -143,8 +143,8 @@ class Draft:
             request_iterator,
             target,
             '/duo.v1.Draft/Speculate',
-            duo_dot___proto_dot_duo__pb2.TargetEvent.SerializeToString,
-            duo_dot___proto_dot_duo__pb2.DraftEvent.FromString,
+            duo_dot_net_dot___proto_dot_duo__pb2.TargetEvent.SerializeToString,
+            duo_dot_net_dot___proto_dot_duo__pb2.DraftEvent.FromString,
             options,
             channel_credentials,
             insecure,
@@ -169,8 +169,8 @@ class PoolStub:
         """
         self.Join = channel.stream_stream(
                 '/duo.v1.Pool/Join',
-                request_serializer=duo_dot___proto_dot_duo__pb2.JoinUp.SerializeToString,
-                response_deserializer=duo_dot___proto_dot_duo__pb2.JoinDown.FromString,
+                request_serializer=duo_dot_net_dot___proto_dot_duo__pb2.JoinUp.SerializeToString,
+                response_deserializer=duo_dot_net_dot___proto_dot_duo__pb2.JoinDown.FromString,
                 _registered_method=True)
 
 
@@ -194,8 +194,8 @@ def add_PoolServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Join': grpc.stream_stream_rpc_method_handler(
                     servicer.Join,
-                    request_deserializer=duo_dot___proto_dot_duo__pb2.JoinUp.FromString,
-                    response_serializer=duo_dot___proto_dot_duo__pb2.JoinDown.SerializeToString,
+                    request_deserializer=duo_dot_net_dot___proto_dot_duo__pb2.JoinUp.FromString,
+                    response_serializer=duo_dot_net_dot___proto_dot_duo__pb2.JoinDown.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -225,8 +225,8 @@ class Pool:
             request_iterator,
             target,
             '/duo.v1.Pool/Join',
-            duo_dot___proto_dot_duo__pb2.JoinUp.SerializeToString,
-            duo_dot___proto_dot_duo__pb2.JoinDown.FromString,
+            duo_dot_net_dot___proto_dot_duo__pb2.JoinUp.SerializeToString,
+            duo_dot_net_dot___proto_dot_duo__pb2.JoinDown.FromString,
             options,
             channel_credentials,
             insecure,
@@ -256,18 +256,18 @@ class TargetStub:
         """
         self.Generate = channel.unary_stream(
                 '/duo.v1.Target/Generate',
-                request_serializer=duo_dot___proto_dot_duo__pb2.GenerateRequest.SerializeToString,
-                response_deserializer=duo_dot___proto_dot_duo__pb2.GenerateResponse.FromString,
+                request_serializer=duo_dot_net_dot___proto_dot_duo__pb2.GenerateRequest.SerializeToString,
+                response_deserializer=duo_dot_net_dot___proto_dot_duo__pb2.GenerateResponse.FromString,
                 _registered_method=True)
         self.Tokenize = channel.unary_unary(
                 '/duo.v1.Target/Tokenize',
-                request_serializer=duo_dot___proto_dot_duo__pb2.TokenizeRequest.SerializeToString,
-                response_deserializer=duo_dot___proto_dot_duo__pb2.TokenizeResponse.FromString,
+                request_serializer=duo_dot_net_dot___proto_dot_duo__pb2.TokenizeRequest.SerializeToString,
+                response_deserializer=duo_dot_net_dot___proto_dot_duo__pb2.TokenizeResponse.FromString,
                 _registered_method=True)
         self.ModelInfo = channel.unary_unary(
                 '/duo.v1.Target/ModelInfo',
-                request_serializer=duo_dot___proto_dot_duo__pb2.ModelInfoRequest.SerializeToString,
-                response_deserializer=duo_dot___proto_dot_duo__pb2.ModelInfoResponse.FromString,
+                request_serializer=duo_dot_net_dot___proto_dot_duo__pb2.ModelInfoRequest.SerializeToString,
+                response_deserializer=duo_dot_net_dot___proto_dot_duo__pb2.ModelInfoResponse.FromString,
                 _registered_method=True)
 
 
@@ -309,18 +309,18 @@ def add_TargetServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Generate': grpc.unary_stream_rpc_method_handler(
                     servicer.Generate,
-                    request_deserializer=duo_dot___proto_dot_duo__pb2.GenerateRequest.FromString,
-                    response_serializer=duo_dot___proto_dot_duo__pb2.GenerateResponse.SerializeToString,
+                    request_deserializer=duo_dot_net_dot___proto_dot_duo__pb2.GenerateRequest.FromString,
+                    response_serializer=duo_dot_net_dot___proto_dot_duo__pb2.GenerateResponse.SerializeToString,
             ),
             'Tokenize': grpc.unary_unary_rpc_method_handler(
                     servicer.Tokenize,
-                    request_deserializer=duo_dot___proto_dot_duo__pb2.TokenizeRequest.FromString,
-                    response_serializer=duo_dot___proto_dot_duo__pb2.TokenizeResponse.SerializeToString,
+                    request_deserializer=duo_dot_net_dot___proto_dot_duo__pb2.TokenizeRequest.FromString,
+                    response_serializer=duo_dot_net_dot___proto_dot_duo__pb2.TokenizeResponse.SerializeToString,
             ),
             'ModelInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.ModelInfo,
-                    request_deserializer=duo_dot___proto_dot_duo__pb2.ModelInfoRequest.FromString,
-                    response_serializer=duo_dot___proto_dot_duo__pb2.ModelInfoResponse.SerializeToString,
+                    request_deserializer=duo_dot_net_dot___proto_dot_duo__pb2.ModelInfoRequest.FromString,
+                    response_serializer=duo_dot_net_dot___proto_dot_duo__pb2.ModelInfoResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -355,8 +355,8 @@ class Target:
             request,
             target,
             '/duo.v1.Target/Generate',
-            duo_dot___proto_dot_duo__pb2.GenerateRequest.SerializeToString,
-            duo_dot___proto_dot_duo__pb2.GenerateResponse.FromString,
+            duo_dot_net_dot___proto_dot_duo__pb2.GenerateRequest.SerializeToString,
+            duo_dot_net_dot___proto_dot_duo__pb2.GenerateResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -382,8 +382,8 @@ class Target:
             request,
             target,
             '/duo.v1.Target/Tokenize',
-            duo_dot___proto_dot_duo__pb2.TokenizeRequest.SerializeToString,
-            duo_dot___proto_dot_duo__pb2.TokenizeResponse.FromString,
+            duo_dot_net_dot___proto_dot_duo__pb2.TokenizeRequest.SerializeToString,
+            duo_dot_net_dot___proto_dot_duo__pb2.TokenizeResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -409,8 +409,8 @@ class Target:
             request,
             target,
             '/duo.v1.Target/ModelInfo',
-            duo_dot___proto_dot_duo__pb2.ModelInfoRequest.SerializeToString,
-            duo_dot___proto_dot_duo__pb2.ModelInfoResponse.FromString,
+            duo_dot_net_dot___proto_dot_duo__pb2.ModelInfoRequest.SerializeToString,
+            duo_dot_net_dot___proto_dot_duo__pb2.ModelInfoResponse.FromString,
             options,
             channel_credentials,
             insecure,

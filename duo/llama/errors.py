@@ -1,4 +1,4 @@
-"""The model layer's error, shared by duo.model and duo.backends."""
+"""The model layer's error, shared by duo.llama.model and duo.llama.backends."""
 
 
 class ModelError(Exception):

@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from duo._proto import duo_pb2 as pb
-from duo.model import Model
-from duo.vocab import Vocab
+from duo.net._proto import duo_pb2 as pb
+from duo.llama.model import Model
+from duo.llama.vocab import Vocab
 from duo.sampling.distributions import SparseDist
 from duo.sampling.ops.dry import Dry
 from duo.sampling.ops.infill import infill_vocab

@@ -1,5 +1,5 @@
 """ggml's device backends and RPC servers: which devices this llama.cpp build has, offloading layers to
-them, and serving a device to other machines. With duo.model, the only code that touches llama.cpp."""
+them, and serving a device to other machines. With duo.llama.model, the only code that touches llama.cpp."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Callable
 
-from duo.errors import ModelError
+from duo.llama.errors import ModelError
 
-log = logging.getLogger("duo.backends")
+log = logging.getLogger("duo.llama.backends")
 
 DEVICES = ("cpu", "cuda", "metal", "vulkan", "auto")
 
@@ -97,7 +97,7 @@ def _rpc_function(name: str, restype: type | None, *argtypes: type) -> Callable:
 def add_rpc_server(endpoint: str) -> None:
     """Register the devices of the ggml RPC server at HOST:PORT, as llama.cpp's --rpc does: models
     loaded afterwards offload their layers to them. ggml aborts the process when it cannot connect or
-    handshake, so check that the server answers first (duo.rpc.check_reachable)."""
+    handshake, so check that the server answers first (duo.llama.rpc.check_reachable)."""
     registry = _rpc_function("ggml_backend_rpc_add_server", ctypes.c_void_p, ctypes.c_char_p)(endpoint.encode())
     if not registry:
         raise ModelError(f"the RPC server at {endpoint} offers no device")

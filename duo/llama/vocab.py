@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from duo.errors import ModelError
+from duo.llama.errors import ModelError
 
 # llama.cpp's rules for a draft/target pair (common/speculative.cpp): the first few ids are
 # control tokens that may legitimately differ, and a few extra tokens at the end are tolerated.

@@ -7,11 +7,13 @@ import logging
 
 import grpc
 
-from duo import wire
-from duo._proto import duo_pb2 as pb
-from duo._proto import duo_pb2_grpc as pb_grpc
-from duo.vocab import IncompatibleVocab, Vocab, check_compatible
-from duo.runtime import MAX_MESSAGE_BYTES, Unreachable, grpc_channel_options, keep_reconnecting, within
+from duo.net import wire
+from duo.net._proto import duo_pb2 as pb
+from duo.net._proto import duo_pb2_grpc as pb_grpc
+from duo.llama.vocab import IncompatibleVocab, Vocab, check_compatible
+from duo.net.options import MAX_MESSAGE_BYTES, grpc_channel_options
+from duo.net.reconnect import Unreachable, keep_reconnecting
+from duo.net.timeouts import within
 from duo.target.pool.connection import DraftConnection, clip, draft_model_name
 
 log = logging.getLogger("duo.link")
