@@ -9,7 +9,7 @@ import numpy as np
 from duo.sampling.distributions import SparseDist, check_finite, distribution, weights_of
 from duo.sampling.noise import lowest_bits_below, uniforms, uniforms_of, vocabulary_bits
 from duo.sampling.params import SamplingParams
-from duo.sampling.ranking import leading_ids
+from duo.sampling.ops.ranking import leading_ids
 
 RACE_CUT = 16.0
 TAIL_WEIGHT = math.exp(-RACE_CUT) * (1 + 1e-9)  # above any weight past the cut, float64 rounding included

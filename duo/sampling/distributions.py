@@ -8,17 +8,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from duo.sampling.ops.infill import infill
-from duo.sampling.ops.mirostat import V1_SAMPLE, next_mu, v1_size, v2_size
+from duo.sampling.ops.mirostat import kept_size, next_mu
+from duo.sampling.ops.ranking import leading_ids
 from duo.sampling.ops.temperature import dynamic_temperature
-from duo.sampling.ops.truncation import sigma_floor, typical_keep
+from duo.sampling.ops.truncation import min_p_size, nucleus_size, ranked_bound, typical_keep, untruncated_candidates
 from duo.sampling.ops.xtc import xtc_removed
 from duo.sampling.params import SamplingParams
-from duo.sampling.ranking import leading_ids
-
-# Without top-k, top-p first looks for its nucleus among this many leading tokens, then 16x as many, then
-# the whole vocabulary. LLM next-token distributions are peaked: the first try almost always holds it.
-_FIRST_CANDIDATES = 1024
-_CANDIDATE_GROWTH = 16
 
 
 class NoTokenAllowed(ValueError):
@@ -103,15 +98,15 @@ def weights_of(logits: np.ndarray, top: float, temperature: float) -> np.ndarray
 
 
 def _truncated(logits: np.ndarray, top: float, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
-    """The ids left by top-n-sigma, top-k, typical, top-p and min-p, and their weights (weights_of)."""
-    temperature, bound = params.temperature, _ranked_bound(logits, top, params)
+    """The ids left by top-n-sigma, top-k, typical, top-p and min-p (ops.truncation), and their weights (weights_of)."""
+    temperature, bound = params.temperature, ranked_bound(logits, top, params.top_k, params.top_n_sigma)
     if bound is None and params.typical_p == 1:
         all_weights = weights_of(logits, top, temperature)
         mass = all_weights.sum()
         if params.top_p == 1 and params.min_p == 0:
             ids = np.flatnonzero(all_weights)  # exp underflow to 0 is the only cut
             return ids, all_weights[ids]
-        ids = _untruncated_candidates(logits, all_weights, mass, params)
+        ids = untruncated_candidates(logits, all_weights, mass, params.top_p, params.min_p, params.min_keep)
         weights = all_weights[ids]
     else:
         ids = leading_ids(logits, logits.size if bound is None else bound)
@@ -122,59 +117,9 @@ def _truncated(logits: np.ndarray, top: float, params: SamplingParams) -> tuple[
             keep = typical_keep(weights / mass, params.typical_p, params.min_keep)
             ids, weights = ids[keep], weights[keep]  # still ranked: a mask keeps the order
             mass = weights.sum()
-    n = min(_nucleus_size(weights, mass, params.top_p, params.min_keep),
-            _min_p_size(weights, params.min_p, params.min_keep, weights[0]))
+    n = min(nucleus_size(weights, mass, params.top_p, params.min_keep),
+            min_p_size(weights, params.min_p, params.min_keep, weights[0]))
     return ids[:n], weights[:n]
-
-
-def _ranked_bound(logits: np.ndarray, top: float, params: SamplingParams) -> int | None:
-    """How many of the ranked tokens top-n-sigma and top-k leave (a prefix); None where neither applies."""
-    bound = params.top_k if 0 < params.top_k < logits.size else None
-    if params.top_n_sigma > 0 and logits.size > 1:
-        kept = int(np.count_nonzero(logits >= sigma_floor(logits, top, params.top_n_sigma)))
-        bound = kept if bound is None else min(bound, kept)
-    return bound
-
-
-def _untruncated_candidates(
-    logits: np.ndarray, weights: np.ndarray, mass: float, params: SamplingParams
-) -> np.ndarray:
-    """Ranked leading ids that surely hold the final support when nothing truncated before top-p and min-p.
-
-    Min-p bounds the support up front: it keeps exactly the tokens with weight >= min_p
-    (prob / max prob == weight), and at least min_keep. With min_p off, zero weights (exp underflow) are the bound.
-    Top-p's nucleus is only known once the ranked mass reaches top_p, so we rank a small
-    candidate set first and grow it only when its mass falls short.
-    """
-    bound = _min_p_size(weights, params.min_p, params.min_keep)  # min-p leaves a ranked prefix of this length
-    if params.top_p == 1:
-        return leading_ids(logits, bound)
-    n = min(max(_FIRST_CANDIDATES, params.min_keep), bound)
-    while True:
-        ids = leading_ids(logits, n)
-        if n == bound or weights[ids].sum() >= params.top_p * mass:
-            return ids
-        n = min(n * _CANDIDATE_GROWTH, bound)
-
-
-def _nucleus_size(weights: np.ndarray, mass: float, top_p: float, min_keep: int) -> int:
-    """Length of the shortest ranked prefix whose probability (weights / mass) reaches top_p, and at least min_keep."""
-    if top_p == 1:
-        return weights.size
-    reached = np.searchsorted(np.cumsum(weights), top_p * mass, side="left")
-    return int(min(max(reached + 1, min_keep), weights.size))  # the tail can fall short of top_p by rounding
-
-
-def _min_p_size(weights: np.ndarray, min_p: float, min_keep: int, top_weight: float = 1.0) -> int:
-    """How many tokens have prob >= min_p * max prob, i.e. weight >= min_p * top_weight (the largest weight), and at
-    least min_keep; zeros never count.
-
-    Weights fall with rank, so these are a ranked prefix. min_p < 1, so the top token always stays.
-    """
-    nonzero = int(np.count_nonzero(weights))
-    if min_p <= 0:
-        return nonzero
-    return min(max(int(np.count_nonzero(weights >= min_p * top_weight)), min_keep), nonzero)
 
 
 def _shaped(ids: np.ndarray, weights: np.ndarray, logits: np.ndarray, params: SamplingParams) -> SparseDist:
@@ -213,19 +158,11 @@ def _mixture(a: SparseDist, b: SparseDist, weight_b: float) -> SparseDist:
 
 
 def _mirostat(logits: np.ndarray, top: float, params: SamplingParams, mu: float | None) -> SparseDist:
-    """Temperature, then mirostat's truncation at state mu (ops.mirostat: v1 a top-k of its Zipf estimate, v2 the
-    tokens of surprise <= mu), renormalised; then top-k where set: llama.cpp ignores the other samplers under
-    mirostat (duo's HTTP API leaves top-k off with it), and the draft caps its q so."""
+    """Temperature, then mirostat's truncation at state mu (ops.mirostat), renormalised."""
     if mu is None:
         raise ValueError("mirostat needs its state mu (SamplingParams.start_mu before the first token)")
     weights = weights_of(logits, top, params.temperature)
-    mass, nonzero = weights.sum(), int(np.count_nonzero(weights))
-    if params.mirostat == 2:
-        n = v2_size(weights, mass, mu)
-    else:
-        n = v1_size(weights[leading_ids(logits, min(V1_SAMPLE, nonzero))] / mass, mu, logits.size)
-    n = min(n, params.top_k or n, nonzero)
-    ids = leading_ids(logits, n)
+    ids = leading_ids(logits, kept_size(logits, weights, mu, params.mirostat, params.top_k))
     return SparseDist(ids, weights[ids] / weights[ids].sum())
 
 

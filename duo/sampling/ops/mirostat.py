@@ -12,6 +12,8 @@ import math
 
 import numpy as np
 
+from duo.sampling.ops.ranking import leading_ids
+
 V1_SAMPLE = 100  # mirostat v1 estimates the Zipf exponent from the m most probable tokens (llama.cpp's m)
 
 
@@ -49,3 +51,16 @@ def v1_size(leading_probs: np.ndarray, mu: float, n_vocab: int) -> int:
     if np.isnan(log_k):
         return 1
     return int(min(max(math.exp(min(float(log_k), 700.0)), 1.0), n_vocab))
+
+
+def kept_size(logits: np.ndarray, weights: np.ndarray, mu: float, version: int, top_k: int) -> int:
+    """How many of the ranked tokens mirostat `version` keeps at state mu (v1 a top-k of its Zipf estimate, v2 the
+    tokens of surprise <= mu), then top-k where set: llama.cpp ignores the other samplers under mirostat (duo's HTTP
+    API leaves top-k off with it), and the draft caps its q so. `weights`: the row's softmax at its temperature,
+    unnormalised (weights_of in duo.sampling.distributions)."""
+    mass, nonzero = weights.sum(), int(np.count_nonzero(weights))
+    if version == 2:
+        n = v2_size(weights, mass, mu)
+    else:
+        n = v1_size(weights[leading_ids(logits, min(V1_SAMPLE, nonzero))] / mass, mu, logits.size)
+    return min(n, top_k or n, nonzero)
