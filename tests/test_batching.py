@@ -125,7 +125,7 @@ def test_a_long_prompt_is_prefilled_in_chunks_beside_the_running_generations(tar
     assert leaves_greedy_path_only_at_a_near_tie(target_model, long_prompt, late, 4)
     assert leaves_greedy_path_only_at_a_near_tie(target_model, PROMPTS[0], running, 40)
     # The verify cost table, which the policy reads, learnt nothing from the calls that carried prompt chunks.
-    assert max(target.costs.step_seconds) < MIN_PREFILL_CHUNK
+    assert max(target.control.costs.step_seconds) < MIN_PREFILL_CHUNK
 
 
 def test_sequences_are_reused_by_later_generations(target_model):
@@ -258,7 +258,7 @@ def test_the_shared_context_times_decoding_alone_for_the_switch_and_leaves_its_f
         target = Target(target_model, ModelWorker(), None, n_ctx=256, settings=SpecSettings(), parallel=2)
         batcher = await target.batcher()
         try:
-            return dict(target.switch.rest_rates), len(batcher.context.held(0))
+            return dict(target.control.switch.rest_rates), len(batcher.context.held(0))
         finally:
             await target.close()
 

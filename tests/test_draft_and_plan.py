@@ -14,6 +14,7 @@ from duo.llama.worker import ModelWorker
 from duo.sampling.params import SamplingParams
 from duo.target.batching import StepBatcher
 from duo.target.generation import Generation
+from duo.target.policy import StepPlan
 from duo.target.request import Request, SpecSettings
 from greedy import leaves_greedy_path_only_at_a_near_tie
 
@@ -155,7 +156,8 @@ def plan_for(pending: int, **settings) -> tuple[int, int]:
     generation = Generation(1, Request([1, 2, 3], SamplingParams()), model=None, settings=SpecSettings(**settings))
     generation.chain.receive(0, 3, list(range(100, 100 + pending)), [])
     batcher = StepBatcher(ModelWorker(), SimpleNamespace(n_seq=1, n_batch=512), StepCosts())
-    [planned] = batcher._plan([(asyncio.run(generation.verify_work(0, room=1000, policy=None)), None)])
+    work = asyncio.run(generation.verify_work(0, room=1000, plan=StepPlan(None, chain=True)))  # not adaptive
+    [planned] = batcher._plan([(work, None)])
     tokens = list(planned.part.tokens)
     assert tokens[0] == 3 and list(planned.part.outputs()) == list(range(len(tokens)))  # the newest committed token leads
     return len(tokens) - 1, len(planned.drafts)

@@ -156,7 +156,7 @@ def test_the_target_times_a_step_alone_for_the_cost_model_as_it_starts(target_mo
     # (duo.costs.StepCosts) overrates it: rows that lose would look as if they paid.
     target = Target(target_model, ModelWorker(), None, n_ctx=256, settings=SpecSettings())
     asyncio.run(target.batcher())
-    assert target.costs.measured_seconds(1) == pytest.approx(1.0 / target.switch.rest_rates[1])
+    assert target.control.costs.measured_seconds(1) == pytest.approx(1.0 / target.control.switch.rest_rates[1])
     asyncio.run(target.close())
 
 
@@ -215,7 +215,7 @@ def generate(target: Target, prompt: list[int], n: int, params: SamplingParams =
 
 def scripted_target(model, cost: Callable[[int], float]) -> Target:
     target = Target(model, ModelWorker(), None, n_ctx=1024, settings=SpecSettings())
-    target.costs = ScriptedCosts(cost)
+    target.control.costs = ScriptedCosts(cost)
     return target
 
 

@@ -224,7 +224,7 @@ def test_each_draft_judges_its_own_sessions_against_the_targets_one_reference_at
     target.pool.add(a)
     target.pool.add(b)
     switch_a, switch_b = (m.switch for m in target.pool.members)
-    assert switch_a.rest_rates is target.switch.rest_rates is switch_b.rest_rates
+    assert switch_a.rest_rates is target.control.switch.rest_rates is switch_b.rest_rates
     first, second = session(1), session(2)
     target.pool.register(first)
     target.pool.register(second)
@@ -233,7 +233,7 @@ def test_each_draft_judges_its_own_sessions_against_the_targets_one_reference_at
     second.switch.step_done(2, 1, 0)
     # Each switch saw one request step, yet the load either judges at is the target's: two.
     assert switch_a.requests == switch_b.requests == 1 and switch_a._load_now() == switch_b._load_now() == 2
-    assert target.any_speculating()
+    assert target.control.any_speculating()
 
 
 def test_the_pool_stops_its_dialing_tasks_when_it_stops():

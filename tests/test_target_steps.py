@@ -47,7 +47,7 @@ def test_a_step_is_timed_without_the_wait_behind_other_work_on_the_model_thread(
     assert len(seen.records) == 6 and elapsed > 5 * BLOCK_S  # the steps really waited
     assert max(record.seconds for record in seen.records) < BLOCK_S / 2
     # The policy learnt the same model-only cost.
-    assert target.costs.batch_seconds(1) < BLOCK_S / 2
+    assert target.control.costs.batch_seconds(1) < BLOCK_S / 2
 
 
 
@@ -60,15 +60,15 @@ def waiting_target_and_generation() -> tuple[Target, Generation, AdaptivePolicy]
     """A slow target (T(n) = 140 ms) whose draft answers a commit in 10 ms and then drafts every 5 ms."""
     target = Target(None, ModelWorker(), RecordingDraft(), n_ctx=256, settings=SpecSettings())
     for n in range(1, 18):
-        target.costs.observe(n, 0.140)
+        target.control.costs.observe(n, 0.140)
     timing = target.pool.members[0].timing  # the draft's, which judges the sessions placed on it
     timing.latency.add(0.010)
     timing.per_token.add(0.005)
-    generation = Generation(1, Request([1, 2, 3], SamplingParams()), None, SpecSettings(), target.draft_timing)
-    generation.switch = target.switch
+    generation = Generation(1, Request([1, 2, 3], SamplingParams()), None, SpecSettings(), target.control.draft_timing)
+    generation.switch = target.control.switch
     target.pool.register(generation)
     generation.starved_since = time.monotonic()
-    return target, generation, AdaptivePolicy(16, target.costs)
+    return target, generation, AdaptivePolicy(16, target.control.costs)
 
 
 def test_with_a_much_faster_draft_the_target_waits_for_the_drafts_it_knows_are_coming():
@@ -215,12 +215,12 @@ def test_the_switch_estimates_decoding_alone_at_a_load_from_the_calls_the_target
 
     async def run():
         await target.batcher()
-        before = target.switch.estimate_alone(4)
+        before = target.control.switch.estimate_alone(4)
         async for _ in target.generate(Request([9707, 11, 1879], SamplingParams(), max_tokens=6)):
             pass
         return before
 
     # Before any step, from the one-token calls timed as the target starts (never from the prior's units of T(1)).
-    assert asyncio.run(run()) == pytest.approx(target.switch.rest_rates[1] / (1 + 3 * PRIOR_BATCH_SLOPE))
-    assert target.switch.estimate_alone(1) == pytest.approx(1.0 / target.costs.measured_seconds(1))
-    assert target.switch.estimate_alone(4) == pytest.approx(1.0 / target.costs.batch_seconds(4))
+    assert asyncio.run(run()) == pytest.approx(target.control.switch.rest_rates[1] / (1 + 3 * PRIOR_BATCH_SLOPE))
+    assert target.control.switch.estimate_alone(1) == pytest.approx(1.0 / target.control.costs.measured_seconds(1))
+    assert target.control.switch.estimate_alone(4) == pytest.approx(1.0 / target.control.costs.batch_seconds(4))

@@ -172,7 +172,7 @@ class _Pool:
         return [s for s in self.sessions if s.finished_at is None]
 
     def _demand(self) -> float:
-        """Drafts a second one session can use (duo.target.target's _draft_demand, at this k)."""
+        """Drafts a second one session can use (duo.target.control's _draft_demand, at this k)."""
         return self.k / batch_cost(self.costs, max(1, len(self._running())) * (self.k + 1))
 
     def _step(self) -> None:

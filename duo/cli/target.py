@@ -225,8 +225,9 @@ async def serve(args: argparse.Namespace, path: Path, settings: SpecSettings, op
         completions.ready(target, min(args.ctx_size, model.n_ctx_train))
         admission = completions.admission
         metrics.watch(draft_state=lambda: completions.draft_state,
-                      draft_len=lambda: target.draft_len, spec_on=lambda: float(target.any_speculating()),
-                      spec_gain=lambda: target.best_gain() or 0.0,
+                      draft_len=lambda: target.control.draft_len,
+                      spec_on=lambda: float(target.control.any_speculating()),
+                      spec_gain=lambda: target.control.best_gain() or 0.0,
                       running=lambda: admission.running, waiting=lambda: admission.waiting)
         log.info("model loaded in %.1f s: serving %s (%s; context %d per request, %d at once), %s",
                  time.monotonic() - began, path.name, model.placement(), args.ctx_size, args.parallel,

@@ -22,7 +22,7 @@ from duo.sampling.ops.penalties import OutputCounts
 from duo.sampling.verification import COUPLED, GREEDY, RESIDUAL, Verdict
 from duo.target.batching import VerifyWork
 from duo.target.chain import DraftChain
-from duo.target.policy import AdaptivePolicy, DraftTiming
+from duo.target.policy import AdaptivePolicy, DraftTiming, StepPlan
 from duo.target.request import GenerationStats, Request, SpecSettings, Step, verification_of
 from duo.target.switch import Switch
 from duo.net.wire import ChainChunk
@@ -134,14 +134,13 @@ class Generation:
             except asyncio.TimeoutError:
                 return
 
-    async def verify_work(self, seq: int, room: int, policy: AdaptivePolicy | None,
-                          prompt_tail: Sequence[int] = ()) -> VerifyWork:
-        """This step's work for the batched call: the pending drafts it may verify (`room`: positions
+    async def verify_work(self, seq: int, room: int, plan: StepPlan, prompt_tail: Sequence[int] = ()) -> VerifyWork:
+        """This step's work for the batched call, as `plan`ned: the pending drafts it may verify (`room`: positions
         the context has left; the batch never runs past it), the model's chain first, then free drafts.
         Under a grammar the drafts are checked on a worker thread: llguidance's calls can take a while, and some
         hold the GIL, so none runs on the event loop."""
         pending, dists = self.chain.pending()
-        if policy is not None and not policy.switch.speculating:
+        if not plan.chain:
             pending, dists = [], []  # the draft rests: its chain waits, free drafts may still pay
         if self.verification == RESIDUAL and None in dists:
             pending = pending[:dists.index(None)]  # rejection sampling needs the q each token came from
@@ -156,13 +155,13 @@ class Generation:
         free = forced + found
         self.split = (len(pending), len(forced), len(found))
         dists = dists[:len(pending)] + [SparseDist.point(token) for token in free]
-        if policy is not None:
-            policy.free_from = len(pending) if free else None
-            policy.lookup_from = len(pending) + len(forced) if found else None
+        if plan.policy is not None:  # where this step's drafts turn free, and to the lookup's: the policy's rates
+            plan.policy.free_from = len(pending) if free else None
+            plan.policy.lookup_from = len(pending) + len(forced) if found else None
         pending = pending + free
         return VerifyWork(seq=seq, pos=len(self.committed) - 1, last=self.committed[-1], pending=pending,
                           dists=dists, limit=min(len(pending), limit), draft_min=self.settings.draft_min,
-                          policy=policy,
+                          policy=plan.policy,
                           params=self.request.params, rng=self.rng,
                           coupled_seed=self.seed if self.verification == COUPLED else None,
                           masks=masks, penalties=self.request.penalties, counted=self.output_counts,

@@ -247,6 +247,16 @@ class AdaptivePolicy:
         return 2 * self.draft_len + 2
 
 
+@dataclass(frozen=True)
+class StepPlan:
+    """What one step of a request verifies (planned by duo.target.control): the draft's chain, unless the switch
+    rests the draft (free drafts may still pay). How many drafts, and whether the lookup's join, the batched call
+    decides for every request at once by each one's `policy` (choose_together; None: not adaptive, all it may)."""
+
+    policy: AdaptivePolicy | None
+    chain: bool
+
+
 def allocate(policies: list[AdaptivePolicy], limits: list[int], costs: StepCosts, other_tokens: int = 0,
              with_free: bool = True) -> list[int]:
     """Draft lengths k_s <= limits[s] for requests verified in one batched call that maximise the

@@ -12,18 +12,14 @@ from functools import partial
 from typing import AsyncIterator, Protocol, Sequence
 
 from duo.net._proto import duo_pb2 as pb
-from duo.costs import StepCosts
 from duo.llama.model import Model, ModelError
 from duo.llama.worker import ModelWorker
-from duo.sampling.verification import COUPLED, GREEDY, RESIDUAL
 from duo.target.batching import CallObserver, PrefillWork, StepBatcher, one_token_seconds
+from duo.target.control import SpeculationControl
 from duo.target.generation import Generation
-from duo.target.lookup_policy import LookupRecord
-from duo.target.policy import Acceptance, AdaptivePolicy, DraftTiming
+from duo.target.policy import AdaptivePolicy
 from duo.target.pool.connection import DraftConnection
-from duo.target.pool.pool import DraftPool
 from duo.target.request import GenerationStats, Request, SpecSettings, Step, StepRecord
-from duo.target.switch import Switch
 
 log = logging.getLogger("duo.target")
 
@@ -43,8 +39,9 @@ class StepObserver(Protocol):
 
 class Target:
     """The target model and its drafts: runs every generation's steps, each step of all of them
-    in one batched model call (duo.target.batching). Its drafts are a pool (duo.target.pool) where `drafts` is
-    set or a `link` is given (it joins the pool); without, it decodes alone."""
+    in one batched model call (duo.target.batching), as speculation control (duo.target.control) plans each and learns
+    from it. Its drafts are a pool (duo.target.pool) where `drafts` is set or a `link` is given (it joins the pool);
+    without, it decodes alone."""
 
     def __init__(self, model: Model, worker: ModelWorker, link: DraftConnection | None = None, *,
                  drafts: bool = False, n_ctx: int, settings: SpecSettings, parallel: int = 1,
@@ -55,23 +52,10 @@ class Target:
         self.parallel = parallel  # generations at once: one sequence each in the shared context
         self.prompt_cache = prompt_cache  # requests may start from prompt prefixes others left
         self.settings = settings
-        # The adaptive policy: step costs shared by all requests (one model, one machine, measured per
-        # call by its tokens), acceptance learnt per request, each starting from the estimate of its
-        # verification mode (they accept differently: greedy, coupled, residual).
-        self.costs = StepCosts()
-        self.acceptance_by_mode = {mode: Acceptance.prior(settings.draft_max) for mode in (GREEDY, COUPLED, RESIDUAL)}
-        self.free_acceptance_by_mode = {mode: Acceptance.prior(settings.draft_max)
-                                        for mode in (GREEDY, COUPLED, RESIDUAL)}
-        self.lookup_by_mode = {mode: LookupRecord() for mode in (GREEDY, COUPLED, RESIDUAL)}  # whether its rows pay
-        # Whether speculation pays here, by what it delivers (duo.target.switch): the target's own switch, for the
-        # requests no draft serves and the reference of decoding alone; each draft has one too (duo.target.pool).
-        self.switch = Switch()
-        self.pool = (DraftPool(self._draft_switch, self._draft_demand, step_seconds=self._step_seconds)
-                     if drafts or link is not None else None)
+        self.control = SpeculationControl(settings, drafts=drafts or link is not None)
+        self.pool = self.control.pool  # control reads its drafts' switches; the sessions' events go through it here
         if link is not None:
             self.pool.add(link)
-        self.draft_len = settings.draft_max  # the latest request's preferred draft length (metrics)
-        self.draft_timing = DraftTiming()  # one draft serves every request
         self.observers: list[StepObserver] = []
         self.call_observers: list[CallObserver] = []  # given to the batcher
         self._ids = itertools.count(1)
@@ -86,15 +70,9 @@ class Target:
                 n_ctx = min(self.n_ctx, self.model.n_ctx_train)
                 context = await self.worker.create(partial(self.model.new_context, n_seq=self.parallel,
                                                            cells=n_ctx * self.parallel), n_ctx)
-                self._batcher = StepBatcher(self.worker, context, self.costs, self.any_speculating)
+                self._batcher = StepBatcher(self.worker, context, self.control.costs, self.control.any_speculating)
                 self._batcher.observers = self.call_observers
-                # The switch's first reference, timed before the draft works: the first request needs no rest.
-                alone = await self.worker.run(one_token_seconds, context)
-                self.switch.rest_rates.setdefault(1, 1.0 / alone)
-                # T(1) for the cost model too: where the lookup proposes at every step, no step may decode alone to
-                # time it, and one extrapolated from longer calls' times is far too high (the lookup then never rests).
-                self.costs.observe(1, alone)
-                self.switch.estimate_alone = self._estimate_alone
+                self.control.observe_alone(await self.worker.run(one_token_seconds, context))
         return self._batcher
 
     async def close(self) -> None:
@@ -103,57 +81,12 @@ class Target:
             await self.worker.close(self._batcher.context)
             self._batcher = None
 
-    def _draft_switch(self) -> Switch:
-        """A draft's switch: it judges its own requests' steps against the target's decoding alone (one reference,
-        shared) at the target's load."""
-        return Switch(rest_rates=self.switch.rest_rates, estimate_alone=self._estimate_alone, load=self._stepping)
-
-    def _switches(self) -> list[Switch]:
-        return [self.switch, *(self.pool.switches() if self.pool else [])]
-
-    def _stepping(self) -> int:
-        return sum(switch.requests for switch in self._switches())
-
-    def any_speculating(self) -> bool:
-        """Whether any switch has speculation on (the metrics' spec_decode_on)."""
-        return any(switch.speculating for switch in self._switches())
-
-    def best_gain(self) -> float | None:
-        """The highest gain over decoding alone a switch last judged (None: none judged yet)."""
-        gains = [switch.gain for switch in self._switches() if switch.gain is not None]
-        return max(gains) if gains else None
-
-    def _draft_demand(self) -> float:
-        """Drafts a second one session can use at the current load: draft_max of them a verify step, a step of
-        every running session in one call (inf before any call was timed)."""
-        step = self._step_seconds()
-        return max(1, self.settings.draft_max) / step if step else float("inf")
-
-    def _step_seconds(self) -> float:
-        """How long a step of every running session takes now, with draft_max drafts each (0 before any call was timed)."""
-        load, k = max(1, self._stepping()), max(1, self.settings.draft_max)
-        return self.costs.batch_seconds(load * (k + 1)) if self.costs.timed else 0.0
-
-    def _serves(self, generation: Generation) -> bool:
-        """Whether a draft that is up serves the request now."""
-        return self.pool is not None and self.pool.serves(generation.session_id)
-
-    def _estimate_alone(self, load: int) -> float | None:
-        """Tokens per second a request decodes alone at `load` requests, from the calls timed so far: one token
-        each, `load` tokens a call (a call's cost follows its tokens: S(m) = T(m) within a few % on a CPU)."""
-        return 1.0 / self.costs.batch_seconds(load) if self.costs.timed else None
-
     async def generate(self, request: Request) -> AsyncIterator[tuple[Step, GenerationStats]]:
         """Yield the committed tokens step by step; the draft only ever changes the speed."""
         if not request.prompt_tokens:
             raise ModelError("the prompt is empty")
-        generation = Generation(next(self._ids), request, self.model, self.settings, self.draft_timing)
-        generation.switch = self.switch
-        if self.settings.adaptive:
-            mode = generation.verification
-            generation.policy = AdaptivePolicy(self.settings.draft_max, self.costs, self.acceptance_by_mode[mode],
-                                               generation.switch, self.free_acceptance_by_mode[mode],
-                                               shared_lookup=self.lookup_by_mode[mode])
+        generation = Generation(next(self._ids), request, self.model, self.settings, self.control.draft_timing)
+        self.control.add(generation)
         batcher = await self.batcher()
         n_ctx = batcher.context.n_ctx
         if len(request.prompt_tokens) >= n_ctx:
@@ -185,7 +118,7 @@ class Target:
                 if step.finish_reason:
                     return
         finally:
-            generation.switch.request_done(generation.session_id)
+            self.control.finish(generation)
             if self.pool:
                 self.pool.unregister(generation.session_id)
             batcher.leave(seq, keep=request.cache_prompt and self.prompt_cache)
@@ -205,7 +138,7 @@ class Target:
     async def _await_drafts(self, generation: Generation, want: int) -> None:
         """Synchronous mode: wait until `want` drafts are pending, the draft stopped, or it is gone."""
         def enough(pending: list[int]) -> bool:
-            return (not self._serves(generation) or generation.draft_refused or len(pending) >= want
+            return (not self.control.serves(generation) or generation.draft_refused or len(pending) >= want
                     or generation.chain.draft_paused()
                     or bool(pending and self.model.is_end_of_generation(pending[-1])))
 
@@ -217,7 +150,7 @@ class Target:
         if (generation.starved_since is None or generation.draft_silent or generation.draft_refused
                 or not generation.switch.speculating
                 or generation.chain.has_pending()
-                or generation.chain.draft_paused() or not self._serves(generation)):
+                or generation.chain.draft_paused() or not self.control.serves(generation)):
             return 0.0
         began = time.monotonic()
         k, expected = policy.wait_for(generation.timing, began - generation.starved_since)
@@ -233,20 +166,28 @@ class Target:
         generation.stats.wait_seconds += waited
         return waited
 
-    async def _step(self, generation: Generation, batcher: StepBatcher, seq: int,
-                    prompt_tail: Sequence[int] = ()) -> Step:
-        policy = generation.policy
-        waited = 0.0
+    async def _gather_drafts(self, generation: Generation, batcher: StepBatcher, seq: int,
+                             prompt_tail: Sequence[int]) -> float:
+        """Before a step: wait for drafts where that pays (the synchronous mode: for `sync` of them); the seconds
+        waited, as the step's record counts them (the synchronous mode's wait is its regime: none)."""
         if prompt_tail:  # the prompt's end is read first, at once: no draft can have drafted past it yet
-            waited = 0.0
-        elif self.settings.sync:
+            return 0.0
+        if self.settings.sync:
             batcher.away(seq)
             await self._await_drafts(generation, self.settings.sync)
-        elif policy is not None and batcher.running == 1:  # with others, the call goes anyway: ride on it
+        elif generation.policy is not None and batcher.running == 1:  # with others, the call goes anyway: ride on it
             batcher.away(seq)
-            waited = await self._wait_if_worth_it(generation, policy)
+            return await self._wait_if_worth_it(generation, generation.policy)
+        return 0.0
+
+    async def _step(self, generation: Generation, batcher: StepBatcher, seq: int,
+                    prompt_tail: Sequence[int] = ()) -> Step:
+        """One step of the request: gather drafts, plan what to verify, verify it in the batched call, commit, and
+        let speculation control observe what the step did."""
+        waited = await self._gather_drafts(generation, batcher, seq, prompt_tail)
+        plan = self.control.plan(generation)  # after the wait: a draft may have taken the session meanwhile
         start = len(generation.committed)
-        work = await generation.verify_work(seq, batcher.context.n_ctx - (start - 1), policy, prompt_tail)
+        work = await generation.verify_work(seq, batcher.context.n_ctx - (start - 1), plan, prompt_tail)
         result = await batcher.run(work)
         step = generation.commit(result.verdict, result.n_verified, result.batch_size)
         # The call's time (model work only, never the wait behind other work on the model thread).
@@ -255,23 +196,8 @@ class Target:
                             seconds=result.seconds, waited=waited)
         for observer in self.observers:
             observer.on_step(record)
-        if policy is not None:
-            rows = policy.observe_lookup(result.batch_size, result.verdict.n_accepted, result.call_tokens,
-                                         result.seconds)
-            generation.stats.count_lookup(rows, policy.lookup.trials, policy.lookup.reason())
-            policy.observe_acceptance(record.n_verified, record.n_accepted)
-            switch = generation.switch
-            if self._serves(generation):
-                switch.step_done(generation.session_id, len(step.tokens), record.n_verified,
-                                 prefill=result.with_prefill)
-            else:  # without a draft there is nothing to switch; the next step starts timing afresh
-                switch.request_done(generation.session_id)
-            generation.stats.speculation = switch.reason()
-            self.draft_len = policy.draft_len
-        if self.pool is not None:  # the draft's own tokens lead the batch: its acceptance, for placement
-            drafted = min(generation.split[0], record.n_verified)
-            self.pool.observe_step(generation.session_id, drafted, min(record.n_accepted, drafted))
-        self._tell_draft(generation, policy)
+        self.control.observe(generation, result, record)
+        self._tell_draft(generation, plan.policy)
         return step
 
     def _tell_draft(self, generation: Generation, policy: AdaptivePolicy | None) -> None:
@@ -280,7 +206,7 @@ class Target:
         would only cost the target's core time for a draft that does nothing with it."""
         if not self.pool:
             return
-        if policy is None or generation.switch.draft_wanted() or not self._serves(generation):
+        if policy is None or generation.switch.draft_wanted() or not self.control.serves(generation):
             unsent = generation.committed[generation.told:]
             if unsent:
                 self.pool.send(pb.TargetEvent(commit=pb.Commit(session_id=generation.session_id,
