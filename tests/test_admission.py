@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from duo.api.admission import Admission, QueueFull
+from duo.api.serving.admit import Admission, QueueFull
 
 
 def run(coroutine):

@@ -13,14 +13,14 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from duo.api import bodies
-from duo.api.bodies import ChatBody
+from duo.api.serving import bodies
+from duo.api.openai.bodies import ChatBody
 from duo.api.http import create_app
-from duo.api.limits import MAX_ID_LENGTH, MAX_NAME_LENGTH, BodyLimits
-from duo.api.metrics import Metrics
-from duo.api.parsing import check_shape, parse_body
-from duo.api.preparing import Preparer
-from duo.api.requests import BadRequest
+from duo.api.serving.limits import MAX_ID_LENGTH, MAX_NAME_LENGTH, BodyLimits
+from duo.api.serving.metrics import Metrics
+from duo.api.serving.read import check_shape, parse_body
+from duo.api.serving.prepare import Preparer
+from duo.api.serving.request import BadRequest
 from duo.api.responses.body import ResponsesBody
 from duo.api.responses.route import ResponsesApi
 from duo.api.responses.store import ResponseStore, characters

@@ -11,11 +11,11 @@ from types import SimpleNamespace
 import pytest
 from fastapi.testclient import TestClient
 
-from duo.api.admission import Admission, QueueFull
-from duo.api.completion import MAX_BODY_BYTES, Completions
+from duo.api.serving.admit import Admission, QueueFull
+from duo.api.serving.generate import MAX_BODY_BYTES, Completions
 from duo.api.http import create_app
-from duo.api.metrics import Metrics
-from duo.api.requests import BadRequest, CompletionRequest, NotReady
+from duo.api.serving.metrics import Metrics
+from duo.api.serving.request import BadRequest, CompletionRequest, NotReady
 from duo.target.request import GenerationStats, Request, Step
 
 # Token id -> bytes; 1 and 2 split the UTF-8 bytes of "日" (e6 97 a5) between them.
@@ -308,7 +308,7 @@ def test_once_the_model_is_loaded_a_body_larger_than_its_context_can_use_is_refu
 @pytest.mark.parametrize("body", [{"prompt": [3] * 5000}, {"messages": [{"role": "user", "content": ""}] * 5000}],
                          ids=["token ids", "messages"])
 def test_a_list_longer_than_the_context_is_refused_before_its_items_are_validated(body, monkeypatch):
-    from duo.api import bodies
+    from duo.api.openai import bodies
 
     validated = []
     for kind in (bodies.CompletionBody, bodies.ChatBody):

@@ -10,10 +10,10 @@ import asyncio
 import httpx
 import pytest
 
-from duo.api.admission import Admission
-from duo.api.completion import Completions
+from duo.api.serving.admit import Admission
+from duo.api.serving.generate import Completions
 from duo.api.http import create_app
-from duo.api.metrics import Metrics
+from duo.api.serving.metrics import Metrics
 
 PAGE = "https://page.example"  # a public page
 ALLOWED = "http://allowed.example:3000"

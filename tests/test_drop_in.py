@@ -11,10 +11,10 @@ import httpx
 import pytest
 
 from conftest import CONTEXT_SIZE
-from duo.api.admission import Admission
-from duo.api.completion import Completions
+from duo.api.serving.admit import Admission
+from duo.api.serving.generate import Completions
 from duo.api.http import create_app
-from duo.api.metrics import Metrics
+from duo.api.serving.metrics import Metrics
 from duo.cli.target import served_names
 from test_http_api import post
 

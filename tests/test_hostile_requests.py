@@ -11,13 +11,13 @@ import pytest
 from fastapi.testclient import TestClient
 
 from duo.net._proto import duo_pb2 as pb
-from duo.api import choices, infill
-from duo.api.admission import Admission, QueueFull
-from duo.api.completion import Completions
+from duo.api.serving import choices, infill
+from duo.api.serving.admit import Admission, QueueFull
+from duo.api.serving.generate import Completions
 from duo.api.http import create_app
-from duo.api.limits import MAX_JSON_DEPTH
-from duo.api.metrics import Metrics
-from duo.api.requests import CompletionRequest
+from duo.api.serving.limits import MAX_JSON_DEPTH
+from duo.api.serving.metrics import Metrics
+from duo.api.serving.request import CompletionRequest
 from duo.constraint import Compiler, GrammarTooCostly, checked_cursor, grammar_of
 from duo.draft.metrics import DraftMetrics
 from duo.draft.service import Connection, SessionLimits
@@ -55,7 +55,7 @@ def test_whatever_fails_between_taking_the_places_and_starting_gives_them_back(m
     def broken(*args):
         raise OverflowError("a bug after the place was taken")
 
-    monkeypatch.setattr("duo.api.completion.stops_for", broken)
+    monkeypatch.setattr("duo.api.serving.generate.stops_for", broken)
     service = scripted(parallel=3)
 
     async def run() -> None:

@@ -11,8 +11,8 @@ import pytest
 
 from conftest import CONTEXT_SIZE
 from duo.net import wire
-from duo.api.infill import FimInput, FimStops, NoFim, fim_tokens
-from duo.api.stop import StopMatcher
+from duo.api.serving.infill import FimInput, FimStops, NoFim, fim_tokens
+from duo.api.serving.stop import StopMatcher
 from duo.llama.model import Model
 from duo.sampling.distributions import SparseDist, distribution
 from duo.sampling.ops.infill import InfillVocab, infill, infill_vocab
@@ -123,7 +123,7 @@ def test_past_t_max_predict_ms_an_earlier_line_break_does_not_end_a_line_midway(
 
 
 def test_without_penalties_in_samplers_logit_bias_still_applies_as_in_llama_cpp():
-    from duo.api.bodies import CompletionBody
+    from duo.api.openai.bodies import CompletionBody
 
     request = CompletionBody(prompt="x", samplers=["top_k", "top_p", "infill"], top_k=40, logit_bias={"5": -100},
                              presence_penalty=1.0).to_request()

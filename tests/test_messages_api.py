@@ -11,14 +11,14 @@ import anthropic
 import httpx
 import pytest
 
-from duo.api.answers import ApiError
-from duo.api.deltas import CallArguments, CallClosed, CallOpened, ReasoningDelta, TextDelta
-from duo.api.messages.answer import ContentBlocks, assembled
-from duo.api.stop import StopMatcher
-from duo.api.messages.body import MessagesBody
-from duo.api.messages.errors import AnthropicErrors
-from duo.api.messages.translate import chat_body
-from duo.api.requests import BadRequest
+from duo.api.openai.errors import ApiError
+from duo.api.output.deltas import CallArguments, CallClosed, CallOpened, ReasoningDelta, TextDelta
+from duo.api.anthropic.answer import ContentBlocks, assembled
+from duo.api.serving.stop import StopMatcher
+from duo.api.anthropic.body import MessagesBody
+from duo.api.anthropic.errors import AnthropicErrors
+from duo.api.anthropic.translate import chat_body
+from duo.api.serving.request import BadRequest
 from duo.api.tools import ToolCall
 from test_http_api import (LEAVE_EARLY_TOKENS, generated_tokens, health, model_name, post, stop_inside,
                            wait_until_idle)

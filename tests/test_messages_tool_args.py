@@ -11,12 +11,12 @@ import anthropic
 import httpx2
 import pytest
 
-from duo.api.admission import Admission
-from duo.api.completion import Completion, Completions, Piece
+from duo.api.serving.admit import Admission
+from duo.api.serving.generate import Completion, Completions, Piece
 from duo.api.http import create_app
-from duo.api.messages.answer import tool_input
-from duo.api.metrics import Metrics
-from duo.api.requests import CompletionRequest
+from duo.api.anthropic.answer import tool_input
+from duo.api.serving.metrics import Metrics
+from duo.api.serving.request import CompletionRequest
 from duo.api.tools import HERMES, CallFormat
 from duo.target.request import GenerationStats
 

@@ -13,11 +13,11 @@ from grpc_health.v1 import health
 
 from duo.net._proto import duo_pb2 as pb
 from duo.net._proto import duo_pb2_grpc as pb_grpc
-from duo.api.admission import Admission
-from duo.api.completion import Completions
+from duo.api.serving.admit import Admission
+from duo.api.serving.generate import Completions
 from duo.api.grpc import client_server
 from duo.api.http import create_app
-from duo.api.metrics import Metrics
+from duo.api.serving.metrics import Metrics
 from duo.target.request import Request
 from test_completion import ScriptedTarget
 

@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from duo.api.deltas import CallArguments, CallClosed, CallOpened, ReasoningDelta, TextDelta
+from duo.api.output.deltas import CallArguments, CallClosed, CallOpened, ReasoningDelta, TextDelta
 from duo.api.responses.answer import ResponsesFormat
 from duo.api.responses.body import ResponsesBody
 from duo.api.responses.items import OutputItems

@@ -200,7 +200,7 @@ def test_the_api_key_comes_from_the_flag_a_file_or_the_environment(tmp_path, mon
 
 
 def test_the_clients_grpc_port_caps_messages_like_http_and_keeps_grpcs_ping_flood_protection():
-    from duo.api.completion import MAX_BODY_BYTES
+    from duo.api.serving.generate import MAX_BODY_BYTES
     from duo.net.options import client_server_options, grpc_server_options
 
     options = dict(client_server_options())

@@ -15,11 +15,11 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from duo.api.admission import Admission
-from duo.api.completion import Completions
+from duo.api.serving.admit import Admission
+from duo.api.serving.generate import Completions
 from duo.api.http import create_app
-from duo.api.metrics import Metrics
-from duo.api.sources import SourceAligner, runs
+from duo.api.serving.metrics import Metrics
+from duo.api.serving.decode import SourceAligner, runs
 from duo.sampling.params import SamplingParams
 from duo.sampling.verification import Verdict
 from duo.target.generation import Generation

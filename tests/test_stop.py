@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from duo.api.stop import StopMatcher
+from duo.api.serving.stop import StopMatcher
 
 
 def run(stops: list[str], pieces: list[str]) -> tuple[list[str], bool]:

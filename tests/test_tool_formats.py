@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from duo.api.chat import answer_text, marker_tokens
-from duo.api.answers import ChatFormat
-from duo.api.deltas import CallArguments, CallClosed, CallOpened, ReasoningDelta, TextDelta, answer_splitter, whole_answer
+from duo.api.serving.chat_tokens import answer_text, marker_tokens
+from duo.api.openai.answers import ChatFormat
+from duo.api.output.deltas import CallArguments, CallClosed, CallOpened, ReasoningDelta, TextDelta, answer_splitter, whole_answer
 from duo.api.tools import (COMMAND_R7B, DEEPSEEK_R1, DEEPSEEK_V3_1, FIREFUNCTION_V2, FUNCTIONARY_V3_1, FUNCTIONARY_V3_2,
                            GENERIC, GPT_OSS, GRANITE, HERMES, KIMI_K2, LLAMA3, MISTRAL, QWEN3_CODER, FunctionBody,
                            call_format)
@@ -113,7 +113,7 @@ def test_reasoning_is_split_from_the_answer_whole_and_streamed():
 
 
 def test_a_prompt_that_opened_the_reasoning_makes_the_answer_start_inside_it():
-    from duo.api.deltas import Reasoning
+    from duo.api.output.deltas import Reasoning
     deltas = whole_answer("thinking...</think>Hi", None, None, Reasoning(opened=True))
     assert deltas == [ReasoningDelta("thinking..."), TextDelta("Hi")]
     assert whole_answer("<think>x</think>Hi", None, None, Reasoning("none")) == [TextDelta("<think>x</think>Hi")]

@@ -11,11 +11,11 @@ from dataclasses import replace
 
 import pytest
 
-from duo.api.deltas import CallArguments, CallClosed, CallOpened, Delta, TextDelta
+from duo.api.output.deltas import CallArguments, CallClosed, CallOpened, Delta, TextDelta
 from duo.api.tools import (COMMAND_R7B, DEEPSEEK_R1, DEEPSEEK_V3_1, FIREFUNCTION_V2, FORMATS, FUNCTIONARY_V3_1,
                            FUNCTIONARY_V3_2, GENERIC, GPT_OSS, GRANITE, HERMES, KIMI_K2, LLAMA3, MISTRAL, QWEN3_CODER,
                            CallFormat, FunctionBody)
-from duo.api.tools.parsing import CallSplitter
+from duo.api.output.calls import CallSplitter
 
 FUNCTIONS = [FunctionBody(name="get_weather", parameters={"type": "object", "properties": {
     "city": {"type": "string"}, "days": {"type": "integer"}, "where": {"type": "object"}}}),

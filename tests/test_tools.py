@@ -8,7 +8,7 @@ import json
 import openai
 import pytest
 
-from duo.api.deltas import CallClosed, TextDelta, answer_splitter, whole_answer
+from duo.api.output.deltas import CallClosed, TextDelta, answer_splitter, whole_answer
 from duo.api.tools import GENERIC, HERMES, LLAMA3, MISTRAL, FunctionBody, ToolError, call_format
 from test_http_api import client, model_name, post
 

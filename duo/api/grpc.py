@@ -14,9 +14,9 @@ from grpc_reflection.v1alpha import reflection
 from duo.net import wire
 from duo.net._proto import duo_pb2 as pb
 from duo.net._proto import duo_pb2_grpc as pb_grpc
-from duo.api.admission import QueueFull
-from duo.api.completion import Completions, Piece, failure_message, request_fault
-from duo.api.requests import BadRequest, ClientError, CompletionRequest, NotReady, ShuttingDown
+from duo.api.serving.admit import QueueFull
+from duo.api.serving.generate import Completions, Piece, failure_message, request_fault
+from duo.api.serving.request import BadRequest, ClientError, CompletionRequest, NotReady, ShuttingDown
 from duo.constraint import GrammarSpec
 from duo.net.options import MAX_CLIENT_RPCS, client_server_options
 from duo.net.timeouts import WRITE_TIMEOUT_S, WriteTimeout, write_within

@@ -15,11 +15,11 @@ from typing import Any
 
 from grpc_health.v1 import health
 
-from duo.api.admission import Admission
-from duo.api.completion import Completions
+from duo.api.serving.admit import Admission
+from duo.api.serving.generate import Completions
 from duo.api.grpc import client_server, set_serving
 from duo.api.http import create_app, http_server
-from duo.api.metrics import Metrics
+from duo.api.serving.metrics import Metrics
 from duo.llama.backends import on_native_abort
 from duo.constraint import build_tokenizer_in_background
 from duo.llama.model import MAX_SEQUENCES, N_BATCH, Model, ModelError

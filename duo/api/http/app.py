@@ -11,19 +11,19 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp
 
-from duo.api.admission import QueueFull
-from duo.api.answers import ApiError, api_error, server_error
-from duo.api.bodies import ChatBody, CompletionBody
-from duo.api.completion import Completions, failure_message
+from duo.api.serving.admit import QueueFull
+from duo.api.openai.bodies import ChatBody, CompletionBody
+from duo.api.openai.errors import ApiError, api_error, server_error
+from duo.api.serving.generate import Completions, failure_message
 from duo.api.http.gate import Cors, Gate
 from duo.api.http.routes import OpenAIApi
-from duo.api.messages import add_messages_routes
-from duo.api.messages.errors import AnthropicErrors
-from duo.api.metrics import Metrics
+from duo.api.anthropic import add_messages_routes
+from duo.api.anthropic.errors import AnthropicErrors
+from duo.api.serving.metrics import Metrics
 from duo.api.page import add_page_routes
-from duo.api.native import ApplyTemplateBody, DetokenizeBody, InfillBody, NativeCompletionBody, TokenizeBody
-from duo.api.parsing import document_bodies
-from duo.api.requests import ClientError
+from duo.api.llama_server.bodies import ApplyTemplateBody, DetokenizeBody, InfillBody, NativeCompletionBody, TokenizeBody
+from duo.api.serving.read import document_bodies
+from duo.api.serving.request import ClientError
 from duo.api.responses import add_responses_routes
 from duo.llama.model import ModelError
 from duo.net.listening import HttpServer

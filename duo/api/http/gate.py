@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from duo.api.answers import ApiError
+from duo.api.openai.errors import ApiError
 from duo.api.page import PAGE_PATHS
 from duo.net.timeouts import within
 

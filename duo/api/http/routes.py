@@ -12,17 +12,19 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from duo.api.answers import (AnswerShape, ApiError, ChatFormat, CompletionFormat, NativeFormat,
-                             api_error, generation_error)
-from duo.api.bodies import ChatBody, CompletionBody, GenerationBody, template_messages
-from duo.api.choices import (Choices, choice_requests, collect, collect_all, merged_events, start_choices,
-                             whole_answer)
-from duo.api.completion import Completion, Completions
+from duo.api.llama_server.answer import NativeFormat
+from duo.api.openai.answers import AnswerShape, ChatFormat, CompletionFormat
+from duo.api.openai.bodies import ChatBody, CompletionBody, template_messages
+from duo.api.openai.errors import ApiError, api_error, generation_error
+from duo.api.serving.bodies import GenerationBody
+from duo.api.serving.choices import (Choices, choice_requests, collect, collect_all, merged_events, start_choices,
+                                     whole_answer)
+from duo.api.serving.generate import Completion, Completions
 from duo.api.http.streams import CLIENT_CLOSED, ClientGone, EventStream, unless_disconnected
-from duo.api.metrics import CONTENT_TYPE, Metrics
-from duo.api.native import ApplyTemplateBody, DetokenizeBody, InfillBody, NativeCompletionBody, TokenizeBody
-from duo.api.parsing import parse_body
-from duo.api.requests import CompletionRequest, ShuttingDown
+from duo.api.serving.metrics import CONTENT_TYPE, Metrics
+from duo.api.llama_server.bodies import ApplyTemplateBody, DetokenizeBody, InfillBody, NativeCompletionBody, TokenizeBody
+from duo.api.serving.read import parse_body
+from duo.api.serving.request import CompletionRequest, ShuttingDown
 
 
 class OpenAIApi:

@@ -12,8 +12,8 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
-from duo.api.choices import Choices
-from duo.api.completion import Completion
+from duo.api.serving.choices import Choices
+from duo.api.serving.generate import Completion
 from duo.net.timeouts import WriteTimeout, write_within
 
 log = logging.getLogger("duo.http")

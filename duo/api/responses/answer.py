@@ -7,10 +7,10 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
-from duo.api.answers import ApiError, api_error, generation_error
-from duo.api.completion import Completion, Piece
-from duo.api.deltas import AnswerSplitter, answer_splitter, whole_answer
-from duo.api.requests import ShuttingDown
+from duo.api.openai.errors import ApiError, api_error, generation_error
+from duo.api.serving.generate import Completion, Piece
+from duo.api.output.deltas import AnswerSplitter, answer_splitter, whole_answer
+from duo.api.serving.request import ShuttingDown
 from duo.api.responses.items import Event, OutputItems, new_id
 from duo.api.tools import CallFormat, FunctionBody
 
@@ -21,7 +21,7 @@ Keep = Callable[[str, list[dict[str, Any]]], None]
 class ResponsesFormat:
     """One response's shape, for duo.api.http.OpenAIApi.generate: whole() or events(). `settings`: the request's
     settings the response repeats (ResponsesBody.echo); the answer's text is split into content, reasoning and calls
-    of `functions` as chat's is (duo.api.deltas); `keep`, where the response is to be held, gets its output as chat
+    of `functions` as chat's is (duo.api.output.deltas); `keep`, where the response is to be held, gets its output as chat
     messages once it is done."""
 
     def __init__(self, model: str, settings: dict[str, Any], functions: Sequence[FunctionBody] | None,

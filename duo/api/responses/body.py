@@ -6,8 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from duo.api.limits import INT32_MAX, Int32
-from duo.api.requests import BadRequest
+from duo.api.serving.limits import INT32_MAX, Int32
+from duo.api.serving.request import BadRequest
 
 
 class Loose(BaseModel):

@@ -1,11 +1,11 @@
-"""A Responses answer's output items, built from its deltas (duo.api.deltas), with the stream events that build them."""
+"""A Responses answer's output items, built from its deltas (duo.api.output.deltas), with the stream events that build them."""
 
 from __future__ import annotations
 
 import uuid
 from typing import Any, Sequence
 
-from duo.api.deltas import CallArguments, CallClosed, CallOpened, Delta, ReasoningDelta, TextDelta
+from duo.api.output.deltas import CallArguments, CallClosed, CallOpened, Delta, ReasoningDelta, TextDelta
 
 Event = dict[str, Any]  # a stream event without its sequence_number (the stream numbers them)
 

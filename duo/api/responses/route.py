@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from duo.api.bodies import ChatBody
-from duo.api.parsing import document_bodies, parse_body
+from duo.api.openai.bodies import ChatBody
+from duo.api.serving.read import document_bodies, parse_body
 from duo.api.responses.answer import ResponsesFormat
 from duo.api.responses.body import ResponsesBody
 from duo.api.responses.store import Conversation, ResponseStore, characters

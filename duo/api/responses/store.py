@@ -7,7 +7,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from duo.api.requests import BadRequest
+from duo.api.serving.request import BadRequest
 
 Conversation = tuple[dict[str, Any], ...]
 MAX_RESPONSES = 256

@@ -7,8 +7,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from duo.api.bodies import ChatBody
-from duo.api.requests import BadRequest, too_long
+from duo.api.openai.bodies import ChatBody
+from duo.api.serving.request import BadRequest, too_long
 from duo.api.responses.body import InputItem, NamedTool, Part, ResponsesBody
 
 ROLES = ("user", "system", "developer", "assistant")
@@ -23,7 +23,7 @@ SAME_FIELDS = ("model", "temperature", "top_p", "parallel_tool_calls", "seed", "
 
 def input_messages(body: ResponsesBody) -> list[dict[str, Any]]:
     """The body's input as chat messages (instructions not included); BadRequest naming the item that duo cannot
-    render. How many items it may hold was bounded before validation (duo.api.parsing)."""
+    render. How many items it may hold was bounded before validation (duo.api.serving.read)."""
     if isinstance(body.input, str):
         return [{"role": "user", "content": body.input}] if body.input else []
     messages: list[dict[str, Any]] = []

@@ -1,6 +1,6 @@
-"""Tool calls: OpenAI's `tools` rendered by the model's own chat template, the calls parsed out of what the model
-writes in its template's format (formats, parsing), and a grammar that writes a call where the client requires one
-(grammars).
+"""Tool calls: OpenAI's `tools` rendered by the model's own chat template, the call format of each template family
+(formats; the calls are read out of the model's text by duo.api.output.calls), and a grammar that writes a call where
+the client requires one (grammars).
 
 The format is the model's, told by its template as llama.cpp's chat layer tells it: Hermes / Qwen2.5's
 <tool_call> JSON, Qwen3-Coder's XML, Mistral's [TOOL_CALLS], Llama 3.x's bare JSON, DeepSeek R1 / V3 and V3.1,

@@ -8,7 +8,7 @@ from typing import Any, Literal, Sequence
 
 from pydantic import BaseModel
 
-from duo.api.limits import MAX_JSON_DEPTH, nesting_depth
+from duo.api.serving.limits import MAX_JSON_DEPTH, nesting_depth
 
 # llama.cpp's words for a template with no tool syntax (common/chat.cpp's generic handler, and minja's polyfill that
 # describes the tools in the system message).

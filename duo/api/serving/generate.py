@@ -10,17 +10,17 @@ from contextlib import aclosing
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from duo.api.admission import Admission, QueueFull, Slot
-from duo.api.chat import marker_tokens
-from duo.api.deltas import Reasoning
-from duo.api.infill import FimStops, stops_for
-from duo.api.limits import BodyLimits
-from duo.api.logprobs import described
-from duo.api.metrics import Metrics
-from duo.api.preparing import Preparer
-from duo.api.requests import BadRequest, CompletionRequest, NotReady, ShuttingDown
-from duo.api.sources import SourcedDecoder, step_sources
-from duo.api.stop import StopMatcher
+from duo.api.serving.admit import Admission, QueueFull, Slot
+from duo.api.serving.chat_tokens import marker_tokens
+from duo.api.output.deltas import Reasoning
+from duo.api.serving.infill import FimStops, stops_for
+from duo.api.serving.limits import BodyLimits
+from duo.api.output.logprobs import described
+from duo.api.serving.metrics import Metrics
+from duo.api.serving.prepare import Preparer
+from duo.api.serving.request import BadRequest, CompletionRequest, NotReady, ShuttingDown
+from duo.api.serving.decode import SourcedDecoder, step_sources
+from duo.api.serving.stop import StopMatcher
 from duo.api.tools import CallFormat, ToolError, call_format
 from duo.constraint import Compiler, CompilerBusy, Cursor, GrammarError, GrammarTooCostly
 from duo.llama.model import Model, ModelError
@@ -41,10 +41,10 @@ class Piece:
     stats: GenerationStats
     draft_connected: bool
     stop_type: str = ""  # on the last piece, as llama-server says it: "eos", "word" (a stop string) or "limit"
-    logprobs: list[dict[str, Any]] | None = None  # where asked, per token (duo.api.logprobs.described)
+    logprobs: list[dict[str, Any]] | None = None  # where asked, per token (duo.api.output.logprobs.described)
     reasoning: Reasoning = Reasoning()  # how the answer's reasoning reads (chat: the prompt may have opened it)
     stop_word: str = ""  # on the last piece, the stop string that ended the answer, where one did
-    sources: tuple[str, ...] = ()  # the source of each character of `text` (duo.api.sources)
+    sources: tuple[str, ...] = ()  # the source of each character of `text` (duo.api.serving.decode)
     token_sources: tuple[str, ...] = ()  # the source of each of `token_ids` (duo.target.request.SOURCES)
 
 
@@ -103,7 +103,7 @@ class Completions:
         self._preparer = Preparer(target.model, context_size)
 
     def body_limits(self) -> BodyLimits:
-        """What a body's lists may hold (duo.api.limits.BodyLimits); while the model loads, no more than a body's
+        """What a body's lists may hold (duo.api.serving.limits.BodyLimits); while the model loads, no more than a body's
         bytes."""
         if self.target is None:
             return BodyLimits(MAX_BODY_BYTES, MAX_BODY_BYTES)
@@ -132,7 +132,7 @@ class Completions:
         return self.draft_state == "connected"
 
     def preparer(self) -> Preparer:
-        """What checks and prepares requests (duo.api.preparing); NotReady while the model loads."""
+        """What checks and prepares requests (duo.api.serving.prepare); NotReady while the model loads."""
         if self._preparer is None:
             raise NotReady("the model is still loading; retry in a moment")
         return self._preparer
@@ -180,7 +180,7 @@ class Completions:
 
     async def start_choices(self, requests: Sequence[CompletionRequest]) -> list[Completion]:
         """Wait for the turn of a request of len(requests) choices (QueueFull when the waiting line is full), then
-        check and prepare it once: the choices differ only by their seeds (duo.api.choices.choice_requests), so the
+        check and prepare it once: the choices differ only by their seeds (duo.api.serving.choices.choice_requests), so the
         prompt is tokenized and the grammar compiled once, and each choice walks a copy of the grammar. Admission
         comes first: tokenizing and rendering a template cost work that --parallel and --queue-size bound like the
         generation itself. Whatever fails before the completions exist gives the places back (Places)."""
@@ -222,7 +222,7 @@ class Completions:
             slot.release()
 
     def _marker_tokens(self, model: Model) -> frozenset[int]:
-        """The control tokens of the chat template's call and reasoning markup (duo.api.chat.marker_tokens)."""
+        """The control tokens of the chat template's call and reasoning markup (duo.api.serving.chat_tokens.marker_tokens)."""
         if self._markers is None:
             format_ = self.call_format()
             self._markers = marker_tokens(model, format_.markers) if format_ else frozenset()

@@ -6,7 +6,7 @@ from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from duo.api.limits import INT32_MAX, MAX_STOP_STRINGS, Int32
+from duo.api.serving.limits import INT32_MAX, MAX_STOP_STRINGS, Int32
 
 
 class Loose(BaseModel):
@@ -17,16 +17,16 @@ class Loose(BaseModel):
 
 
 class TextBlock(Loose):
-    """A block of a tool_result's content: Anthropic's are text or images, and duo.api.messages.translate renders
+    """A block of a tool_result's content: Anthropic's are text or images, and duo.api.anthropic.translate renders
     text alone. It holds no blocks of its own, so that pydantic validates no deeper than the bounds were checked
-    (duo.api.limits.PROMPT_LISTS)."""
+    (duo.api.serving.limits.PROMPT_LISTS)."""
 
     type: str
     text: str | None = None
 
 
 class Block(TextBlock):
-    """One content block of any type; duo.api.messages.translate says which types duo renders, and refuses the rest
+    """One content block of any type; duo.api.anthropic.translate says which types duo renders, and refuses the rest
     by name. `content` is a tool_result's: a string or text blocks."""
 
     id: str | None = None            # tool_use

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from duo.api.stop import StopMatcher
+from duo.api.serving.stop import StopMatcher
 from duo.llama.model import Model
 
 FIM_BATCH = 2048  # llama-server's default --batch-size, which sets its FIM budgets (capped by the context)

@@ -9,9 +9,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from duo.api.bodies import ChatBody
-from duo.api.messages.body import Block, CountTokensBody, MessageBody, TextBlock, ToolChoiceBody, ToolDefinition
-from duo.api.requests import BadRequest
+from duo.api.openai.bodies import ChatBody
+from duo.api.anthropic.body import Block, CountTokensBody, MessageBody, TextBlock, ToolChoiceBody, ToolDefinition
+from duo.api.serving.request import BadRequest
 
 # Blocks of earlier answers that a chat template does not take back: the model's reasoning (templates drop the
 # reasoning of earlier turns, and a redacted or signed one means nothing to another model), as llama-server drops it.

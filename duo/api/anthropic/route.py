@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from duo.api.messages.answer import MessagesFormat
-from duo.api.messages.body import CountTokensBody, MessagesBody
-from duo.api.messages.translate import chat_body
-from duo.api.parsing import document_bodies, parse_body
-from duo.api.requests import CompletionRequest
+from duo.api.anthropic.answer import MessagesFormat
+from duo.api.anthropic.body import CountTokensBody, MessagesBody
+from duo.api.anthropic.translate import chat_body
+from duo.api.serving.read import document_bodies, parse_body
+from duo.api.serving.request import CompletionRequest
 
 if TYPE_CHECKING:  # duo.api.http registers these routes: imported at run time, the two would import each other
     from duo.api.http.routes import OpenAIApi
@@ -55,7 +55,7 @@ class MessagesApi:
 def add_messages_routes(app: FastAPI, api: OpenAIApi) -> MessagesApi:
     """Register POST /v1/messages and /v1/messages/count_tokens (behind the gate's key check, which takes
     X-Api-Key as the Anthropic SDK sends it) and their bodies in /openapi.json; their errors are reshaped by
-    duo.api.messages.errors.AnthropicErrors, which create_app puts outside the gate (its 401 and 413 too)."""
+    duo.api.anthropic.errors.AnthropicErrors, which create_app puts outside the gate (its 401 and 413 too)."""
     messages = MessagesApi(api)
     app.add_api_route("/v1/messages", messages.create, methods=["POST"])
     app.add_api_route("/v1/messages/count_tokens", messages.count_tokens, methods=["POST"])

@@ -7,9 +7,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from duo.api.deltas import ReasoningFormat
-from duo.api.infill import FimInput
-from duo.api.limits import MAX_STOP_STRINGS
+from duo.api.output.deltas import ReasoningFormat
+from duo.api.serving.infill import FimInput
+from duo.api.serving.limits import MAX_STOP_STRINGS
 from duo.api.tools import ToolUse
 from duo.constraint import GrammarSpec
 from duo.sampling.ops.penalties import Penalties
@@ -53,13 +53,13 @@ class CompletionRequest:
     cache_prompt: bool = True                  # false: no prompt prefix shared with other requests
     grammar: GrammarSpec | None = None         # the output must match it (duo.constraint)
     tool_use: ToolUse | None = None            # chat: the tools the template renders, and whether a call is due
-    reasoning_format: ReasoningFormat = "deepseek"  # chat: how reasoning is told from content (duo.api.deltas)
+    reasoning_format: ReasoningFormat = "deepseek"  # chat: how reasoning is told from content (duo.api.output.deltas)
     chat_template_kwargs: Mapping[str, Any] | None = None  # chat: more variables for the template (enable_thinking)
     penalties: Penalties = Penalties()         # presence, frequency and repeat penalties, logit_bias
     logprobs: int = -1                         # >= 0: each token's logprob and this many alternatives'
     fim: FimInput | None = None                # fill-in-the-middle: the prompt is built around the hole
     infill_sampler: bool = False               # llama.cpp's infill sampler after the truncations
-    n_indent: int = 0                          # llama-server's code-completion stop rules (duo.api.infill)
+    n_indent: int = 0                          # llama-server's code-completion stop rules (duo.api.serving.infill)
     t_max_predict_ms: int = 0
     ignore_eos: bool = False                   # llama-server's: the end-of-generation tokens are never drawn
     warm_up: bool = False                      # read the prompt into the cache; the answer drops what follows

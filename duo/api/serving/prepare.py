@@ -9,11 +9,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from duo.api.chat import chat_tokens
-from duo.api.deltas import Reasoning
-from duo.api.infill import NoFim, fim_tokens
-from duo.api.limits import INT32_MAX, INT32_MIN
-from duo.api.requests import BadRequest, CompletionRequest, check_stops, too_long
+from duo.api.serving.chat_tokens import chat_tokens
+from duo.api.output.deltas import Reasoning
+from duo.api.serving.infill import NoFim, fim_tokens
+from duo.api.serving.limits import INT32_MAX, INT32_MIN
+from duo.api.serving.request import BadRequest, CompletionRequest, check_stops, too_long
 from duo.api.tools import GENERIC, ToolError, call_format, call_grammar, thinking_opened, with_tools_described
 from duo.constraint import GrammarError, GrammarSpec, grammar_of
 from duo.llama.model import Model, ModelError
@@ -140,7 +140,7 @@ class Preparer:
         """BadRequest where a string of the client's that the chat template writes raw (a tool's definition, an
         earlier call's name, arguments or id, a tool result's call id) holds the text of a control token: the
         template's markup is tokenized with special tokens parsed, so it would open a role of the client's making.
-        Message contents are never markup (duo.api.chat); everything else is checked, with tools or without."""
+        Message contents are never markup (duo.api.serving.chat_tokens); everything else is checked, with tools or without."""
         model = self.model
         raw = [{key: message[key] for key in ("tool_calls", "tool_call_id") if message.get(key) is not None}
                for message in request.messages]

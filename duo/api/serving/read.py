@@ -15,8 +15,8 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
-from duo.api.limits import BOUNDED_PATHS, MAX_JSON_DEPTH, BodyLimits, Bound, nesting_depth
-from duo.api.requests import BadRequest, too_long
+from duo.api.serving.limits import BOUNDED_PATHS, MAX_JSON_DEPTH, BodyLimits, Bound, nesting_depth
+from duo.api.serving.request import BadRequest, too_long
 
 Body = TypeVar("Body", bound=BaseModel)
 
@@ -96,7 +96,7 @@ def spelled(where: Where) -> str:
 
 
 class ShapeCheck:
-    """One body's walk along the bounded paths, with the prompt's items counted so far (duo.api.limits.PROMPT_LISTS:
+    """One body's walk along the bounded paths, with the prompt's items counted so far (duo.api.serving.limits.PROMPT_LISTS:
     each takes a token at least, so together they must fit the context as each must alone). A path is spelled out
     only for an error: the walk visits every message and part that the bounds let through, at a few lookups each."""
 

@@ -7,16 +7,17 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from duo.api.bodies import ChatMessageBody, LlamaServerFields, GenerationBody
-from duo.api.infill import FimInput
-from duo.api.limits import INT32_MAX, MAX_RESPONSE_FIELD_LENGTH, MAX_RESPONSE_FIELDS, Int32
-from duo.api.requests import CompletionRequest
+from duo.api.openai.bodies import ChatMessageBody
+from duo.api.serving.bodies import GenerationBody, LlamaServerFields
+from duo.api.serving.infill import FimInput
+from duo.api.serving.limits import INT32_MAX, MAX_RESPONSE_FIELD_LENGTH, MAX_RESPONSE_FIELDS, Int32
+from duo.api.serving.request import CompletionRequest
 from duo.api.tools import ToolBody
 
 
 class NativeCompletionBody(GenerationBody):
     """llama-server's POST /completion: a raw prompt (text or token ids), n_predict, its code-completion stop rules
-    (duo.api.infill.FimStops) and response_fields (the answer's fields to send, "timings/prompt_n" for nested ones,
+    (duo.api.serving.infill.FimStops) and response_fields (the answer's fields to send, "timings/prompt_n" for nested ones,
     each under its path)."""
 
     prompt: str | list[int]
@@ -46,7 +47,7 @@ class InputChunk(BaseModel):
 
 class InfillBody(NativeCompletionBody):
     """llama-server's POST /infill: the text before the hole (`prompt`: the cursor's line so far, after it), after
-    it, and chunks of other files; the prompt is the model's FIM layout of them (duo.api.infill)."""
+    it, and chunks of other files; the prompt is the model's FIM layout of them (duo.api.serving.infill)."""
 
     prompt: str | list[int] = ""
     input_prefix: str = ""

@@ -1,5 +1,5 @@
-"""What the HTTP API answers: OpenAI's shapes (errors, completions, chat, their server-sent chunks) and
-llama-server's native /completion."""
+"""What OpenAI's /v1/completions and /v1/chat/completions answer: a completion or chat completion whole, or as
+server-sent chunks."""
 
 from __future__ import annotations
 
@@ -10,56 +10,14 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
-from fastapi.responses import JSONResponse
-
-from duo.api.admission import QueueFull
-from duo.api.completion import Completion, Piece, failure_message, request_fault
-from duo.api.logprobs import chat_logprobs, completion_logprobs, native_probabilities
-from duo.api.requests import BadRequest, ClientError, NotReady, ShuttingDown
-from duo.api.sources import SourceAligner
-from duo.api.deltas import (CallArguments, CallClosed, CallOpened, Delta, Reasoning, ReasoningDelta, TextDelta,
-                            answer_splitter, whole_answer)
+from duo.api.openai.errors import api_error, generation_error
+from duo.api.output.deltas import (CallArguments, CallClosed, CallOpened, Delta, Reasoning, ReasoningDelta, TextDelta,
+                                   answer_splitter, whole_answer)
+from duo.api.output.logprobs import chat_logprobs, completion_logprobs
+from duo.api.serving.decode import SourceAligner
+from duo.api.serving.generate import Completion, Piece
+from duo.api.serving.request import ShuttingDown
 from duo.api.tools import CallFormat, FunctionBody
-from duo.target.request import GenerationStats
-
-
-class ApiError(Exception):
-    """An error answered in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
-
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, headers: dict[str, str] | None = None,
-                 details: dict[str, Any] | None = None) -> None:
-        super().__init__(message)
-        self.status, self.type, self.param, self.code, self.headers = status, type, param, code, headers
-        self.details = details or {}  # more of the error's fields (they may name another type: llama-server's)
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": str(self), "type": self.type, "param": self.param, "code": self.code,
-                          **self.details}}
-
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
-
-
-def server_error(message: str) -> ApiError:
-    return ApiError(500, message, type="server_error")
-
-
-def generation_error(error: Exception) -> ApiError:
-    """A request that failed while generating: a 400 where the request itself is at fault, else a 500."""
-    message = failure_message(error)
-    return ApiError(400, message, code="invalid_request") if request_fault(error) else server_error(message)
-
-
-def api_error(error: ClientError | QueueFull) -> ApiError:
-    if isinstance(error, BadRequest):
-        return ApiError(400, str(error), param=error.param, code=error.code, details=error.details)
-    if isinstance(error, QueueFull):
-        return ApiError(503, str(error), type="server_error", code="queue_full", headers={"Retry-After": "1"})
-    if isinstance(error, ShuttingDown):
-        return ApiError(503, str(error), type="server_error", code="shutting_down")
-    assert isinstance(error, NotReady), error  # the last kind of ClientError
-    return ApiError(503, str(error), type="server_error", code="model_loading", headers={"Retry-After": "1"})
 
 
 def usage(piece: Piece) -> dict[str, Any]:
@@ -76,7 +34,7 @@ class AnswerShape(Protocol):
     def events(self, completion: Completion, include_usage: bool) -> AsyncIterator[str]: ...
 
 
-class ResponseFormat(ABC):
+class OpenAIFormat(ABC):
     """How one endpoint shapes its answer: whole (a JSON object) or as server-sent event chunks."""
 
     object_name = ""
@@ -87,7 +45,7 @@ class ResponseFormat(ABC):
         self.model = model
         self.id = f"{self.id_prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
-        # The `duo_sources` extension: each chunk says where its text came from (duo.api.sources), and which steps
+        # The `duo_sources` extension: each chunk says where its text came from (duo.api.serving.decode), and which steps
         # committed the tokens since the chunk before (steps whose text is held back go with the next chunk).
         self.sources = SourceAligner() if sources else None
         self.unsent_steps: list[list[str]] = []
@@ -155,7 +113,7 @@ class ResponseFormat(ABC):
 
     @abstractmethod
     def shown_logprobs(self, entries: list[dict[str, Any]], offset: int) -> Any:
-        """Tokens' logprobs (duo.api.logprobs.described) in this answer's shape; `offset`: text sent before them."""
+        """Tokens' logprobs (duo.api.output.logprobs.described) in this answer's shape; `offset`: text sent before them."""
 
     @abstractmethod
     def whole_choice(self, text: str, finish_reason: str | None) -> dict[str, Any]: ...
@@ -172,7 +130,7 @@ class ResponseFormat(ABC):
         """The text a chunk's choice shows of the model's (its sources' runs concatenate to it)."""
 
 
-class CompletionFormat(ResponseFormat):
+class CompletionFormat(OpenAIFormat):
     object_name = chunk_object_name = "text_completion"
     id_prefix = "cmpl"
 
@@ -192,8 +150,8 @@ class CompletionFormat(ResponseFormat):
         return completion_logprobs(entries, offset)
 
 
-class ChatFormat(ResponseFormat):
-    """Chat answers, split into content, reasoning_content and tool_calls (duo.api.deltas): whole, or streamed as
+class ChatFormat(OpenAIFormat):
+    """Chat answers, split into content, reasoning_content and tool_calls (duo.api.output.deltas): whole, or streamed as
     llama-server streams them, each chunk's delta one of content, reasoning_content or one call's entry (its id and
     name first, then pieces of its arguments); finish_reason "tool_calls" where the model called any."""
 
@@ -287,77 +245,3 @@ def _joined(deltas: list[Delta]) -> list[Delta]:
 
 def sse(data: dict[str, Any]) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
-
-
-class NativeFormat:
-    """llama-server's /completion answer: `content`, `tokens`, `stop`, `stop_type`, `timings` (with its names,
-    draft_n and draft_n_accepted included); streamed as one JSON object per event, the last with stop true, and no
-    [DONE] (llama-server sends none on its native endpoints)."""
-
-    def __init__(self, model: str, response_fields: list[str] | None = None) -> None:
-        self.model = model
-        self.response_fields = response_fields
-
-    def fields(self, answer: dict[str, Any]) -> dict[str, Any]:
-        """The answer's fields the client asked for in response_fields (all without it), each under its path
-        ("timings/predicted_n": a nested one); a path to nothing is left out, as llama-server leaves it."""
-        if self.response_fields is None:
-            return answer
-        picked = {}
-        for path in self.response_fields:
-            value: Any = answer
-            for key in path.split("/"):
-                value = value.get(key, _MISSING) if isinstance(value, dict) else _MISSING
-            if value is not _MISSING:
-                picked[path] = value
-        return picked
-
-    def whole(self, pieces: list[Piece]) -> dict[str, Any]:
-        answer = {**self._final(pieces[-1]), "content": "".join(piece.text for piece in pieces),
-                  "tokens": [token for piece in pieces for token in piece.token_ids]}
-        if pieces[-1].logprobs is not None:
-            answer["completion_probabilities"] = native_probabilities([e for p in pieces for e in p.logprobs or []])
-        return self.fields(answer)
-
-    async def events(self, completion: Completion, include_usage: bool) -> AsyncIterator[str]:
-        """`include_usage` does not apply: every answer carries its timings."""
-        try:
-            async for piece in completion:
-                event = {"content": piece.text, "tokens": piece.token_ids, "stop": False}
-                if piece.logprobs is not None:
-                    event["completion_probabilities"] = native_probabilities(piece.logprobs)
-                if piece.finish_reason:
-                    yield sse(self.fields({**event, **self._final(piece)}))
-                elif piece.text or piece.token_ids:
-                    yield sse(event)
-        except ShuttingDown as error:
-            yield sse(api_error(error).body())
-        except Exception as error:  # this request's own failure: an error event, and the stream ends
-            yield sse(generation_error(error).body())
-
-    def _final(self, last: Piece) -> dict[str, Any]:
-        stats = last.stats
-        return {"stop": True, "model": self.model, "stop_type": last.stop_type, "stopping_word": last.stop_word,
-                "tokens_predicted": stats.generated_tokens, "tokens_evaluated": stats.prompt_tokens,
-                "tokens_cached": stats.cached_prompt_tokens, "truncated": False, "timings": timings(stats),
-                "duo_stats": stats.fields(last.draft_connected)}
-
-
-_MISSING = object()
-
-
-def timings(stats: GenerationStats) -> dict[str, float | int]:
-    """llama-server's timings: the prompt's part up to the first token (its queueing included), then decoding;
-    draft_n is the drafts duo verified (llama-server counts those its draft made)."""
-    ended = stats.finished_at or time.monotonic()
-    prompt_s = (stats.first_token_at or ended) - stats.arrived
-    predicted_s = ended - (stats.first_token_at or ended)
-    prompt_n = stats.prompt_tokens - stats.cached_prompt_tokens
-    predicted_n = max(stats.generated_tokens - 1, 0)  # the first token closes the prompt's part
-    return {"prompt_n": prompt_n, "prompt_ms": 1000 * prompt_s,
-            "prompt_per_token_ms": 1000 * prompt_s / prompt_n if prompt_n else 0.0,
-            "prompt_per_second": prompt_n / prompt_s if prompt_s > 0 else 0.0,
-            "predicted_n": stats.generated_tokens, "predicted_ms": 1000 * predicted_s,
-            "predicted_per_token_ms": 1000 * predicted_s / predicted_n if predicted_n else 0.0,
-            "predicted_per_second": predicted_n / predicted_s if predicted_s > 0 else 0.0,
-            "draft_n": stats.draft_tokens_verified, "draft_n_accepted": stats.draft_tokens_accepted}

@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Protocol, Sequence
 
-from duo.api.events import CallArguments, CallClosed, CallOpened, Delta, ReasoningDelta, TextDelta
+from duo.api.output.events import CallArguments, CallClosed, CallOpened, Delta, ReasoningDelta, TextDelta
 from duo.api.tools import CallFormat, FunctionBody
-from duo.api.tools.parsing import CallSplitter
-from duo.api.tools.scanning import partial_suffix
+from duo.api.output.calls import CallSplitter
+from duo.api.output.scanning import partial_suffix
 
 __all__ = ["CallArguments", "CallClosed", "CallOpened", "Delta", "ReasoningDelta", "TextDelta", "AnswerSplitter",
            "ContentSplitter", "Reasoning", "ReasoningFormat", "ReasoningSplitter", "answer_splitter", "whole_answer"]

@@ -4,7 +4,7 @@ draft, grammar, lookup, target) carried to the text a stream releases, for the `
 Text leaves the tokens in three stages, and each keeps the characters' sources beside their text: the UTF-8 decoder
 (a character split across tokens takes the source of the token that completes it), the stop strings (what they hold
 back keeps its sources until it is released or cut: released text is always the start of what they were fed), and
-the answer's shape (duo.api.deltas: content, reasoning and calls' arguments are pieces of the model's text, in order,
+the answer's shape (duo.api.output.deltas: content, reasoning and calls' arguments are pieces of the model's text, in order,
 between markup it drops).
 """
 
@@ -14,7 +14,7 @@ import codecs
 from collections.abc import Sequence
 from itertools import groupby
 
-from duo.api.chat import Tokenizer, answer_text
+from duo.api.serving.chat_tokens import Tokenizer, answer_text
 from duo.target.request import TARGET, Step
 
 Runs = list[list[str]]  # [[text, source], ...]: neighbouring characters of one source as one text
@@ -26,7 +26,7 @@ class SourcedDecoder:
 
     def __init__(self, model: Tokenizer, preserved: frozenset[int]) -> None:
         self.model = model
-        self.preserved = preserved  # control tokens the answer spells out (duo.api.chat.answer_text)
+        self.preserved = preserved  # control tokens the answer spells out (duo.api.serving.chat_tokens.answer_text)
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.pending: list[str] = []  # the source of each character decoded and not yet released
         self.last = TARGET  # the latest token's source: what bytes left over at the end are told

@@ -8,7 +8,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from duo.api.completion import failure_message
+from duo.api.serving.generate import failure_message
 
 # Anthropic's error types by HTTP status; any other 4xx is an invalid request, any other 5xx an api_error.
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",

@@ -8,16 +8,16 @@ import uuid
 from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from duo.api.answers import api_error, generation_error
-from duo.api.completion import Completion, Piece
-from duo.api.deltas import (AnswerSplitter, CallClosed, CallOpened, Delta, ReasoningDelta, TextDelta, answer_splitter,
-                            whole_answer)
-from duo.api.messages.errors import error_body
-from duo.api.messages.translate import anthropic_id
-from duo.api.requests import ShuttingDown
+from duo.api.openai.errors import api_error, generation_error
+from duo.api.serving.generate import Completion, Piece
+from duo.api.output.deltas import (AnswerSplitter, CallClosed, CallOpened, Delta, ReasoningDelta, TextDelta,
+                                   answer_splitter, whole_answer)
+from duo.api.anthropic.errors import error_body
+from duo.api.anthropic.translate import anthropic_id
+from duo.api.serving.request import ShuttingDown
 from duo.target.request import GenerationStats
 
-if TYPE_CHECKING:  # as duo.api.deltas names them: the tools package builds on these events
+if TYPE_CHECKING:  # as duo.api.output.deltas names them: the tools package builds on these events
     from duo.api.tools import CallFormat, FunctionBody
 
 Event = dict[str, Any]  # one server-sent event's data; its "type" names the event
@@ -123,7 +123,7 @@ def usage(stats: GenerationStats) -> dict[str, int]:
 class MessagesFormat:
     """The Messages API's answer to one request, whole (`whole`) or streamed (`events`), for OpenAIApi.generate.
     The model's text is split into content, reasoning and calls of `functions` in the template's `call_format`
-    (duo.api.deltas), its reasoning told apart as the pieces say (the prompt may have opened it)."""
+    (duo.api.output.deltas), its reasoning told apart as the pieces say (the prompt may have opened it)."""
 
     def __init__(self, model: str, functions: Sequence[FunctionBody], call_format: CallFormat | None) -> None:
         self.model = model

@@ -9,9 +9,10 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from typing import Any
 
-from duo.api.answers import NativeFormat, ResponseFormat, sse
-from duo.api.completion import Completion, Completions, Piece
-from duo.api.requests import CompletionRequest
+from duo.api.llama_server.answer import NativeFormat
+from duo.api.openai.answers import OpenAIFormat, sse
+from duo.api.serving.generate import Completion, Completions, Piece
+from duo.api.serving.request import CompletionRequest
 
 DONE = "data: [DONE]\n\n"
 
@@ -96,7 +97,7 @@ async def collect_all(choices: Choices) -> list[list[Piece]]:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def whole_answer(formats: Sequence[ResponseFormat | NativeFormat], pieces: Sequence[list[Piece]]) -> Any:
+def whole_answer(formats: Sequence[OpenAIFormat | NativeFormat], pieces: Sequence[list[Piece]]) -> Any:
     """The answers of all choices as one: OpenAI's choices (index i), usage summed, duo_stats a list (one per
     choice); llama-server's native answer is an array of its answers, each with its index."""
     answers = [output.whole(choice) for output, choice in zip(formats, pieces)]
@@ -114,7 +115,7 @@ def summed_usage(usages: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {**first, "completion_tokens": completion, "total_tokens": first["prompt_tokens"] + completion}
 
 
-async def merged_events(formats: Sequence[ResponseFormat | NativeFormat], choices: Choices,
+async def merged_events(formats: Sequence[OpenAIFormat | NativeFormat], choices: Choices,
                         include_usage: bool) -> AsyncIterator[str]:
     """Every choice's events as they come, each marked with its choice's index; OpenAI's stream then ends with one
     usage chunk (where asked) and one [DONE]."""

@@ -1,4 +1,4 @@
-"""The events an answer's text is split into (duo.api.deltas): content, reasoning, and tool calls opened, argued and
+"""The events an answer's text is split into (duo.api.output.deltas): content, reasoning, and tool calls opened, argued and
 closed."""
 
 from __future__ import annotations

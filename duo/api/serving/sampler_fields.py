@@ -8,8 +8,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from duo.api.limits import Int32
-from duo.api.requests import BadRequest
+from duo.api.serving.limits import Int32
+from duo.api.serving.request import BadRequest
 from duo.sampling.ops.dry import DEFAULT_BREAKERS, MAX_BREAKER_BYTES, MAX_BREAKERS, Dry
 from duo.sampling.ops.penalties import Penalties
 from duo.sampling.params import MAX_FLOAT_FIELD, SamplingParams
@@ -20,7 +20,7 @@ Bounded = Annotated[float, Field(ge=-MAX_FLOAT_FIELD, le=MAX_FLOAT_FIELD)]
 
 class SamplerFields(BaseModel):
     """The fields, under llama-server's names (null or left out: its default), and the samplers they turn on where
-    `samplers` (its codes: duo.api.bodies.SAMPLERS) lists them: y typical, s top-n-sigma, x xtc, d dry; dynatemp
+    `samplers` (its codes: duo.api.serving.bodies.SAMPLERS) lists them: y typical, s top-n-sigma, x xtc, d dry; dynatemp
     is the temperature sampler (t). Mirostat (1 or 2) replaces them all but the temperature and the logit bias,
     as llama.cpp's chain does. duo.sampling.distributions.distribution says where each applies."""
 

@@ -1,10 +1,10 @@
-"""The model's text split, as it streams, into content and calls in its template's format (duo.api.events).
+"""The model's text split, as it streams, into content and calls in its template's format (duo.api.output.events).
 
 A call is opened once its function's name is known to be an offered one (as llama-server emits it); its arguments
 follow as their text commits: a JSON format's arguments object as it arrives, Qwen3-Coder's XML parameters as JSON
 built piece by piece. Text that is no call of an offered function, as far as that is known before the call opens,
 stays content. A call that turns out malformed after it opened is closed as it stands and marks the answer `broken`
-(events once sent cannot be taken back; a whole answer is then read again as content: see duo.api.deltas.whole_answer).
+(events once sent cannot be taken back; a whole answer is then read again as content: see duo.api.output.deltas.whole_answer).
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import re
 import uuid
 from typing import Sequence
 
-from duo.api.events import CallArguments, CallClosed, CallOpened, Delta, TextDelta
+from duo.api.output.events import CallArguments, CallClosed, CallOpened, Delta, TextDelta
 from duo.api.tools.formats import MISTRAL, CallFormat
 from duo.api.tools.messages import FunctionBody, ToolCall
-from duo.api.tools.scanning import JsonEnd, JsonString, NotCall, Text, Wait, XmlArguments, partial_suffix
+from duo.api.output.scanning import JsonEnd, JsonString, NotCall, Text, Wait, XmlArguments, partial_suffix
 
 PYTHON_TAG = "<|python_tag|>"  # Llama 3.x may open its call with it
 NAME_END = re.compile(r"[\s:<]")  # after a header's name: Kimi's ":0", GPT-OSS' " <|constrain|>json"

@@ -1,0 +1,89 @@
+"""What llama-server's native /completion and /infill answer: content, tokens, stop and timings, whole or one JSON
+object per event."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from duo.api.openai.answers import sse
+from duo.api.openai.errors import api_error, generation_error
+from duo.api.output.logprobs import native_probabilities
+from duo.api.serving.generate import Completion, Piece
+from duo.api.serving.request import ShuttingDown
+from duo.target.request import GenerationStats
+
+
+class NativeFormat:
+    """llama-server's /completion answer: `content`, `tokens`, `stop`, `stop_type`, `timings` (with its names,
+    draft_n and draft_n_accepted included); streamed as one JSON object per event, the last with stop true, and no
+    [DONE] (llama-server sends none on its native endpoints)."""
+
+    def __init__(self, model: str, response_fields: list[str] | None = None) -> None:
+        self.model = model
+        self.response_fields = response_fields
+
+    def fields(self, answer: dict[str, Any]) -> dict[str, Any]:
+        """The answer's fields the client asked for in response_fields (all without it), each under its path
+        ("timings/predicted_n": a nested one); a path to nothing is left out, as llama-server leaves it."""
+        if self.response_fields is None:
+            return answer
+        picked = {}
+        for path in self.response_fields:
+            value: Any = answer
+            for key in path.split("/"):
+                value = value.get(key, _MISSING) if isinstance(value, dict) else _MISSING
+            if value is not _MISSING:
+                picked[path] = value
+        return picked
+
+    def whole(self, pieces: list[Piece]) -> dict[str, Any]:
+        answer = {**self._final(pieces[-1]), "content": "".join(piece.text for piece in pieces),
+                  "tokens": [token for piece in pieces for token in piece.token_ids]}
+        if pieces[-1].logprobs is not None:
+            answer["completion_probabilities"] = native_probabilities([e for p in pieces for e in p.logprobs or []])
+        return self.fields(answer)
+
+    async def events(self, completion: Completion, include_usage: bool) -> AsyncIterator[str]:
+        """`include_usage` does not apply: every answer carries its timings."""
+        try:
+            async for piece in completion:
+                event = {"content": piece.text, "tokens": piece.token_ids, "stop": False}
+                if piece.logprobs is not None:
+                    event["completion_probabilities"] = native_probabilities(piece.logprobs)
+                if piece.finish_reason:
+                    yield sse(self.fields({**event, **self._final(piece)}))
+                elif piece.text or piece.token_ids:
+                    yield sse(event)
+        except ShuttingDown as error:
+            yield sse(api_error(error).body())
+        except Exception as error:  # this request's own failure: an error event, and the stream ends
+            yield sse(generation_error(error).body())
+
+    def _final(self, last: Piece) -> dict[str, Any]:
+        stats = last.stats
+        return {"stop": True, "model": self.model, "stop_type": last.stop_type, "stopping_word": last.stop_word,
+                "tokens_predicted": stats.generated_tokens, "tokens_evaluated": stats.prompt_tokens,
+                "tokens_cached": stats.cached_prompt_tokens, "truncated": False, "timings": timings(stats),
+                "duo_stats": stats.fields(last.draft_connected)}
+
+
+_MISSING = object()
+
+
+def timings(stats: GenerationStats) -> dict[str, float | int]:
+    """llama-server's timings: the prompt's part up to the first token (its queueing included), then decoding;
+    draft_n is the drafts duo verified (llama-server counts those its draft made)."""
+    ended = stats.finished_at or time.monotonic()
+    prompt_s = (stats.first_token_at or ended) - stats.arrived
+    predicted_s = ended - (stats.first_token_at or ended)
+    prompt_n = stats.prompt_tokens - stats.cached_prompt_tokens
+    predicted_n = max(stats.generated_tokens - 1, 0)  # the first token closes the prompt's part
+    return {"prompt_n": prompt_n, "prompt_ms": 1000 * prompt_s,
+            "prompt_per_token_ms": 1000 * prompt_s / prompt_n if prompt_n else 0.0,
+            "prompt_per_second": prompt_n / prompt_s if prompt_s > 0 else 0.0,
+            "predicted_n": stats.generated_tokens, "predicted_ms": 1000 * predicted_s,
+            "predicted_per_token_ms": 1000 * predicted_s / predicted_n if predicted_n else 0.0,
+            "predicted_per_second": predicted_n / predicted_s if predicted_s > 0 else 0.0,
+            "draft_n": stats.draft_tokens_verified, "draft_n_accepted": stats.draft_tokens_accepted}
