@@ -12,8 +12,8 @@ import pytest
 from duo.net import wire
 from duo.llama.worker import ModelWorker
 from duo.sampling.ops.penalties import OutputCounts, Penalties
-from duo.sampling.ops.rows import penalize_rows
 from duo.sampling.params import SamplingParams
+from duo.sampling.rows import transform
 from duo.target.target import Target
 from duo.target.request import Request, SpecSettings, StepRecord
 from greedy import leaves_transformed_greedy_path_only_at_a_near_tie
@@ -63,7 +63,7 @@ def test_rows_penalized_from_counts_kept_at_each_commit_are_exactly_those_of_the
         rows = rng.normal(0, 3, (len(drafts) + 1, n_vocab)).astype(np.float32)  # negative and positive logits
         expected = np.array([reference_transform(penalties, row.copy(), output + drafts[:i])
                              for i, row in enumerate(rows)])
-        penalize_rows(penalties, rows, output, drafts, counted)
+        transform(penalties, rows, output, drafts, counted)
         assert np.array_equal(rows, expected)
         committed = drafts[:rng.integers(0, len(drafts) + 1)] + rng.integers(0, n_vocab, 1).tolist()
         output += committed
@@ -148,7 +148,7 @@ def test_greedy_output_under_penalties_is_the_targets_own_and_a_right_draft_only
 
 def test_a_verifier_that_ignores_the_drafts_history_is_caught(target_model, monkeypatch):
     """Mutation: rows transformed after the committed output alone (not the drafts before them) leave the path."""
-    from duo.target import batching
+    from duo.sampling import rows as pipeline
 
     prompt = target_model.tokenize(PROMPT_TEXT)
     penalties = Penalties(repeat=3.0, repeat_last_n=-1, frequency=1.0)
@@ -158,7 +158,7 @@ def test_a_verifier_that_ignores_the_drafts_history_is_caught(target_model, monk
         done = len(committed) - len(prompt)
         return alone[done:done + 8]
 
-    monkeypatch.setattr(batching, "penalize_rows",
+    monkeypatch.setattr(pipeline, "penalize_rows",
                         lambda p, rows, committed, drafts, counted: [p.apply(row, [], counted) for row in rows])
     tokens, _ = answer(target_model, prompt, penalties, ScriptedDraft(right))
     assert not leaves_transformed_greedy_path_only_at_a_near_tie(target_model, prompt, tokens, 24, penalties.apply)

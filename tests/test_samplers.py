@@ -16,8 +16,8 @@ from duo.sampling.coupled import coupled_sample
 from duo.sampling.distributions import SparseDist, distribution, sample
 from duo.sampling.ops.dry import Dry, restart_sequences
 from duo.sampling.ops.penalties import Penalties
-from duo.sampling.ops.rows import penalize_rows
 from duo.sampling.params import SamplingParams
+from duo.sampling.rows import transform
 from duo.sampling.verification import verify_coupled, verify_stochastic
 
 SIGNIFICANCE = 1e-4  # a correct sampler fails a fit once in 10000 runs; the broken ones below reach 1e-10 and less
@@ -347,7 +347,7 @@ def test_each_verified_row_is_penalized_after_the_drafts_before_it():
     drafts = [int(t) for t in rng.integers(0, 6, 5)]
     rows = rng.normal(0, 1, (len(drafts) + 1, 6))
     transformed = rows.copy()
-    penalize_rows(penalties, transformed, committed, drafts, None)
+    transform(penalties, transformed, committed, drafts, None)
     for i in range(len(rows)):
         assert np.allclose(rows[i] - transformed[i], dry_reference(penalties.dry, committed + drafts[:i], 6))
     assert not np.allclose(transformed[0], transformed[-1] - (rows[-1] - rows[0]))  # the drafts changed something

@@ -43,7 +43,7 @@ def test_greedy_output_under_dry_is_the_targets_own_and_a_right_draft_only_speed
 
 def test_a_verifier_whose_dry_ignores_the_drafts_before_each_row_is_caught(target_model, monkeypatch):
     """Mutation: DRY applied after the committed tokens alone (every row as the first) leaves the path."""
-    from duo.target import batching
+    from duo.sampling import rows as pipeline
 
     prompt = target_model.tokenize(PROMPT_TEXT)
     penalties = Penalties(dry=DRY_ON).for_vocab(target_model)
@@ -53,7 +53,7 @@ def test_a_verifier_whose_dry_ignores_the_drafts_before_each_row_is_caught(targe
         for row in rows:
             p.dry.apply(row, np.asarray(committed, dtype=np.int64))
 
-    monkeypatch.setattr(batching, "penalize_rows", blind)
+    monkeypatch.setattr(pipeline, "penalize_rows", blind)
     tokens, _ = answer(target_model, prompt, penalties, right_draft(prompt, alone))
     assert not leaves_transformed_greedy_path_only_at_a_near_tie(target_model, prompt, tokens, 24,
                                                                  dry_after(penalties.dry, prompt))

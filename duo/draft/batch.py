@@ -259,30 +259,27 @@ def draw_one(work: Work, guessed: int, logits: np.ndarray) -> Drawn | None:
     session = work.session
     if session.penalties.active or session.cursor is not None:
         tokens = work.tokens + list(work.guess[:guessed])
-        output = tokens[session.output_start:]  # what the output's penalties and grammar look at
-        if session.penalties.active:
-            session.penalize(logits, tokens, work.committed)
-        if session.cursor is not None and not constrain(work, tokens, output, logits):
+        allowed = None if session.cursor is None else grammar_mask(work, tokens)
+        if session.cursor is not None and allowed is None:
             return None
+        session.transform(logits, tokens, work.committed, allowed)
     if work.fork is None and not proposes(logits, session.p_min):
         return None
     return draw(session, logits, len(work.tokens) + guessed, work.fork is None)
 
 
-def constrain(work: Work, tokens: list[int], output: list[int], logits: np.ndarray) -> bool:
-    """Mask `logits` (in place) with the session's grammar after `output` (the output in `tokens`), so that the
-    draft drafts only what the target's mask allows: a draft outside it would only be rejected. False where the
-    tokens end with an end of generation (a branch the target took as its chain can): nothing follows it, the
-    chain pauses."""
+def grammar_mask(work: Work, tokens: list[int]) -> np.ndarray | None:
+    """The tokens the session's grammar allows after the output in `tokens`, so that the draft drafts only what the
+    target's mask allows: a draft outside it would only be rejected. None where the tokens end with an end of
+    generation (a branch the target took as its chain can): nothing follows it, the chain pauses."""
     session = work.session
     if work.fork is not None and session.branch_cursor is None:
         session.branch_cursor = session.cursor.copy()
     cursor = session.cursor if work.fork is None else session.branch_cursor
-    if not cursor.move_to(output):
+    if not cursor.move_to(tokens[session.output_start:]):
         at = session.output_start + len(cursor.tokens)
         if tokens[at] in cursor.ends:
-            return False
+            return None
         raise GrammarError(f"the session's {'chain' if work.fork is None else f'branch at {work.fork}'} breaks its "
                            f"grammar at position {at} (token {tokens[at]}; {session.committed} committed)")
-    cursor.mask(logits)
-    return True
+    return cursor.allowed()

@@ -16,7 +16,7 @@ from duo.llama.model import common_prefix_length
 from duo.sampling.coupled import coupled_race, coupled_ranking
 from duo.sampling.distributions import SparseDist, advance, distribution, sample
 from duo.sampling.ops.penalties import OutputCounts, Penalties
-from duo.sampling.ops.rows import penalize_rows
+from duo.sampling import rows
 from duo.sampling.params import SamplingParams
 
 # A token drawn: (its id, the distribution it was drawn from or None where none travels, its Doubt or None).
@@ -113,15 +113,21 @@ class DraftSession:
             return []
         return self.lookup.propose(self.chain[self.committed:], most)
 
-    def penalize(self, logits: np.ndarray, tokens: list[int], committed: int) -> None:
-        """Transform `logits`, the row after `tokens`, with the penalties (model thread). Of the output in `tokens`, the
-        part committed when its work was planned (tokens[:committed]) is counted once, into output_counts: commits
-        only append, and works run in the order they were planned, so the counts always hold a prefix of it."""
+    def transform(self, logits: np.ndarray, tokens: list[int], committed: int, allowed: np.ndarray | None) -> None:
+        """Transform `logits`, the row after `tokens`, with the penalties and the grammar's mask `allowed` (None: no
+        grammar) by the pipeline the target verifies with (duo.sampling.rows; model thread)."""
+        counted = self._counted(logits.size, tokens, committed) if self.penalties.active else None
+        rows.transform(self.penalties, logits[None], tokens[:committed], tokens[committed:], counted,
+                       None if allowed is None else [allowed])
+
+    def _counted(self, n_vocab: int, tokens: list[int], committed: int) -> OutputCounts:
+        """output_counts, caught up: of the output in `tokens`, the part committed when its work was planned
+        (tokens[:committed]) is counted once: commits only append, and works run in the order they were planned, so
+        the counts always hold a prefix of it."""
         if self.output_counts is None:
-            self.output_counts = OutputCounts(logits.size)
-        counted = self.output_counts
-        counted.extend(tokens[self.output_start + len(counted.tokens):committed])
-        penalize_rows(self.penalties, logits[None], tokens[:committed], tokens[committed:], counted)
+            self.output_counts = OutputCounts(n_vocab)
+        self.output_counts.extend(tokens[self.output_start + len(self.output_counts.tokens):committed])
+        return self.output_counts
 
     def mu_at(self, position: int) -> float | None:
         """Mirostat's mu for the token at `position`: the draft's walk where it drew the chain up to there, else the

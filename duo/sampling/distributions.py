@@ -43,7 +43,7 @@ class SparseDist:
 
 
 def distribution(logits: np.ndarray, params: SamplingParams, mu: float | None = None) -> SparseDist:
-    """What `params` samples from after `logits` (the row after the penalties and DRY: duo.sampling.ops.rows).
+    """What `params` samples from after `logits` (the row as duo.sampling.rows.transform leaves it).
 
     Greedy: the top token. Mirostat (with its state `mu`): temperature, then mirostat alone (_mirostat), as llama.cpp
     replaces its chain. Otherwise, in llama.cpp's default order as far as duo's temperature-first order allows:

@@ -24,7 +24,7 @@ from duo.llama.worker import ModelWorker
 from duo.net.timeouts import within
 from duo.sampling.distributions import NoTokenAllowed, SparseDist, log_probs
 from duo.sampling.ops.penalties import OutputCounts, Penalties
-from duo.sampling.ops.rows import penalize_rows
+from duo.sampling import rows
 from duo.sampling.params import SamplingParams
 from duo.sampling.verification import Verdict, verify
 from duo.target.policy import AdaptivePolicy, choose_together
@@ -350,20 +350,17 @@ def _decode_and_verify(context: Context,
     its rows and drop its rejected drafts' cache entries. A request whose verification fails gets its
     error alone."""
     began = time.perf_counter()
-    rows = context.decode_parts([item.part for item in planned])
+    blocks = context.decode_parts([item.part for item in planned])
     results: list[Verdict | int | Exception] = []
-    for item, logits in zip(planned, rows):
+    for item, logits in zip(planned, blocks):
         work = item.work
         if isinstance(work, PrefillWork):
             results.append(len(item.part.tokens))
             continue
         try:
-            if work.penalties.active:  # p is the target's after the tokens each row follows
-                penalize_rows(work.penalties, logits, work.committed, item.part.tokens[len(work.prompt_tail) + 1:],
-                              work.counted)
-            if work.masks is not None:  # p becomes the constrained target distribution, row by row
-                for row, allowed in zip(logits, work.masks):
-                    row[~allowed] = -np.inf
+            # p is the target's after the tokens each row follows, constrained: the draft's q comes from the same call
+            rows.transform(work.penalties, logits, work.committed, item.part.tokens[len(work.prompt_tail) + 1:],
+                           work.counted, work.masks)
             verdict = verify(item.drafts, item.dists, logits, work.params, work.rng, work.coupled_seed, work.pos + 1,
                              work.mu)
             if work.logprobs >= 0:  # from the rows as verified: after the penalties and the grammar

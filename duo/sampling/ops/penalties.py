@@ -1,7 +1,7 @@
 """Logit transforms before sampling: OpenAI's presence and frequency penalties and logit_bias, llama.cpp's repeat
 penalty and DRY (duo.sampling.ops.dry). Each row's transform depends on the tokens before it, so under speculation a
 verified row is transformed with the committed tokens plus the drafts before that row, and the draft transforms what
-it drafts from the same way (duo.sampling.ops.rows): the target's distribution at every position is exactly the one
+it drafts from the same way (duo.sampling.rows): the target's distribution at every position is exactly the one
 it would sample alone.
 """
 
@@ -101,7 +101,7 @@ class Penalties:
 
     def apply(self, logits: np.ndarray, output: Sequence[int], counted: OutputCounts | None = None) -> np.ndarray:
         """`logits` (one row, changed in place and returned) after the tokens generated before it: the committed
-        output that `counted` holds, if given, then `output`. DRY reads the whole context: duo.sampling.ops.rows."""
+        output that `counted` holds, if given, then `output`. DRY reads the whole context: duo.sampling.rows."""
         if self.bias:
             ids, values = self._bias_arrays
             logits[ids] += values.astype(logits.dtype)
