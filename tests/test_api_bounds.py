@@ -22,7 +22,7 @@ from duo.api.serving.read import check_shape, parse_body
 from duo.api.serving.prepare import Preparer
 from duo.api.serving.request import BadRequest
 from duo.api.responses.body import ResponsesBody
-from duo.api.responses.route import ResponsesApi
+from duo.api.http.responses import ResponsesApi
 from duo.api.responses.store import ResponseStore, characters
 from test_hostile_requests import scripted
 from test_http_api import post
@@ -114,7 +114,7 @@ def test_a_conversation_held_and_continued_with_more_messages_than_the_context_h
     held = tuple([USER] * (CONTEXT // 2))  # each turn fit; together they cannot
     body = ResponsesBody.model_validate({"input": [USER] * (CONTEXT // 2), "previous_response_id": "resp_1"})
     with pytest.raises(BadRequest) as refused:
-        ResponsesApi(api=None)._translated(body, held, CONTEXT)  # type: ignore[arg-type]
+        ResponsesApi(answering=None)._translated(body, held, CONTEXT)  # type: ignore[arg-type]
     assert refused.value.param == "input" and refused.value.details["n_prompt_tokens"] == CONTEXT
 
 

@@ -16,15 +16,16 @@ from duo.api.openai.bodies import ChatBody, CompletionBody
 from duo.api.openai.errors import ApiError, api_error, server_error
 from duo.api.serving.generate import Completions, failure_message
 from duo.api.http.gate import Cors, Gate
+from duo.api.http.anthropic import add_messages_routes
+from duo.api.http.answering import Answering
+from duo.api.http.responses import add_responses_routes
 from duo.api.http.routes import OpenAIApi
-from duo.api.anthropic import add_messages_routes
 from duo.api.anthropic.errors import AnthropicErrors
 from duo.api.serving.metrics import Metrics
 from duo.api.page import add_page_routes
 from duo.api.llama_server.bodies import ApplyTemplateBody, DetokenizeBody, InfillBody, NativeCompletionBody, TokenizeBody
 from duo.api.serving.read import document_bodies
 from duo.api.serving.request import ClientError
-from duo.api.responses import add_responses_routes
 from duo.llama.model import ModelError
 from duo.net.listening import HttpServer
 from duo.net.timeouts import WRITE_TIMEOUT_S
@@ -54,7 +55,8 @@ def create_app(completions: Completions, metrics: Metrics, api_key: str | None, 
     llama-server's, narrowed to `cors_origins` where given (duo.api.http.gate.Cors: other origins refused, private
     network access only behind the list or the key). A streaming client that takes no event for `write_timeout`
     seconds is dropped."""
-    api = OpenAIApi(completions, metrics, write_timeout)
+    answering = Answering(completions, metrics, write_timeout)
+    api = OpenAIApi(answering)
     # No /docs or /redoc: they load their scripts from a CDN. /openapi.json describes the API.
     app = FastAPI(title="duo-target", docs_url=None, redoc_url=None, strict_content_type=False)
     for prefix in ("", "/v1"):  # as llama-server: OpenAI's routes with or without /v1 (but /completions, below)
@@ -73,8 +75,8 @@ def create_app(completions: Completions, metrics: Metrics, api_key: str | None, 
     app.add_api_route("/apply-template", api.apply_template, methods=["POST"])
     app.add_api_route("/props", api.props, methods=["GET"])
     app.add_api_route("/slots", api.slots, methods=["GET"])
-    add_responses_routes(app, api)
-    add_messages_routes(app, api)
+    add_responses_routes(app, answering)
+    add_messages_routes(app, answering)
     add_page_routes(app)  # the chat page at /, as llama-server's
     document_bodies(app, {"/v1/completions": CompletionBody, "/v1/chat/completions": ChatBody,
                           "/chat/completions": ChatBody,

@@ -1,39 +1,31 @@
 """The routes of the target's HTTP API, bound to its Completions: OpenAI's completions, chat and models,
-llama-server's native endpoints, health and metrics."""
+llama-server's native endpoints, health and metrics; generations are answered by duo.api.http.answering."""
 
 from __future__ import annotations
 
-import asyncio
-import copy
-from collections.abc import Callable
-from contextlib import aclosing
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from duo.api.http.answering import Answering
 from duo.api.llama_server.answer import NativeFormat
-from duo.api.openai.answers import AnswerShape, ChatFormat, CompletionFormat
-from duo.api.openai.bodies import ChatBody, CompletionBody, template_messages
-from duo.api.openai.errors import ApiError, api_error, generation_error
-from duo.api.serving.bodies import GenerationBody
-from duo.api.serving.choices import (Choices, choice_requests, collect, collect_all, merged_events, start_choices,
-                                     whole_answer)
-from duo.api.serving.generate import Completion, Completions
-from duo.api.http.streams import CLIENT_CLOSED, ClientGone, EventStream, unless_disconnected
-from duo.api.serving.metrics import CONTENT_TYPE, Metrics
 from duo.api.llama_server.bodies import ApplyTemplateBody, DetokenizeBody, InfillBody, NativeCompletionBody, TokenizeBody
+from duo.api.openai.answers import ChatFormat, CompletionFormat
+from duo.api.openai.bodies import ChatBody, CompletionBody, template_messages
+from duo.api.openai.errors import ApiError
+from duo.api.serving.bodies import GenerationBody
+from duo.api.serving.metrics import CONTENT_TYPE
 from duo.api.serving.read import parse_body
-from duo.api.serving.request import CompletionRequest, ShuttingDown
 
 
 class OpenAIApi:
     """The routes, bound to the target's Completions."""
 
-    def __init__(self, completions: Completions, metrics: Metrics, write_timeout: float) -> None:
-        self.completions = completions
-        self.metrics = metrics
-        self.write_timeout = write_timeout
+    def __init__(self, answering: Answering) -> None:
+        self.answering = answering
+        self.completions = answering.completions
+        self.metrics = answering.metrics
 
     def health(self) -> JSONResponse:
         completions = self.completions
@@ -71,14 +63,14 @@ class OpenAIApi:
 
     async def completion(self, request: Request) -> Response:
         body = await parse_body(await request.body(), CompletionBody, self.completions.body_limits())
-        return await self.generate(body, body.to_request, request,
+        return await self.answering.answer(body, body.to_request, request,
                                    CompletionFormat(self._name(body), sources=body.duo_sources))
 
     async def chat(self, request: Request) -> Response:
         body = await parse_body(await request.body(), ChatBody, self.completions.body_limits())
         functions = body.callable_functions()
         # The template's format even without functions: it says how the model marks its reasoning.
-        return await self.generate(body, body.to_request, request,
+        return await self.answering.answer(body, body.to_request, request,
                                    ChatFormat(self._name(body), functions, self.completions.call_format(),
                                               sources=body.duo_sources))
 
@@ -92,7 +84,7 @@ class OpenAIApi:
     async def _native(self, request: Request, kind: type[NativeCompletionBody]) -> Response:
         body = await parse_body(await request.body(), kind, self.completions.body_limits())
         output = NativeFormat(self._name(body), body.response_fields)
-        return await self.generate(body, body.to_request, request, output)
+        return await self.answering.answer(body, body.to_request, request, output)
 
     async def tokenize(self, request: Request) -> dict[str, Any]:
         body = await parse_body(await request.body(), TokenizeBody, self.completions.body_limits())
@@ -143,36 +135,6 @@ class OpenAIApi:
     def _name(self, body: GenerationBody) -> str:
         """The name the answer carries: the one the request gave (any: one model is served), else the model's own."""
         return body.model or self.completions.names[0]
-
-    async def generate(self, body: GenerationBody, to_request: Callable[[], CompletionRequest], request: Request,
-                        output: AnswerShape) -> Response:
-        n = body.choice_count(self.completions.admission.parallel)
-        formats = [output] + [copy.deepcopy(output) for _ in range(n - 1)]  # each choice's own, one answer's id
-        wanted = await asyncio.to_thread(to_request)  # a loop over the client's biases, tools and messages
-        try:
-            completion: Completion | Choices = await unless_disconnected(request, self.completions.start(
-                wanted) if n == 1 else start_choices(self.completions, choice_requests(wanted, n)))
-        except ClientGone:
-            return Response(status_code=CLIENT_CLOSED)
-        if body.stream:
-            events = output.events(completion, body.include_usage) if isinstance(completion, Completion) \
-                else merged_events(formats, completion, body.include_usage)
-            return EventStream(events, completion, write_timeout=self.write_timeout,
-                               on_timeout=self.metrics.client_write_timeouts.inc)
-        async with aclosing(completion):
-            try:
-                pieces = await unless_disconnected(request, collect(completion) if isinstance(completion, Completion)
-                                                   else collect_all(completion))
-            except ClientGone:
-                return Response(status_code=CLIENT_CLOSED)
-            except ShuttingDown as error:
-                return api_error(error).response()
-            except Exception as error:  # this request's own failure: it alone ends, in OpenAI's shape
-                return generation_error(error).response()
-        return JSONResponse(output.whole(pieces) if isinstance(completion, Completion)
-                            else whole_answer(formats, pieces))
-
-
 
 
 def _piece(text: bytes) -> str | list[int]:

@@ -13,7 +13,6 @@ from fastapi.responses import StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
 from duo.api.serving.choices import Choices
-from duo.api.serving.generate import Completion
 from duo.net.timeouts import WriteTimeout, write_within
 
 log = logging.getLogger("duo.http")
@@ -29,7 +28,7 @@ class EventStream(StreamingResponse):
     the request's running place and its sessions on the target and the draft. A client that takes no
     event for `write_timeout` seconds (its socket buffers stayed full) is dropped."""
 
-    def __init__(self, events: AsyncIterator[str], completion: Completion | Choices, *, write_timeout: float,
+    def __init__(self, events: AsyncIterator[str], completion: Choices, *, write_timeout: float,
                  on_timeout: Callable[[], None]) -> None:
         super().__init__(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         self.events = events

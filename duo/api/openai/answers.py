@@ -8,7 +8,7 @@ import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
-from typing import Any, Protocol
+from typing import Any
 
 from duo.api.openai.errors import api_error, generation_error
 from duo.api.output.deltas import (CallArguments, CallClosed, CallOpened, Delta, Reasoning, ReasoningDelta, TextDelta,
@@ -24,14 +24,6 @@ def usage(piece: Piece) -> dict[str, Any]:
     prompt, completion = piece.stats.prompt_tokens, piece.stats.generated_tokens
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
             "prompt_tokens_details": {"cached_tokens": piece.stats.cached_prompt_tokens}}
-
-
-class AnswerShape(Protocol):
-    """How an endpoint shapes one answer: whole (a JSON object) or as server-sent events."""
-
-    def whole(self, pieces: list[Piece]) -> dict[str, Any]: ...
-
-    def events(self, completion: Completion, include_usage: bool) -> AsyncIterator[str]: ...
 
 
 class OpenAIFormat(ABC):

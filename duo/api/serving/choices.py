@@ -1,20 +1,14 @@
-"""Several choices for one prompt (OpenAI's `n`, llama-server's `n_cmpl`): one completion per choice, each speculated
-like any request, the prompt's cells decoded once and shared, their answers merged into one."""
+"""The choices of one request (OpenAI's `n`, llama-server's `n_cmpl`; n = 1 is a set of one): one completion per
+choice, each speculated like any request, the prompt's cells decoded once and shared."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
-from typing import Any
 
-from duo.api.llama_server.answer import NativeFormat
-from duo.api.openai.answers import OpenAIFormat, sse
 from duo.api.serving.generate import Completion, Completions, Piece
 from duo.api.serving.request import CompletionRequest
-
-DONE = "data: [DONE]\n\n"
 
 
 class Choices:
@@ -22,6 +16,33 @@ class Choices:
 
     def __init__(self, choices: Sequence[Choice]) -> None:
         self.choices = list(choices)
+
+    @classmethod
+    async def start(cls, completions: Completions, requests: Sequence[CompletionRequest]) -> Choices:
+        """Start every choice (their places taken together, the request prepared once: Completions.start_choices).
+        The first decodes the prompt; with more than one, the others start once it has given its first token: the
+        prompt is then in its cells, which each of them adopts (duo.llama.model.Context.adopt_prefix) instead of
+        decoding it again. QueueFull or a ClientError as Completions.start raises them, with every choice started
+        closed."""
+        started = cls([Choice(completion) for completion in await completions.start_choices(requests)])
+        if len(started.choices) == 1:  # a set of one: its first piece is read by its answer, as it comes
+            return started
+        try:
+            await started.choices[0].read_head()
+        except BaseException:
+            await started.aclose()
+            raise
+        return started
+
+    async def collect(self) -> list[list[Piece]]:
+        """Every choice's pieces; where one fails, the others are stopped (and awaited) before the error goes on."""
+        tasks = [asyncio.ensure_future(collect(choice)) for choice in self.choices]
+        try:
+            return await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def aclose(self) -> None:
         """Close every choice, whatever closing one of them raises."""
@@ -67,77 +88,9 @@ def choice_requests(request: CompletionRequest, n: int) -> list[CompletionReques
     return [replace(request, seed=(request.seed + i) % 2**64) for i in range(n)]
 
 
-async def start_choices(completions: Completions, requests: Sequence[CompletionRequest]) -> Choices:
-    """Start every choice (their places taken together, the request prepared once: Completions.start_choices). The
-    first decodes the prompt; the others start once it has given its first token: the prompt is then in its cells,
-    which each of them adopts (duo.llama.model.Context.adopt_prefix) instead of decoding it again. QueueFull or a
-    ClientError as Completions.start raises them, with every choice started closed."""
-    started = Choices([Choice(completion) for completion in await completions.start_choices(requests)])
-    try:
-        await started.choices[0].read_head()
-    except BaseException:
-        await started.aclose()
-        raise
-    return started
-
-
 async def collect(completion: Completion | Choice) -> list[Piece]:
     """All the pieces of a completion (or a choice)."""
     return [piece async for piece in completion]
-
-
-async def collect_all(choices: Choices) -> list[list[Piece]]:
-    """Every choice's pieces; where one fails, the others are stopped (and awaited) before the error goes on."""
-    tasks = [asyncio.ensure_future(collect(choice)) for choice in choices.choices]
-    try:
-        return await asyncio.gather(*tasks)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def whole_answer(formats: Sequence[OpenAIFormat | NativeFormat], pieces: Sequence[list[Piece]]) -> Any:
-    """The answers of all choices as one: OpenAI's choices (index i), usage summed, duo_stats a list (one per
-    choice); llama-server's native answer is an array of its answers, each with its index."""
-    answers = [output.whole(choice) for output, choice in zip(formats, pieces)]
-    if isinstance(formats[0], NativeFormat):
-        return [{**answer, "index": i} for i, answer in enumerate(answers)]
-    return {**answers[0], "choices": [{**answer["choices"][0], "index": i} for i, answer in enumerate(answers)],
-            "usage": summed_usage([answer["usage"] for answer in answers]),
-            "duo_stats": [answer["duo_stats"] for answer in answers]}
-
-
-def summed_usage(usages: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """One prompt, read once, and every choice's tokens."""
-    completion = sum(usage["completion_tokens"] for usage in usages)
-    first = usages[0]
-    return {**first, "completion_tokens": completion, "total_tokens": first["prompt_tokens"] + completion}
-
-
-async def merged_events(formats: Sequence[OpenAIFormat | NativeFormat], choices: Choices,
-                        include_usage: bool) -> AsyncIterator[str]:
-    """Every choice's events as they come, each marked with its choice's index; OpenAI's stream then ends with one
-    usage chunk (where asked) and one [DONE]."""
-    native = isinstance(formats[0], NativeFormat)
-    usages = []
-    streams = [output.events(choice, include_usage) for output, choice in zip(formats, choices.choices)]
-    async for i, event in merge(streams):
-        if event == DONE:
-            continue
-        data = json.loads(event.removeprefix("data: "))
-        if native and "error" not in data:
-            data["index"] = i
-        elif data.get("choices") == [] and "usage" in data:
-            usages.append(data["usage"])
-            continue
-        for choice in data.get("choices", []):
-            choice["index"] = i
-        yield sse(data)
-    if usages:
-        yield sse({**formats[0].envelope(formats[0].chunk_object_name), "choices": [], "usage": summed_usage(usages)})
-    if not native:
-        yield DONE
 
 
 async def merge(streams: Sequence[AsyncIterator[str]]) -> AsyncIterator[tuple[int, str]]:

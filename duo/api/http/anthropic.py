@@ -1,43 +1,40 @@
 """POST /v1/messages and /v1/messages/count_tokens on the target's HTTP app: the request read, translated to chat,
-and generated (or only tokenized) by OpenAIApi's completions."""
+and answered (or only tokenized) by duo.api.http.answering."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
+from duo.api.http.answering import Answering
 from duo.api.anthropic.answer import MessagesFormat
 from duo.api.anthropic.body import CountTokensBody, MessagesBody
 from duo.api.anthropic.translate import chat_body
 from duo.api.serving.read import document_bodies, parse_body
 from duo.api.serving.request import CompletionRequest
 
-if TYPE_CHECKING:  # duo.api.http registers these routes: imported at run time, the two would import each other
-    from duo.api.http.routes import OpenAIApi
-
 
 class MessagesApi:
-    """Anthropic's Messages API over `api`'s completions."""
+    """Anthropic's Messages API over `answering`'s completions."""
 
-    def __init__(self, api: OpenAIApi) -> None:
-        self.api = api
+    def __init__(self, answering: Answering) -> None:
+        self.answering = answering
 
     async def create(self, request: Request) -> Response:
-        completions = self.api.completions
+        completions = self.answering.completions
         body = await parse_body(await request.body(), MessagesBody, completions.body_limits())
         chat = await asyncio.to_thread(chat_body, body)  # a loop over the client's messages and tools
         functions = chat.callable_functions()
         call_format = completions.call_format()
         # Any model name is served (Claude Code names Claude's): the answer carries the one asked for.
         output = MessagesFormat(body.model or completions.names[0], functions, call_format)
-        return await self.api.generate(chat, chat.to_request, request, output)
+        return await self.answering.answer(chat, chat.to_request, request, output)
 
     async def count_tokens(self, request: Request) -> dict[str, int]:
         """{"input_tokens": n}: the prompt's tokens as /v1/messages would render them, nothing generated."""
-        completions = self.api.completions
+        completions = self.answering.completions
         body = await parse_body(await request.body(), CountTokensBody, completions.body_limits())
         wanted = await asyncio.to_thread(self._checked_request, body)  # loops over the client's blocks and tools
         # The generation's own preparation, so that the count is the prompt's exactly (template, tools, BOS).
@@ -48,15 +45,15 @@ class MessagesApi:
     def _checked_request(self, body: CountTokensBody) -> CompletionRequest:
         """The chat request `body` would make, refused where it cannot fit the context (off the event loop)."""
         wanted = chat_body(body).to_request()
-        self.api.completions.check_size(wanted)
+        self.answering.completions.check_size(wanted)
         return wanted
 
 
-def add_messages_routes(app: FastAPI, api: OpenAIApi) -> MessagesApi:
+def add_messages_routes(app: FastAPI, answering: Answering) -> MessagesApi:
     """Register POST /v1/messages and /v1/messages/count_tokens (behind the gate's key check, which takes
     X-Api-Key as the Anthropic SDK sends it) and their bodies in /openapi.json; their errors are reshaped by
     duo.api.anthropic.errors.AnthropicErrors, which create_app puts outside the gate (its 401 and 413 too)."""
-    messages = MessagesApi(api)
+    messages = MessagesApi(answering)
     app.add_api_route("/v1/messages", messages.create, methods=["POST"])
     app.add_api_route("/v1/messages/count_tokens", messages.count_tokens, methods=["POST"])
     document_bodies(app, {"/v1/messages": MessagesBody, "/v1/messages/count_tokens": CountTokensBody})

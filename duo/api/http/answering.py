@@ -1,0 +1,125 @@
+"""A generation answered over HTTP whatever its protocol: the translated request's choices started, then streamed or
+collected and rendered in the protocol's shape (AnswerShape); several choices merged into one answer."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import aclosing
+from typing import Any, Protocol
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from duo.api.http.streams import CLIENT_CLOSED, ClientGone, EventStream, unless_disconnected
+from duo.api.llama_server.answer import NativeFormat
+from duo.api.openai.answers import OpenAIFormat, sse
+from duo.api.openai.errors import api_error, generation_error
+from duo.api.serving.bodies import GenerationBody
+from duo.api.serving.choices import Choice, Choices, choice_requests, merge
+from duo.api.serving.generate import Completions, Piece
+from duo.api.serving.metrics import Metrics
+from duo.api.serving.request import CompletionRequest, ShuttingDown
+
+DONE = "data: [DONE]\n\n"
+
+
+class AnswerShape(Protocol):
+    """How a protocol shapes one answer: whole (a JSON object) or as server-sent events."""
+
+    def whole(self, pieces: list[Piece]) -> dict[str, Any]: ...
+
+    def events(self, completion: Choice, include_usage: bool) -> AsyncIterator[str]: ...
+
+
+class Answering:
+    """Answers a body translated to duo's request, in its protocol's `AnswerShape`, from the target's Completions;
+    every protocol's route hands its generations here."""
+
+    def __init__(self, completions: Completions, metrics: Metrics, write_timeout: float) -> None:
+        self.completions = completions
+        self.metrics = metrics
+        self.write_timeout = write_timeout
+
+    async def answer(self, body: GenerationBody, to_request: Callable[[], CompletionRequest], request: Request,
+                     output: AnswerShape) -> Response:
+        """The answer of `body`'s n choices (one, most often): a stream of events, or one JSON answer."""
+        n = body.choice_count(self.completions.admission.parallel)
+        formats = [output] + [copy.deepcopy(output) for _ in range(n - 1)]  # each choice's own, one answer's id
+        wanted = await asyncio.to_thread(to_request)  # a loop over the client's biases, tools and messages
+        try:
+            choices = await unless_disconnected(request, Choices.start(self.completions, choice_requests(wanted, n)))
+        except ClientGone:
+            return Response(status_code=CLIENT_CLOSED)
+        if body.stream:
+            return EventStream(events(formats, choices, body.include_usage), choices, write_timeout=self.write_timeout,
+                               on_timeout=self.metrics.client_write_timeouts.inc)
+        async with aclosing(choices):
+            try:
+                pieces = await unless_disconnected(request, choices.collect())
+            except ClientGone:
+                return Response(status_code=CLIENT_CLOSED)
+            except ShuttingDown as error:
+                return api_error(error).response()
+            except Exception as error:  # this request's own failure: it alone ends, in OpenAI's shape
+                return generation_error(error).response()
+        return JSONResponse(whole(formats, pieces))
+
+
+def events(formats: Sequence[AnswerShape], choices: Choices, include_usage: bool) -> AsyncIterator[str]:
+    """The answer's events: one choice's as its protocol streams them, several merged (merged_events)."""
+    if len(choices.choices) == 1:
+        return formats[0].events(choices.choices[0], include_usage)
+    return merged_events(formats, choices, include_usage)
+
+
+def whole(formats: Sequence[AnswerShape], pieces: Sequence[list[Piece]]) -> Any:
+    """The whole answer: one choice's as its protocol answers it, several as one (whole_answer)."""
+    if len(pieces) == 1:
+        return formats[0].whole(pieces[0])
+    return whole_answer(formats, pieces)
+
+
+def whole_answer(formats: Sequence[OpenAIFormat | NativeFormat], pieces: Sequence[list[Piece]]) -> Any:
+    """The answers of all choices as one: OpenAI's choices (index i), usage summed, duo_stats a list (one per
+    choice); llama-server's native answer is an array of its answers, each with its index."""
+    answers = [output.whole(choice) for output, choice in zip(formats, pieces)]
+    if isinstance(formats[0], NativeFormat):
+        return [{**answer, "index": i} for i, answer in enumerate(answers)]
+    return {**answers[0], "choices": [{**answer["choices"][0], "index": i} for i, answer in enumerate(answers)],
+            "usage": summed_usage([answer["usage"] for answer in answers]),
+            "duo_stats": [answer["duo_stats"] for answer in answers]}
+
+
+def summed_usage(usages: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One prompt, read once, and every choice's tokens."""
+    completion = sum(usage["completion_tokens"] for usage in usages)
+    first = usages[0]
+    return {**first, "completion_tokens": completion, "total_tokens": first["prompt_tokens"] + completion}
+
+
+async def merged_events(formats: Sequence[OpenAIFormat | NativeFormat], choices: Choices,
+                        include_usage: bool) -> AsyncIterator[str]:
+    """Every choice's events as they come, each marked with its choice's index; OpenAI's stream then ends with one
+    usage chunk (where asked) and one [DONE]."""
+    native = isinstance(formats[0], NativeFormat)
+    usages = []
+    streams = [output.events(choice, include_usage) for output, choice in zip(formats, choices.choices)]
+    async for i, event in merge(streams):
+        if event == DONE:
+            continue
+        data = json.loads(event.removeprefix("data: "))
+        if native and "error" not in data:
+            data["index"] = i
+        elif data.get("choices") == [] and "usage" in data:
+            usages.append(data["usage"])
+            continue
+        for choice in data.get("choices", []):
+            choice["index"] = i
+        yield sse(data)
+    if usages:
+        yield sse({**formats[0].envelope(formats[0].chunk_object_name), "choices": [], "usage": summed_usage(usages)})
+    if not native:
+        yield DONE
