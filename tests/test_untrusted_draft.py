@@ -26,7 +26,7 @@ from duo.net._proto import duo_pb2 as pb
 from duo.net._proto import duo_pb2_grpc as pb_grpc
 from duo.llama.model import Model
 from duo.llama.vocab import Vocab
-from duo.target import link as duo_link
+from duo.target.pool import link as duo_link
 from duo.target.pool.connection import LEAD_MARGIN
 from duo.target.chain import DraftChain
 from duo.target.request import SpecSettings
