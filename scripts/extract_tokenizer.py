@@ -3,7 +3,7 @@
 
 The output holds every ``tokenizer.*`` key of the model (vocabulary, token
 types, BPE merges, special token ids, chat template, ...) together with its
-GGUF value type, so that ``tests/tiny_models.py`` can write it back verbatim
+GGUF value type, so that ``tests/helpers/tiny_models.py`` can write it back verbatim
 into tiny random-weight test models.  It was used once to produce
 ``tests/data/qwen2-tokenizer.json.gz`` from Qwen2.5-Coder-0.5B-Instruct:
 

@@ -1,7 +1,7 @@
 """Shared pytest fixtures.
 
 The model fixtures are tiny random-weight GGUF files with the real Qwen2.5
-tokenizer (see ``tests/tiny_models.py``), written once per test session.
+tokenizer (see ``tests/helpers/tiny_models.py``), written once per test session.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tiny_models import (
+from helpers.tiny_models import (
     MISMATCH_TOKEN_ID,
     MISMATCH_TOKEN_TEXT,
     OVERSIZED_EXTRA_TOKENS,
@@ -95,7 +95,7 @@ def process_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def served_alone(tiny_target: Path, process_logs: Path):
     """duo-target without a draft, serving gRPC and HTTP."""
-    from processes import start
+    from helpers.processes import start
 
     process = start("duo.cli.target", ["--model", str(tiny_target), "--ctx-size", str(CONTEXT_SIZE)], process_logs,
                     http=True)
@@ -105,7 +105,7 @@ def served_alone(tiny_target: Path, process_logs: Path):
 
 @pytest.fixture(scope="session")
 def served_draft(tiny_draft: Path, process_logs: Path):
-    from processes import start
+    from helpers.processes import start
 
     process = start("duo.cli.draft", ["--model", str(tiny_draft)], process_logs)
     yield process
@@ -119,7 +119,7 @@ def served_duo(tiny_target: Path, served_draft, process_logs: Path):
     Speculation is fixed (--draft-max) so that every generation verifies draft tokens, whatever the
     adaptive policy would conclude about the tiny model's costs on this CPU.
     """
-    from processes import start, wait_for_draft
+    from helpers.processes import start, wait_for_draft
 
     process = start("duo.cli.target", ["--model", str(tiny_target), "--peer", served_draft.address, "--draft-max", "4"],
                     process_logs, http=True)
@@ -134,7 +134,7 @@ def served_sync(tiny_target: Path, served_draft, process_logs: Path):
     draft's tokens, so every generation verifies some whatever the machine's load. Tests that must
     see the draft take part use it (the adaptive and --draft-max targets never wait for a tiny draft
     that is no faster than its tiny target)."""
-    from processes import start, wait_for_draft
+    from helpers.processes import start, wait_for_draft
 
     process = start("duo.cli.target", ["--model", str(tiny_target), "--peer", served_draft.address, "--sync", "4"],
                     process_logs, http=True)

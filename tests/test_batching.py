@@ -14,8 +14,8 @@ from duo.sampling.params import SamplingParams
 from duo.target.batching import MIN_PREFILL_CHUNK, StepBatcher
 from duo.target.target import Target
 from duo.target.request import Request, SpecSettings
-from greedy import leaves_coupled_path_only_at_a_near_tie, leaves_greedy_path_only_at_a_near_tie
-from processes import generate, start, wait_for_draft
+from helpers.greedy import leaves_coupled_path_only_at_a_near_tie, leaves_greedy_path_only_at_a_near_tie
+from helpers.processes import generate, start, wait_for_draft
 
 PROMPTS = [[9707, 11, 1879], [785, 3974, 13876, 38835], [1986, 374, 264, 1273, 315], [151644, 872, 198, 14990],
            [2, 3, 5, 7, 11, 13], [40, 1079, 264], [8420, 594, 279, 3364], [1024, 2048]]
@@ -83,7 +83,7 @@ def test_sampled_concurrent_generations_each_follow_their_own_seed(target_model)
              for request in requests]
     together = run(Target(target_model, ModelWorker(), None, n_ctx=256, settings=SpecSettings(), parallel=4),
                    requests)
-    for request, got, expected in zip(requests, together, alone):  # batched: logits round apart (tests/greedy.py)
+    for request, got, expected in zip(requests, together, alone):  # batched: logits round apart (tests/helpers/greedy.py)
         assert got == expected or leaves_coupled_path_only_at_a_near_tie(target_model, request.prompt_tokens, got, 16,
                                                                          request.params, request.seed)
 
@@ -139,7 +139,7 @@ def test_sequences_are_reused_by_later_generations(target_model):
         await target.close()
         return outputs
 
-    for got in asyncio.run(in_turns()):  # each from cells another left: they may round apart (tests/greedy.py)
+    for got in asyncio.run(in_turns()):  # each from cells another left: they may round apart (tests/helpers/greedy.py)
         assert got == expected[0] or leaves_greedy_path_only_at_a_near_tie(target_model, PROMPTS[5], got, 24)
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from duo.net.listening import free_port
-from processes import Process, start
+from helpers.processes import Process, start
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium (scripts/test.sh installs Debian's where it can)")

@@ -102,7 +102,7 @@ _BATCHES = textwrap.dedent("""
 def quantized_models(tiny_models_dir) -> dict[str, Path]:
     """A tiny model wide enough for k-quants (256), written in F32 then quantized by llama.cpp itself."""
     from duo.models.files import convert_ftype
-    from tiny_models import write_tiny_model
+    from helpers.tiny_models import write_tiny_model
 
     source = write_tiny_model(tiny_models_dir / "tiny-256-f32.gguf", seed=7, n_embd=256, n_head=4, n_head_kv=2,
                               n_ff=512, embedding_type="f32")

@@ -21,8 +21,8 @@ import httpx
 import pytest
 
 from duo.llama.model import Model
-from greedy import leaves_greedy_path_only_at_a_near_tie
-from processes import Process, generate, start, wait_for_draft
+from helpers.greedy import leaves_greedy_path_only_at_a_near_tie
+from helpers.processes import Process, generate, start, wait_for_draft
 
 PROMPTS = ["def fibonacci(n):", "Once upon a time", "The quick brown fox", "import numpy as np\n",
            "Dear Sir or Madam,", "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n", "1, 2, 3,",

@@ -11,7 +11,7 @@ import json
 import httpx
 import openai
 
-from processes import Process
+from helpers.processes import Process
 from test_http_api import scrape
 from test_infill import CHUNKS, PREFIX, SUFFIX, TIMINGS
 

@@ -18,10 +18,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from duo.net._proto import duo_pb2 as pb
 from duo.net._proto import duo_pb2_grpc as pb_grpc
-from greedy import leaves_greedy_path_only_at_a_near_tie
-from pki import Pki, write_pki
-from processes import generate as plain_generate
-from processes import start
+from helpers.greedy import leaves_greedy_path_only_at_a_near_tie
+from helpers.pki import Pki, write_pki
+from helpers.processes import generate as plain_generate
+from helpers.processes import start
 
 API_KEY = "test-key-1234"
 

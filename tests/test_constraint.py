@@ -21,8 +21,8 @@ from duo.target.generation import Generation
 from duo.target.target import Target
 from duo.target.request import Request, SpecSettings, StepRecord
 from duo.net.wire import ChainChunk
-from fake_drafts import RecordingDraft
-from greedy import leaves_constrained_greedy_path_only_at_a_near_tie
+from helpers.fake_drafts import RecordingDraft
+from helpers.greedy import leaves_constrained_greedy_path_only_at_a_near_tie
 from test_sampling import chi_square_pvalue
 
 # Bounded: the tiny models' strings would otherwise go on with words until the token limit.

@@ -11,7 +11,7 @@ from duo.target.batching import VerifyResult
 from duo.target.control import SpeculationControl
 from duo.target.generation import Generation
 from duo.target.request import Request, SpecSettings, StepRecord
-from fake_drafts import RecordingDraft
+from helpers.fake_drafts import RecordingDraft
 
 
 def added(control: SpeculationControl, session_id: int = 1, seed: int | None = None) -> Generation:

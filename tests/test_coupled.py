@@ -20,10 +20,10 @@ from duo.sampling.distributions import distribution
 from duo.sampling.noise import noise_key, uniforms
 from duo.sampling.params import SamplingParams
 from duo.sampling.verification import verify_coupled
-from greedy import leaves_coupled_path_only_at_a_near_tie
-from processes import generate, start, wait_for_draft
+from helpers.greedy import leaves_coupled_path_only_at_a_near_tie
+from helpers.processes import generate, start, wait_for_draft
 from test_draft_and_plan import draft_once
-from exact_fit import first_two_p_values
+from helpers.exact_fit import first_two_p_values
 from test_duo import PROMPTS, SAMPLED_PROMPT, sample_positions, stream_and_interrupt
 from test_http_api import client, model_name
 
@@ -229,7 +229,7 @@ def test_four_concurrent_requests_each_get_their_seeds_tokens(served_alone, serv
 @pytest.mark.parametrize("truncation", [{}, {"top_k": 5, "top_p": 0.9, "min_p": 0.05}])
 def test_coupled_samples_through_duo_follow_the_target_distribution(served_sync, target_model, truncation):
     """Seeded requests through a target that verifies drafts at every step: their first two tokens fit the
-    target's exact distribution (tests/exact_fit.py), and the same requests accepted drafts."""
+    target's exact distribution (tests/helpers/exact_fit.py), and the same requests accepted drafts."""
     n = 400
     through_duo, stats = sample_positions(served_sync.address, n, 2, seeded=True, **truncation)
     # the pairs vary (7 occur under the truncation, dozens without it): the fit is not trivially passed

@@ -16,7 +16,7 @@ from duo.target.batching import StepBatcher
 from duo.target.generation import Generation
 from duo.target.policy import StepPlan
 from duo.target.request import Request, SpecSettings
-from greedy import leaves_greedy_path_only_at_a_near_tie
+from helpers.greedy import leaves_greedy_path_only_at_a_near_tie
 
 
 async def open_session(drafter: Drafter, prompt: list[int], p_min: float = 0.0, max_ahead: int = 8):

@@ -27,9 +27,9 @@ from duo.sampling.distributions import SparseDist, sample
 from duo.sampling.params import SamplingParams
 from duo.sampling.verification import verify
 from duo.target.target import SYNC_WAIT_S
-from exact_fit import first_two_p_values
-from greedy import leaves_greedy_path_only_at_a_near_tie
-from processes import free_port, generate, start, wait_for_draft
+from helpers.exact_fit import first_two_p_values
+from helpers.greedy import leaves_greedy_path_only_at_a_near_tie
+from helpers.processes import free_port, generate, start, wait_for_draft
 from test_draft_and_plan import draft_once
 from test_duo import SAMPLED_PROMPT, sample_positions
 

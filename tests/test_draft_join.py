@@ -23,9 +23,9 @@ from duo.draft.metrics import DraftMetrics
 from duo.draft.service import DraftServicer, SessionLimits
 from duo.llama.worker import ModelWorker
 from duo.net.tls import server_credentials
-from pki import write_pki
-from processes import Process, accepts, free_port, start
-from tiny_models import MISMATCH_TOKEN_ID, MISMATCH_TOKEN_TEXT
+from helpers.pki import write_pki
+from helpers.processes import Process, accepts, free_port, start
+from helpers.tiny_models import MISMATCH_TOKEN_ID, MISMATCH_TOKEN_TEXT
 
 PROMPT = [9707, 11, 1879]
 AHEAD = 4  # the chain tokens a session asks for

@@ -14,9 +14,9 @@ import pytest
 
 from duo.net._proto import duo_pb2 as pb
 from duo.sampling.params import SamplingParams
-from exact_fit import first_two_p_values
-from greedy import leaves_greedy_path_only_at_a_near_tie
-from processes import Process, free_port, generate, start, wait_for_draft
+from helpers.exact_fit import first_two_p_values
+from helpers.greedy import leaves_greedy_path_only_at_a_near_tie
+from helpers.processes import Process, free_port, generate, start, wait_for_draft
 
 # Tests that need the draft to take part fix its length: on tiny models verifying is barely cheaper
 # than decoding, and the adaptive policy (tested on its own in test_policy.py) may rest the draft.
@@ -98,7 +98,7 @@ def sample_positions(address: str, n: int, n_tokens: int, *, seeded: bool = Fals
 def test_sampled_tokens_through_duo_follow_the_target_distribution(duo_sync, target_model):
     """Residual rejection sampling through both processes, on a target that verifies drafts at every step
     (--sync 4): the first two tokens of 400 generations fit the target's exact distribution
-    (tests/exact_fit.py; test_sampling_power.py shows the same check failing realistic verifier bugs),
+    (tests/helpers/exact_fit.py; test_sampling_power.py shows the same check failing realistic verifier bugs),
     and the same requests verified and accepted drafts for a good share of their tokens."""
     n = 400
     through_duo, stats = sample_positions(duo_sync.address, n, 2)
@@ -203,7 +203,7 @@ def test_concurrent_generations_each_get_their_own_output(duo, target_model):
         thread.start()
     for thread in threads:
         thread.join()
-    for prompt in PROMPTS:  # decoded together: their logits round differently (tests/greedy.py)
+    for prompt in PROMPTS:  # decoded together: their logits round differently (tests/helpers/greedy.py)
         assert leaves_greedy_path_only_at_a_near_tie(target_model, prompt, results[prompt], 48), prompt
 
 

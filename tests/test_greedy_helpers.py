@@ -1,4 +1,4 @@
-"""tests/greedy.py, the near-tie helpers every cross-run comparison goes through: on a scripted model, they
+"""tests/helpers/greedy.py, the near-tie helpers every cross-run comparison goes through: on a scripted model, they
 pass the target's own path and near-ties taken anywhere, and refuse what a broken generation gives (a
 wrong token, garbage after a near-tie, a truncated or empty answer)."""
 
@@ -13,7 +13,7 @@ from duo.sampling.coupled import coupled_ranking
 from duo.sampling.distributions import distribution
 
 from duo.sampling.params import SamplingParams
-from greedy import NEAR_TIE, leaves_coupled_path_only_at_a_near_tie, leaves_greedy_path_only_at_a_near_tie
+from helpers.greedy import NEAR_TIE, leaves_coupled_path_only_at_a_near_tie, leaves_greedy_path_only_at_a_near_tie
 
 VOCAB, EOS = 12, 11
 TIE_AFTER = (1, 2)  # after these tokens, the best two logits are within a near-tie

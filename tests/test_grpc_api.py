@@ -16,7 +16,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 from conftest import CONTEXT_SIZE
 from duo.net._proto import duo_pb2 as pb
 from duo.net._proto import duo_pb2_grpc as pb_grpc
-from processes import free_port, generate, health_status
+from helpers.processes import free_port, generate, health_status
 
 
 def stub(address: str) -> tuple[grpc.Channel, pb_grpc.TargetStub]:

@@ -19,7 +19,7 @@ from duo.sampling.distributions import distribution
 from duo.sampling.params import SamplingParams
 from duo.target.generation import Generation
 from duo.target.request import Request, SpecSettings
-from greedy import leaves_greedy_path_only_at_a_near_tie
+from helpers.greedy import leaves_greedy_path_only_at_a_near_tie
 from test_draft_batching import drafter_for
 from test_lookup import catch_ups, dense
 from test_sampling import ALPHA, chi_square_pvalue

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from processes import start, wait_for_draft
+from helpers.processes import start, wait_for_draft
 
 HEALTH_BUDGET_S = 0.25  # the worst /health answer while the hostile loop runs
 # What the target may grow by from the end of the first round of bad bodies (which builds what is built once: the

@@ -12,13 +12,13 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 
 from duo.net.listening import free_port
-from greedy import leaves_greedy_path_only_at_a_near_tie
-from processes import start, wait_for_draft
+from helpers import hostile_joiner
+from helpers.greedy import leaves_greedy_path_only_at_a_near_tie
+from helpers.processes import start, wait_for_draft
 from test_hostile_soak import HEALTH_BUDGET_S, RSS_GROWTH_MB, rss_mb
 from test_hostile_soak import bad_bodies as first_soak_bodies
 
@@ -131,7 +131,7 @@ def test_a_hostile_pool_and_client_beside_an_honest_joined_draft_stall_and_chang
 
         bad = first_soak_bodies() + issue_49_bad_bodies()  # made before the clock runs (they hold this GIL)
         # Its own process: building and sending a 64 MB Hello would hold this one's GIL, and the watch with it.
-        joiner = subprocess.Popen([sys.executable, str(Path(__file__).with_name("hostile_joiner.py")),
+        joiner = subprocess.Popen([sys.executable, hostile_joiner.__file__,
                                    f"127.0.0.1:{pool_port}", str(tiny_target)],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 

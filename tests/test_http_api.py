@@ -16,8 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from conftest import CONTEXT_SIZE
 from duo.net._proto import duo_pb2 as pb
 from duo.net._proto import duo_pb2_grpc as pb_grpc
-from greedy import leaves_greedy_path_only_at_a_near_tie
-from processes import Process, generate, start
+from helpers.greedy import leaves_greedy_path_only_at_a_near_tie
+from helpers.processes import Process, generate, start
 
 PROMPTS = ["def fibonacci(n):", "Once upon a time", "The quick brown fox", "import numpy as np\n",
            "Dear Sir or Madam,", "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n", "1, 2, 3,",

@@ -20,7 +20,7 @@ from duo.sampling.params import SamplingParams
 from duo.sampling.verification import verify_stochastic
 from test_http_api import post
 from test_sampling import ALPHA, chi_square_pvalue, first_token_trials, probs_to_logits
-from tiny_models import write_tiny_model
+from helpers.tiny_models import write_tiny_model
 
 PREFIX = "import math\n\n\ndef circle_area(radius):\n    "
 SUFFIX = "\n\n\ndef main():\n    print(circle_area(2.0))\n"

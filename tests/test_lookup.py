@@ -19,7 +19,7 @@ from duo.target.target import Target
 from duo.target.policy import AdaptivePolicy, choose_together
 from duo.target.request import Request, SpecSettings
 from duo.target.switch import Switch
-from greedy import leaves_greedy_path_only_at_a_near_tie
+from helpers.greedy import leaves_greedy_path_only_at_a_near_tie
 from test_sampling import ALPHA, P_TARGET, chi_square_pvalue, first_token_trials, probs_to_logits
 
 

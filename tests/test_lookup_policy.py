@@ -18,7 +18,7 @@ from duo.target.target import Target
 from duo.target.lookup_policy import GainMeter, LookupGate, LookupRecord, step_without_rows
 from duo.target.policy import AdaptivePolicy, choose_together, split_rate
 from duo.target.request import GenerationStats, Request, SpecSettings
-from greedy import leaves_greedy_path_only_at_a_near_tie
+from helpers.greedy import leaves_greedy_path_only_at_a_near_tie
 from test_switch import rests_of
 
 def compute_bound(n: int) -> float:

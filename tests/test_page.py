@@ -1,4 +1,4 @@
-"""The chat page at / in a real browser (headless Chromium, tests/browser.py): a prompt typed and sent streams an
+"""The chat page at / in a real browser (headless Chromium, tests/helpers/browser.py): a prompt typed and sent streams an
 answer coloured by where its tokens came from, the panel shows the answer's own stats and the server's, with the API
 key, over TLS and without a draft alike."""
 
@@ -17,9 +17,9 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from browser import CHROMIUM, Browser
-from pki import write_pki
-from processes import Process, start
+from helpers.browser import CHROMIUM, Browser
+from helpers.pki import write_pki
+from helpers.processes import Process, start
 from test_http_api import scrape
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium (scripts/test.sh installs Debian's where it can)")

@@ -16,7 +16,7 @@ from duo.sampling.params import SamplingParams
 from duo.sampling.rows import transform
 from duo.target.target import Target
 from duo.target.request import Request, SpecSettings, StepRecord
-from greedy import leaves_transformed_greedy_path_only_at_a_near_tie
+from helpers.greedy import leaves_transformed_greedy_path_only_at_a_near_tie
 from test_constraint import ScriptedDraft
 from test_http_api import post
 

@@ -18,7 +18,7 @@ from duo.target.request import Request, SpecSettings
 from duo.target.switch import Switch
 from duo.target.target import Target
 from duo.net.wire import ChainChunk
-from fake_drafts import RecordingDraft
+from helpers.fake_drafts import RecordingDraft
 
 DEMAND = 20.0  # drafts a second one session can use
 

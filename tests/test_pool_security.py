@@ -32,8 +32,8 @@ from duo.target.pool.link import DraftLink
 from duo.target.pool import joined
 from duo.target.pool.connection import MAX_MODEL_NAME_CHARS, DraftConnection
 from duo.target.pool.joined import MAX_JOIN_MESSAGE_BYTES, PoolService, allowed, parse_allow, peer_host, pool_server
-from pki import write_pki
-from processes import Process, start
+from helpers.pki import write_pki
+from helpers.processes import Process, start
 
 # A draft's name as a hostile draft sends it: megabytes, with a line break that would forge a log line.
 HOSTILE_NAME = "evil\n2025-01-01 duo.target INFO all is well " * 20_000

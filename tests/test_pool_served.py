@@ -17,8 +17,8 @@ from duo.net import wire
 from duo.net._proto import duo_pb2 as pb
 from duo.net._proto import duo_pb2_grpc as pb_grpc
 from duo.net.listening import free_port
-from greedy import leaves_greedy_path_only_at_a_near_tie
-from processes import Process, start, wait_for_draft
+from helpers.greedy import leaves_greedy_path_only_at_a_near_tie
+from helpers.processes import Process, start, wait_for_draft
 
 PROMPTS = ["def fibonacci(n):", "Once upon a time", "import numpy as np\n", "class Stack:\n"]
 SYNC = ["--sync", "4", "--parallel", "4"]  # every step waits for the draft's tokens: a step alone is a draft missing
@@ -219,7 +219,7 @@ def test_an_incompatible_and_a_hostile_draft_in_the_pool_fail_no_session(tiny_ta
 
 def test_drafts_join_over_mutual_tls_only_with_a_certificate_from_the_ca_and_only_from_allowed_addresses(
         tiny_target, tiny_draft, target_model, tmp_path, log_dir):
-    from pki import write_pki
+    from helpers.pki import write_pki
 
     pki = write_pki(tmp_path)
     pool_port, walled_port = free_port(), free_port()

@@ -13,8 +13,8 @@ import pytest
 from duo.llama.backends import rpc_supported
 from duo.cli import main as cli
 from duo.llama.rpc import parse_endpoints, parse_tensor_split
-from greedy import leaves_greedy_path_only_at_a_near_tie
-from processes import Process, free_port, generate, start, wait_for_draft
+from helpers.greedy import leaves_greedy_path_only_at_a_near_tie
+from helpers.processes import Process, free_port, generate, start, wait_for_draft
 from test_duo import PROMPTS, stream_and_interrupt
 
 needs_rpc = pytest.mark.skipif(not rpc_supported(), reason="this llama-cpp-python was built without ggml's RPC "

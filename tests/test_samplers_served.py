@@ -7,7 +7,7 @@ import numpy as np
 
 from duo.sampling.ops.dry import Dry
 from duo.sampling.ops.penalties import Penalties
-from greedy import leaves_transformed_greedy_path_only_at_a_near_tie
+from helpers.greedy import leaves_transformed_greedy_path_only_at_a_near_tie
 from test_constraint import ScriptedDraft
 from test_http_api import post
 from test_penalties import answer

@@ -1,5 +1,5 @@
 """The end-to-end sampling check has teeth: speculative sampling with the real tiny pair, in process,
-through tests/exact_fit.py, the same check test_duo applies to duo's own output. The real verifier
+through tests/helpers/exact_fit.py, the same check test_duo applies to duo's own output. The real verifier
 passes; realistic bugs fail it: the draft's distributions shifted by one position, the recovered token
 drawn from p instead of the residual, and draft tokens accepted without checking (q ignored)."""
 
@@ -14,7 +14,7 @@ from duo.llama.model import Model
 from duo.sampling.distributions import SparseDist, distribution, sample
 from duo.sampling.params import SamplingParams
 from duo.sampling.verification import Verdict, verify_stochastic
-from exact_fit import first_two_p_values
+from helpers.exact_fit import first_two_p_values
 from test_sampling import verify_resampling_from_p
 
 T1 = SamplingParams(temperature=1.0)

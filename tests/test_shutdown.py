@@ -13,7 +13,7 @@ import httpx
 
 from duo.net._proto import duo_pb2 as pb
 from duo.net._proto import duo_pb2_grpc as pb_grpc
-from processes import health_status, start
+from helpers.processes import health_status, start
 
 GRACE_S = 1.0
 BODY = {"prompt": "def fibonacci(n):", "max_tokens": 1800, "temperature": 0}  # far more than the grace allows

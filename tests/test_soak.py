@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from processes import free_port, generate, start, wait_for_draft
+from helpers.processes import free_port, generate, start, wait_for_draft
 from test_draft_hardening import scrape
 
 IDLE_S = 40.0  # longer than duo-draft's OUTBOX_STALL_S (30 s): the link sends nothing meanwhile

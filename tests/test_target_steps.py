@@ -16,7 +16,7 @@ from duo.target.target import SYNC_WAIT_S, Target
 from duo.target.policy import AdaptivePolicy
 from duo.target.request import Request, SpecSettings, StepRecord
 from duo.net.wire import ChainChunk
-from fake_drafts import RecordingDraft
+from helpers.fake_drafts import RecordingDraft
 
 BLOCK_S = 0.15  # another request's work on the model thread, in front of every step
 

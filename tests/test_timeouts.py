@@ -19,7 +19,7 @@ import pytest
 from duo.net._proto import duo_pb2 as pb
 from duo.net._proto import duo_pb2_grpc as pb_grpc
 from duo.net.options import KEEPALIVE_TIME_MS, KEEPALIVE_TIMEOUT_MS, grpc_channel_options, grpc_server_options
-from processes import Process, generate, start, wait_for_draft
+from helpers.processes import Process, generate, start, wait_for_draft
 
 WRITE_TIMEOUT_S = 1.0
 # The tiny models hold 2048 tokens: a generation until the context is full sends ~2000 events.

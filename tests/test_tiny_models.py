@@ -1,4 +1,4 @@
-"""The tiny test models (tests/tiny_models.py) load in llama.cpp and behave usefully."""
+"""The tiny test models (tests/helpers/tiny_models.py) load in llama.cpp and behave usefully."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import llama_cpp
 import numpy as np
 import pytest
 
-import tiny_models
-from tiny_models import (
+from helpers import tiny_models
+from helpers.tiny_models import (
     DRAFT_NOISE,
     MISMATCH_TOKEN_ID,
     MISMATCH_TOKEN_TEXT,

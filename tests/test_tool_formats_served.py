@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from processes import Process, start, wait_for_draft
+from helpers.processes import Process, start, wait_for_draft
 from test_http_api import client
-from tiny_models import write_tiny_model
+from helpers.tiny_models import write_tiny_model
 
 # As Qwen3-Coder's GGUFs ship it (a copy is kept in llama.cpp: models/templates/Qwen3-Coder.jinja).
 QWEN3_CODER = (Path(__file__).parent / "data" / "templates" / "qwen3-coder.jinja").read_text()

@@ -32,8 +32,8 @@ from duo.target.chain import DraftChain
 from duo.target.request import SpecSettings
 from duo.target.pool.link import DraftLink
 from duo.net.wire import ChainChunk
-from greedy import leaves_greedy_path_only_at_a_near_tie
-from processes import Process, free_port, generate, health_status, start, wait_for_draft
+from helpers.greedy import leaves_greedy_path_only_at_a_near_tie
+from helpers.processes import Process, free_port, generate, health_status, start, wait_for_draft
 
 FIXED = ["--draft-max", "4"]  # every step verifies what drafts it holds, whatever the adaptive policy thinks
 PROMPTS = ["def fibonacci(n):", "Once upon a time", "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"]

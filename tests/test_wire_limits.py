@@ -9,7 +9,7 @@ import pytest
 
 from duo.net._proto import duo_pb2 as pb
 from duo.sampling.params import SamplingParams
-from processes import generate
+from helpers.processes import generate
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 

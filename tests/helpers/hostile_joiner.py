@@ -1,7 +1,7 @@
 """A dishonest draft for the hostile pool soak (tests/test_hostile_soak_pool.py), run as its own process so that
 building and sending its 64 MB Hello holds none of the measuring process's GIL:
 
-    python tests/hostile_joiner.py TARGET:PORT MODEL.gguf
+    python tests/helpers/hostile_joiner.py TARGET:PORT MODEL.gguf
 
 It joins the pool until its standard input closes, then prints how each Join call ended, as one JSON list."""
 

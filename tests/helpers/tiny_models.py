@@ -42,7 +42,7 @@ from typing import Any
 import gguf
 import numpy as np
 
-DATA_DIR = Path(__file__).resolve().parent / "data"
+DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 TOKENIZER_FILE = DATA_DIR / "qwen2-tokenizer.json.gz"
 
 ARCH = "qwen2"

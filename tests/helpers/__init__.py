@@ -1,0 +1,1 @@
+"""What tests share: processes, tiny models, fake drafts, statistics, scripted models and HTTP calls."""
