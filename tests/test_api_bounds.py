@@ -24,8 +24,8 @@ from duo.api.serving.request import BadRequest
 from duo.api.responses.body import ResponsesBody
 from duo.api.http.responses import ResponsesApi
 from duo.api.responses.store import ResponseStore, characters
-from test_hostile_requests import scripted
-from test_http_api import post
+from helpers.scripted import scripted
+from helpers.http import post
 
 CONTEXT = 100  # the scripted target's
 TOO_MANY = CONTEXT + 50

@@ -16,6 +16,7 @@ from duo.target.target import Target
 from duo.target.request import Request, SpecSettings
 from helpers.greedy import leaves_coupled_path_only_at_a_near_tie, leaves_greedy_path_only_at_a_near_tie
 from helpers.processes import generate, start, wait_for_draft
+from helpers.prompts import SYSTEM
 
 PROMPTS = [[9707, 11, 1879], [785, 3974, 13876, 38835], [1986, 374, 264, 1273, 315], [151644, 872, 198, 14990],
            [2, 3, 5, 7, 11, 13], [40, 1079, 264], [8420, 594, 279, 3364], [1024, 2048]]
@@ -141,9 +142,6 @@ def test_sequences_are_reused_by_later_generations(target_model):
 
     for got in asyncio.run(in_turns()):  # each from cells another left: they may round apart (tests/helpers/greedy.py)
         assert got == expected[0] or leaves_greedy_path_only_at_a_near_tie(target_model, PROMPTS[5], got, 24)
-
-
-SYSTEM = [151644, 8948, 198, 2610, 525, 264, 10950, 17847, 13, 151645, 198, 151644, 872, 198]  # a chat's system turn
 
 
 def stream(target: Target, request: Request, started: asyncio.Event | None = None) -> "asyncio.Future":

@@ -16,7 +16,7 @@ from duo.draft.value import Round
 from duo.llama.worker import ModelWorker
 from duo.sampling.distributions import SparseDist
 from duo.sampling.params import SamplingParams
-from test_draft_and_plan import FixedExtraCost, draft_until_idle
+from helpers.drafting import FixedExtraCost, draft_until_idle
 
 PROMPT = [9707, 11, 1879]
 

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from test_http_api import greedy_text, post
+from helpers.http import greedy_text, post
 
 PROMPT = "def fibonacci(n):"
 

@@ -12,8 +12,8 @@ import httpx
 import openai
 
 from helpers.processes import Process
-from test_http_api import scrape
-from test_infill import CHUNKS, PREFIX, SUFFIX, TIMINGS
+from helpers.http import scrape
+from helpers.infill import CHUNKS, PREFIX, SUFFIX, TIMINGS
 
 ACCEPTED = ("duo:spec_decode_num_accepted_tokens_total", ())
 

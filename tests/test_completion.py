@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import time
 from contextlib import aclosing
-from dataclasses import dataclass, field
-from types import SimpleNamespace
 
 import pytest
 from fastapi.testclient import TestClient
@@ -16,45 +14,7 @@ from duo.api.serving.generate import MAX_BODY_BYTES, Completions
 from duo.api.http import create_app
 from duo.api.serving.metrics import Metrics
 from duo.api.serving.request import BadRequest, CompletionRequest, NotReady
-from duo.target.request import GenerationStats, Request, Step
-
-# Token id -> bytes; 1 and 2 split the UTF-8 bytes of "日" (e6 97 a5) between them.
-PIECES = {1: b"\xe6\x97", 2: b"\xa5", 3: b" the", 4: b" end", 5: b".", 6: b"\n"}
-
-
-class ScriptedModel:
-    n_vocab = 10
-
-    def tokenize(self, text: str) -> list[int]:
-        return [3] * len(text.split())
-
-    def vocab(self) -> SimpleNamespace:
-        return SimpleNamespace(token_texts=tuple(PIECES.values()))
-
-    def detokenize(self, tokens: list[int]) -> bytes:
-        return b"".join(PIECES[t] for t in tokens)
-
-
-@dataclass
-class ScriptedTarget:
-    """Commits the scripted steps; records whether its generation was closed (its session freed)."""
-
-    steps: list[list[int]]
-    model: ScriptedModel = field(default_factory=ScriptedModel)
-    pool: None = None
-    closed: int = 0
-    generated: int = 0
-
-    async def generate(self, request: Request):
-        stats = GenerationStats(prompt_tokens=len(request.prompt_tokens))
-        try:
-            for i, tokens in enumerate(self.steps):
-                stats.generated_tokens += len(tokens)
-                self.generated += len(tokens)
-                yield Step(tokens, "length" if i == len(self.steps) - 1 else None), stats
-        finally:
-            self.closed += 1
-
+from helpers.scripted import ScriptedModel, ScriptedTarget
 
 def completions(steps: list[list[int]], parallel: int = 1, queue_size: int = 0) -> tuple[Completions, ScriptedTarget]:
     service = Completions(Admission(parallel, queue_size), Metrics(), ["scripted"])

@@ -17,13 +17,11 @@ from duo.sampling.coupled import coupled_ranking
 from duo.sampling.distributions import distribution
 from duo.sampling.params import SamplingParams
 from duo.target.batching import VerifyWork, _decode_and_verify, _Planned
-from duo.target.generation import Generation
 from duo.target.target import Target
 from duo.target.request import Request, SpecSettings, StepRecord
-from duo.net.wire import ChainChunk
-from helpers.fake_drafts import RecordingDraft
 from helpers.greedy import leaves_constrained_greedy_path_only_at_a_near_tie
-from test_sampling import chi_square_pvalue
+from helpers.scripted import ScriptedDraft
+from helpers.stats import chi_square_pvalue
 
 # Bounded: the tiny models' strings would otherwise go on with words until the token limit.
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
@@ -137,37 +135,6 @@ def test_a_verifier_that_forgets_the_mask_fails_the_fit(target_model, verificati
     counts, expected = sampled_first_tokens(target_model, verification, with_mask=False)
     with pytest.raises(AssertionError, match="never would"):
         chi_square_pvalue(counts, expected)
-
-
-class ScriptedDraft(RecordingDraft):
-    """A connected draft link that answers the session's opening and every commit with `chain(committed)` at
-    once: the right answer, or whatever a broken or hostile draft would send."""
-
-    def __init__(self, chain) -> None:
-        super().__init__()
-        self.chain = chain
-        self.generation: Generation | None = None
-        self.epoch = 0
-
-    def register(self, generation: Generation) -> None:
-        self.generation = generation
-        generation.open_message()
-        self._send()
-
-    def unregister(self, session_id: int) -> None:
-        pass
-
-    def send(self, event) -> None:
-        if event.HasField("commit"):
-            self._send()
-
-    def _send(self) -> None:
-        generation = self.generation
-        tokens = self.chain(list(generation.committed))
-        if tokens:
-            self.epoch += 1  # a new chain from each commit, as a draft whose chain the commit ran past
-            generation.on_chunk(ChainChunk(epoch=self.epoch, start=len(generation.committed), tokens=tokens,
-                                           dists=[]))
 
 
 def constrained_answer(model, prompt: list[int], link=None, *, schema=PERSON, n: int = 40) -> tuple[list[int], list]:

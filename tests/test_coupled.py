@@ -22,10 +22,10 @@ from duo.sampling.params import SamplingParams
 from duo.sampling.verification import verify_coupled
 from helpers.greedy import leaves_coupled_path_only_at_a_near_tie
 from helpers.processes import generate, start, wait_for_draft
-from test_draft_and_plan import draft_once
+from helpers.drafting import draft_once
 from helpers.exact_fit import first_two_p_values
-from test_duo import PROMPTS, SAMPLED_PROMPT, sample_positions, stream_and_interrupt
-from test_http_api import client, model_name
+from helpers.duo_runs import PROMPTS, SAMPLED_PROMPT, sample_positions, stream_and_interrupt
+from helpers.http import client, model_name
 
 MASK = 2**64 - 1
 

@@ -8,63 +8,18 @@ from types import SimpleNamespace
 from duo.net._proto import duo_pb2 as pb
 from duo.costs import StepCosts
 from duo.draft.drafter import Drafter
-from duo.draft.session import DraftSession
-from duo.draft.value import RoundCost
 from duo.llama.worker import ModelWorker
 from duo.sampling.params import SamplingParams
 from duo.target.batching import StepBatcher
 from duo.target.generation import Generation
 from duo.target.policy import StepPlan
 from duo.target.request import Request, SpecSettings
+from helpers.drafting import draft_once
 from helpers.greedy import leaves_greedy_path_only_at_a_near_tie
 
 
 async def open_session(drafter: Drafter, prompt: list[int], p_min: float = 0.0, max_ahead: int = 8):
     return await drafter.open(pb.OpenSession(session_id=1, committed=prompt, max_ahead=max_ahead, p_min=p_min))
-
-
-async def draft_once(drafter: Drafter, session: DraftSession) -> pb.DraftChunk | None:
-    """One round for `session` alone: its chunk (None: nothing to send, or no round worth drafting); its
-    error, raised."""
-    drafted = await drafter.draft_round([session])
-    if not drafted:
-        return None
-    [drafted] = drafted
-    if drafted.error is not None:
-        raise drafted.error
-    return drafted.chunk
-
-
-class FixedExtraCost(RoundCost):
-    """A draft round cost where one more token adds `extra` to a decode of any size: a schedule that does not
-    depend on timings, as RoundCost's measurements make it."""
-
-    def __init__(self, extra: float) -> None:
-        super().__init__()
-        self.value = extra
-
-    def extra(self, tokens: int) -> float:
-        return self.value
-
-    def observe(self, tokens: int, seconds: float) -> None:
-        pass
-
-
-async def draft_until_idle(drafter: Drafter, sessions: list[DraftSession],
-                           max_rounds: int = 200) -> tuple[dict[int, list[pb.DraftChunk]], int]:
-    """Rounds for `sessions` until none has work: each session's chunks, and the number of rounds; an
-    error of any session is raised."""
-    chunks: dict[int, list[pb.DraftChunk]] = {session.session_id: [] for session in sessions}
-    for rounds in range(max_rounds):
-        drafted = await drafter.draft_round(sessions)
-        if not drafted:
-            return chunks, rounds
-        for result in drafted:
-            if result.error is not None:
-                raise result.error
-            if result.chunk is not None:
-                chunks[result.session.session_id].append(result.chunk)
-    raise AssertionError(f"still drafting after {max_rounds} rounds")
 
 
 def test_the_draft_streams_tokens_that_continue_its_chain(draft_model):

@@ -12,26 +12,13 @@ from duo.draft.drafter import Drafter
 from duo.draft.metrics import DraftMetrics
 from duo.draft.session import DraftSession
 from duo.llama.model import Context, ModelError, Part
-from duo.llama.worker import ModelWorker
-from test_draft_and_plan import FixedExtraCost, draft_until_idle
-from test_draft_hardening import CountingModel, Stream, holds_nothing, servicer_for
+from helpers.drafting import draft_until_idle
+from helpers.draft_servicer import CountingModel, Stream, holds_nothing, servicer_for
+from helpers.drafting import drafter_for
 
 TEXTS = ["def fibonacci(n):", "Once upon a time, in a land far away", "The quick brown fox",
          "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n", "import numpy as np\n"]
 SETTINGS = {"n_ctx": 256, "top_k_cap": 10, "max_branches": 2, "branch_len": 2}
-# What one more token adds to a decode: nothing, so every round a session offers rides (duo.draft.value.
-# with_riders). Its schedule then depends on its own values alone, not on the timings or the other sessions
-# of a batched decode, and a batched round must draft for it what it drafts alone.
-RIDE_COST = 0.0
-
-
-def drafter_for(model, **settings) -> Drafter:
-    """A Drafter whose sessions' schedules depend on their own values alone (RIDE_COST), as the comparisons need."""
-    drafter = Drafter(model, ModelWorker(), **settings)
-    drafter.round_cost = FixedExtraCost(RIDE_COST)
-    return drafter
-
-
 def messages(model) -> list[pb.OpenSession]:
     """Sessions of every kind: greedy, residual and coupled sampling, a p_min that pauses the chain."""
     prompts = [model.tokenize(text) for text in TEXTS]

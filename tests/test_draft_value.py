@@ -11,7 +11,7 @@ from duo.draft.session import DraftSession, Slot
 from duo.draft.value import (MAX_TIMED_TOKENS, MIN_VALUE, PRIOR_ACCEPTANCE, PRIOR_ALTERNATIVE,
                              Calibration, Horizon, Round, RoundCost, confidence, ranked_rounds, with_riders)
 from duo.sampling.params import SamplingParams
-from test_draft_and_plan import FixedExtraCost
+from helpers.drafting import FixedExtraCost
 
 OPEN = Horizon(chain_open=True, fork_limit=100, branch_cap=4, new_branches=4)
 

@@ -16,7 +16,7 @@ from duo.api.serving.generate import Completions
 from duo.api.http import create_app
 from duo.api.serving.metrics import Metrics
 from duo.cli.target import served_names
-from test_http_api import post
+from helpers.http import post
 
 ORIGIN = "http://page.example:3000"
 

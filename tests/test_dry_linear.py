@@ -15,7 +15,7 @@ import pytest
 from duo.net._proto import duo_pb2 as pb
 from duo.sampling.ops.dry import MAX_BREAKER_BYTES, MAX_BREAKERS, MAX_TAIL, Dry, restart_sequences
 from test_grpc_api import stub
-from test_http_api import post
+from helpers.http import post
 
 # --- References: the quadratic algorithms DRY used, straightforward -------------------------------------------------
 

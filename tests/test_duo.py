@@ -12,8 +12,8 @@ import time
 import grpc
 import pytest
 
-from duo.net._proto import duo_pb2 as pb
 from duo.sampling.params import SamplingParams
+from helpers.duo_runs import PROMPTS, SAMPLED_PROMPT, sample_positions, stream_and_interrupt
 from helpers.exact_fit import first_two_p_values
 from helpers.greedy import leaves_greedy_path_only_at_a_near_tie
 from helpers.processes import Process, free_port, generate, start, wait_for_draft
@@ -21,10 +21,6 @@ from helpers.processes import Process, free_port, generate, start, wait_for_draf
 # Tests that need the draft to take part fix its length: on tiny models verifying is barely cheaper
 # than decoding, and the adaptive policy (tested on its own in test_policy.py) may rest the draft.
 FIXED = ["--draft-max", "4"]
-SAMPLED_PROMPT = "Once upon a time"  # the sampling tests' prompt
-PROMPTS = ["def fibonacci(n):", "Once upon a time", "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"]
-
-
 @pytest.fixture(scope="module")
 def log_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("logs")
@@ -73,28 +69,6 @@ def test_greedy_output_through_duo_equals_the_target_alone(duo, duo_sync, target
     assert accepted > 0, "the draft took no part"
 
 
-def sample_positions(address: str, n: int, n_tokens: int, *, seeded: bool = False,
-                     **truncation: float) -> tuple[list[list[int]], list[pb.Stats]]:
-    """n generations of SAMPLED_PROMPT at temperature 1, run 4 at a time: their token ids and stats.
-    Unseeded, the target verifies by residual rejection sampling (its default --unseeded); seeded
-    (seeds 0..n-1), by coupled sampling."""
-    results: list[list[int]] = [[] for _ in range(n)]
-    stats: list[pb.Stats] = [pb.Stats() for _ in range(n)]
-
-    def work(offset: int) -> None:
-        for i in range(offset, n, 4):
-            results[i], last = generate(address, SAMPLED_PROMPT, max_tokens=n_tokens, temperature=1.0,
-                                        seed=i if seeded else None, **truncation)
-            stats[i] = last.stats
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return results, stats
-
-
 def test_sampled_tokens_through_duo_follow_the_target_distribution(duo_sync, target_model):
     """Residual rejection sampling through both processes, on a target that verifies drafts at every step
     (--sync 4): the first two tokens of 400 generations fit the target's exact distribution
@@ -132,27 +106,6 @@ def test_killing_the_draft_mid_generation_completes_the_request_with_the_same_ou
     finally:
         target.stop()
         draft.stop()
-
-
-def stream_and_interrupt(address: str, prompt: str, max_tokens: int, interrupt, temperature: float = 0.0,
-                         seed: int | None = None, with_draft: bool = True) -> tuple[list[int], int]:
-    """Stream a generation (greedy by default), calling `interrupt` once 10% of it has arrived (with draft
-    help, unless `with_draft` is False); the tokens, and the draft tokens received by then."""
-    from duo.net._proto import duo_pb2 as pb
-    from duo.net._proto import duo_pb2_grpc as pb_grpc
-
-    request = pb.GenerateRequest(prompt=prompt, max_tokens=max_tokens,
-                                 sampling=pb.SamplingParams(temperature=temperature, seed=seed))
-    tokens, received_at_interrupt = [], 0
-    with grpc.insecure_channel(address) as channel:
-        for response in pb_grpc.TargetStub(channel).Generate(request, timeout=120):
-            tokens.extend(response.token_ids)
-            if (interrupt is not None and len(tokens) >= max_tokens // 10
-                    and (response.stats.draft_tokens_received or not with_draft)):
-                received_at_interrupt = response.stats.draft_tokens_received
-                interrupt()
-                interrupt = None
-    return tokens, received_at_interrupt
 
 
 def test_a_restarted_draft_rejoins_a_generation_that_is_still_running(tiny_target, tiny_draft, target_model, log_dir):

@@ -20,9 +20,9 @@ from duo.sampling.params import SamplingParams
 from duo.target.generation import Generation
 from duo.target.request import Request, SpecSettings
 from helpers.greedy import leaves_greedy_path_only_at_a_near_tie
-from test_draft_batching import drafter_for
-from test_lookup import catch_ups, dense
-from test_sampling import ALPHA, chi_square_pvalue
+from helpers.drafting import drafter_for
+from helpers.lookup import catch_ups, dense
+from helpers.stats import ALPHA, chi_square_pvalue
 
 VOCAB = 8
 PROMPT = [1, 2, 3, 4]

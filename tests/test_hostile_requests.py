@@ -13,7 +13,6 @@ from fastapi.testclient import TestClient
 from duo.net._proto import duo_pb2 as pb
 from duo.api.serving import choices, infill
 from duo.api.serving.admit import Admission, QueueFull
-from duo.api.serving.generate import Completions
 from duo.api.http import create_app
 from duo.api.serving.limits import MAX_JSON_DEPTH
 from duo.api.serving.metrics import Metrics
@@ -21,19 +20,13 @@ from duo.api.serving.request import CompletionRequest
 from duo.constraint import Compiler, GrammarTooCostly, checked_cursor, grammar_of
 from duo.draft.metrics import DraftMetrics
 from duo.draft.service import Connection, SessionLimits
-from test_completion import ScriptedTarget
-from test_http_api import health, post
+from helpers.http import health, post
+from helpers.scripted import scripted
 
 HUGE = int("1" + "0" * 400)  # what Python's JSON reads from 1 followed by 400 zeros: no float holds it
 REGEX_BOMB = "start: /(x{1000}){1000}/"  # compiles in a millisecond; its first mask and forced text cost seconds
 PATTERN_BOMB = {"type": "object", "properties": {"a": {"type": "string", "pattern": "^(x{1000}){1000}$"}},
                 "required": ["a"]}
-
-
-def scripted(parallel: int = 1, queue_size: int = 0) -> Completions:
-    service = Completions(Admission(parallel, queue_size), Metrics(), ["scripted"])
-    service.ready(ScriptedTarget([[3], [4]]), context_size=100)  # type: ignore[arg-type]
-    return service
 
 
 # --- item 1: a failure after the place is taken gives the place back -------------------------------------------

@@ -19,8 +19,8 @@ from duo.net.listening import free_port
 from helpers import hostile_joiner
 from helpers.greedy import leaves_greedy_path_only_at_a_near_tie
 from helpers.processes import start, wait_for_draft
-from test_hostile_soak import HEALTH_BUDGET_S, RSS_GROWTH_MB, rss_mb
-from test_hostile_soak import bad_bodies as first_soak_bodies
+from helpers.hostile import HEALTH_BUDGET_S, RSS_GROWTH_MB, rss_mb
+from helpers.hostile import bad_bodies as first_soak_bodies
 
 ROUNDS = 2  # of the bodies, at least; they go on while the streams run (at most HOSTILE_S)
 HOSTILE_S = 60.0

@@ -11,55 +11,18 @@ import grpc
 import httpx
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import CONTEXT_SIZE
 from duo.net._proto import duo_pb2 as pb
 from duo.net._proto import duo_pb2_grpc as pb_grpc
 from helpers.greedy import leaves_greedy_path_only_at_a_near_tie
-from helpers.processes import Process, generate, start
+from helpers.http import (LEAVE_EARLY_TOKENS, client, generated_tokens, greedy_text, health, model_name, post, scrape,
+                          stop_inside, wait_until_idle)
+from helpers.processes import generate, start
 
 PROMPTS = ["def fibonacci(n):", "Once upon a time", "The quick brown fox", "import numpy as np\n",
            "Dear Sir or Madam,", "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n", "1, 2, 3,",
            "In the beginning"]
-
-
-def client(process: Process, api_key: str = "unused") -> openai.OpenAI:
-    # No retries: a test must see the first answer, 503s included.
-    return openai.OpenAI(base_url=f"{process.http_url}/v1", api_key=api_key, max_retries=0, timeout=60)
-
-
-def model_name(process: Process) -> str:
-    return httpx.get(f"{process.http_url}/v1/models").json()["data"][0]["id"]
-
-
-def greedy_text(process: Process, prompt: str, max_tokens: int) -> str:
-    """The target's greedy completion as text, through gRPC (the reference for the HTTP answers)."""
-    request = pb.GenerateRequest(prompt=prompt, max_tokens=max_tokens)
-    with grpc.insecure_channel(process.address) as channel:
-        return "".join(r.text for r in pb_grpc.TargetStub(channel).Generate(request, timeout=60))
-
-
-def health(process: Process) -> dict:
-    return httpx.get(f"{process.http_url}/health").json()
-
-
-def wait_until_idle(process: Process, timeout: float = 10) -> dict:
-    """/health once no request runs or waits and no draft session is open (fails after `timeout`)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        state = health(process)
-        if state["requests_running"] == 0 and state["requests_waiting"] == 0 and state["draft_sessions"] == 0:
-            return state
-        if time.monotonic() > deadline:
-            raise AssertionError(f"still busy after {timeout}s: {state}")
-        time.sleep(0.05)
-
-
-def post(process: Process, path: str, body: dict | str, **kwargs) -> httpx.Response:
-    content = body if isinstance(body, str) else json.dumps(body)
-    return httpx.post(f"{process.http_url}{path}", content=content, headers={"Content-Type": "application/json"},
-                      timeout=60, **kwargs)
 
 
 # --- completions and chat ------------------------------------------------------------------------
@@ -136,13 +99,6 @@ def test_a_streamed_completion_is_server_sent_events_ending_in_done(served_alone
     chunks = [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
     assert leaves_greedy_path_only_at_a_near_tie(target_model, PROMPTS[0], "".join(c["choices"][0]["text"] for c in chunks), 8)
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
-
-
-def stop_inside(text: str) -> str:
-    """A stop string from the middle of `text` that spans a word boundary (so, a token boundary)."""
-    middle = len(text) // 2
-    start = text.index(" ", middle) - 2
-    return text[start:start + 5]
 
 
 def test_a_stop_string_ends_the_completion_before_it_and_is_not_returned(served_alone):
@@ -267,13 +223,6 @@ def test_health_reports_the_model_the_draft_and_the_requests(served_alone, serve
     assert draft["state"] == "connected" and draft["model"].startswith("tiny-draft") and draft["sessions"] == 0
 
 
-def scrape(process: Process) -> dict[tuple[str, tuple], float]:
-    """/metrics as {(sample name, sorted labels): value}."""
-    text = httpx.get(f"{process.http_url}/metrics").text
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
-
-
 def test_metrics_count_drafts_acceptance_tokens_and_requests_after_a_speculative_generation(served_sync):
     before = scrape(served_sync)
     response = client(served_sync).completions.create(model=model_name(served_sync), prompt=PROMPTS[0],
@@ -376,15 +325,6 @@ def test_past_the_queue_bound_requests_get_503_and_resource_exhausted_and_leavin
         second.join(30)
     wait_until_idle(one_at_a_time)
     assert post(one_at_a_time, "/v1/completions", {"prompt": "hi", "max_tokens": 2}).status_code == 200
-
-
-def generated_tokens(process: Process) -> float:
-    return scrape(process)[("duo:generation_tokens_total", ())]
-
-
-# The tiny model's context holds 2048 tokens: a whole answer to these requests is 2000-odd tokens,
-# seconds of work; a client that leaves after a few must stop the generation long before that.
-LEAVE_EARLY_TOKENS = 1000
 
 
 def test_a_client_that_leaves_mid_stream_frees_its_session_and_the_drafts(served_duo):

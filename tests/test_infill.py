@@ -18,14 +18,10 @@ from duo.sampling.distributions import SparseDist, distribution
 from duo.sampling.ops.infill import InfillVocab, infill, infill_vocab
 from duo.sampling.params import SamplingParams
 from duo.sampling.verification import verify_stochastic
-from test_http_api import post
-from test_sampling import ALPHA, chi_square_pvalue, first_token_trials, probs_to_logits
+from helpers.http import post
+from helpers.infill import CHUNKS, PREFIX, SUFFIX, TIMINGS
+from helpers.stats import ALPHA, chi_square_pvalue, first_token_trials, probs_to_logits
 from helpers.tiny_models import write_tiny_model
-
-PREFIX = "import math\n\n\ndef circle_area(radius):\n    "
-SUFFIX = "\n\n\ndef main():\n    print(circle_area(2.0))\n"
-CHUNKS = (("geometry/shapes.py", "class Circle:\n    def __init__(self, r):\n        self.r = r\n"),)
-
 
 def text_tokens(model: Model, text: str) -> list[int]:
     return model.tokenize(text, add_special=False, parse_special=False)
@@ -194,11 +190,6 @@ def test_the_wire_carries_the_infill_sampler_and_each_side_reads_its_own_vocabul
 
 
 # --- editors' requests, replayed against duo-draft + duo-target ------------------------------------------------
-
-TIMINGS = ["timings/prompt_n", "timings/prompt_ms", "timings/prompt_per_token_ms", "timings/prompt_per_second",
-           "timings/predicted_n", "timings/predicted_ms", "timings/predicted_per_token_ms",
-           "timings/predicted_per_second"]
-
 
 def llama_vim_fim(n_predict: int = 32) -> dict:
     """llama.vim's FIM request (autoload/llama.vim, llama#fim), its ring chunks carrying their pick time."""

@@ -20,7 +20,7 @@ from duo.api.grpc import client_server
 from duo.api.http import create_app, http_server
 from duo.api.serving.metrics import Metrics
 from duo.cli.generate import stream
-from test_completion import ScriptedTarget
+from helpers.scripted import ScriptedTarget
 
 # The processes ping every 10 s; here every second (the most often a grpc client pings), so that a prefill
 # of several periods takes seconds. Before the fix, grpc's ping-flood protection cut the call at the

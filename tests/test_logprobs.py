@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from duo.sampling.distributions import log_probs
-from test_http_api import client, model_name, post
+from helpers.http import client, model_name, post
 
 PROMPT = "Once upon a time"
 

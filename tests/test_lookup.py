@@ -5,7 +5,6 @@ is learnt apart from the draft model's, and that their memory is bounded by the 
 from __future__ import annotations
 
 import asyncio
-import threading
 
 import numpy as np
 
@@ -20,7 +19,8 @@ from duo.target.policy import AdaptivePolicy, choose_together
 from duo.target.request import Request, SpecSettings
 from duo.target.switch import Switch
 from helpers.greedy import leaves_greedy_path_only_at_a_near_tie
-from test_sampling import ALPHA, P_TARGET, chi_square_pvalue, first_token_trials, probs_to_logits
+from helpers.lookup import catch_ups, dense
+from helpers.stats import ALPHA, P_TARGET, chi_square_pvalue, first_token_trials, probs_to_logits
 
 
 def test_the_longest_earlier_n_gram_ending_the_text_proposes_what_followed_it():
@@ -41,21 +41,6 @@ def test_the_most_recent_occurrence_wins_and_the_index_is_bounded_by_the_context
     lookup = ContextLookup(long)
     lookup.propose([], 4)
     assert len(lookup.index) <= (MAX_N - MIN_N + 1) * len(long)
-
-
-def catch_ups(monkeypatch) -> list[tuple[bool, int]]:
-    """Every ContextLookup catch-up from now on: whether it ran on this thread (the event loop's under asyncio.run),
-    and how many tokens it indexed."""
-    seen: list[tuple[bool, int]] = []
-    loop_thread = threading.get_ident()
-    catch_up = ContextLookup._catch_up
-
-    def recording(self: ContextLookup) -> None:
-        seen.append((threading.get_ident() == loop_thread, len(self.tokens) - self.indexed))
-        catch_up(self)
-
-    monkeypatch.setattr(ContextLookup, "_catch_up", recording)
-    return seen
 
 
 def test_a_long_prompt_indexed_off_the_event_loop_leaves_its_first_proposal_nothing_to_index(monkeypatch):
@@ -182,7 +167,3 @@ def test_sampled_output_with_lookup_tokens_in_the_chain_is_the_targets_distribut
     assert chi_square_pvalue(np.bincount(seconds, minlength=target_model.n_vocab), p_second) > ALPHA
 
 
-def dense(dist: SparseDist, n_vocab: int) -> np.ndarray:
-    probs = np.zeros(n_vocab)
-    probs[dist.ids] = dist.probs
-    return probs

@@ -19,7 +19,7 @@ from duo.target.lookup_policy import GainMeter, LookupGate, LookupRecord, step_w
 from duo.target.policy import AdaptivePolicy, choose_together, split_rate
 from duo.target.request import GenerationStats, Request, SpecSettings
 from helpers.greedy import leaves_greedy_path_only_at_a_near_tie
-from test_switch import rests_of
+from helpers.clock import rests_of
 
 def compute_bound(n: int) -> float:
     return 0.1 * n

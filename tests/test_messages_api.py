@@ -20,8 +20,7 @@ from duo.api.anthropic.errors import AnthropicErrors
 from duo.api.anthropic.translate import chat_body
 from duo.api.serving.request import BadRequest
 from duo.api.tools import ToolCall
-from test_http_api import (LEAVE_EARLY_TOKENS, generated_tokens, health, model_name, post, stop_inside,
-                           wait_until_idle)
+from helpers.http import LEAVE_EARLY_TOKENS, generated_tokens, health, model_name, post, stop_inside, wait_until_idle
 
 # A Claude Code turn as it goes over the wire, after the capture of claude-cli 2.0.36 in tianzecn/myclaudecode
 # (mcp/claudish/ai_docs/CLAUDE_CODE_PROTOCOL_COMPLETE.md, "Request Body Structure"): system and user text blocks

@@ -12,7 +12,7 @@ import pytest
 from duo.sampling.distributions import advance, distribution, sample
 from duo.sampling.ops.mirostat import next_mu, v1_size, v2_size
 from duo.sampling.params import MAX_FLOAT_FIELD, SamplingParams
-from test_http_api import post
+from helpers.http import post
 
 LOGITS = np.log(np.array([0.5, 0.25, 0.15, 0.1]))
 ZIPF = np.arange(1, 101) ** -1.1 / (np.arange(1, 101) ** -1.1).sum()  # mirostat v1's leading probabilities

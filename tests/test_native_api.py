@@ -9,7 +9,7 @@ import json
 import httpx
 
 from conftest import CONTEXT_SIZE
-from test_http_api import greedy_text, post
+from helpers.http import greedy_text, post
 
 PROMPT = "def fibonacci(n):"
 

@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from helpers.browser import CHROMIUM, Browser
 from helpers.pki import write_pki
 from helpers.processes import Process, start
-from test_http_api import scrape
+from helpers.http import scrape
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium (scripts/test.sh installs Debian's where it can)")
 KEY = "page-key"

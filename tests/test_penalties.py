@@ -3,25 +3,19 @@ after the output before it (committed tokens and the drafts before that row), on
 
 from __future__ import annotations
 
-import asyncio
 import math
 
 import numpy as np
 import pytest
 
 from duo.net import wire
-from duo.llama.worker import ModelWorker
 from duo.sampling.ops.penalties import OutputCounts, Penalties
 from duo.sampling.params import SamplingParams
 from duo.sampling.rows import transform
-from duo.target.target import Target
-from duo.target.request import Request, SpecSettings, StepRecord
 from helpers.greedy import leaves_transformed_greedy_path_only_at_a_near_tie
-from test_constraint import ScriptedDraft
-from test_http_api import post
-
-PROMPT_TEXT = "Once upon a time"
-
+from helpers.penalties import PROMPT_TEXT, answer
+from helpers.scripted import ScriptedDraft
+from helpers.http import post
 
 def test_the_transforms_follow_llama_cpp_and_openai():
     logits = np.array([2.0, -1.0, 0.5, 3.0, 0.0], dtype=np.float32)
@@ -115,17 +109,6 @@ def test_penalties_travel_to_the_draft_whole():
     message = wire.sampling_to_pb(SamplingParams(), None, penalties)
     assert wire.penalties_from_pb(message) == penalties
     assert wire.penalties_from_pb(wire.sampling_to_pb(SamplingParams(), None)) == Penalties()
-
-
-def answer(model, prompt: list[int], penalties: Penalties, link=None, n: int = 24) -> tuple[list[int], list]:
-    async def run():
-        target = Target(model, ModelWorker(), link, n_ctx=256, settings=SpecSettings(draft_max=8, adaptive=False))
-        records: list[StepRecord] = []
-        target.observers.append(type("R", (), {"on_step": lambda self, r: records.append(r)})())
-        request = Request(prompt, SamplingParams(), max_tokens=n, penalties=penalties)
-        return [t async for step, _ in target.generate(request) for t in step.tokens], records
-
-    return asyncio.run(run())
 
 
 def test_greedy_output_under_penalties_is_the_targets_own_and_a_right_draft_only_speeds_it(target_model):

@@ -19,7 +19,7 @@ from duo.sampling.ops.penalties import Penalties
 from duo.sampling.params import SamplingParams
 from duo.target.target import Target
 from duo.target.request import Request, SpecSettings
-from test_http_api import post
+from helpers.http import post
 
 ANSWER = "start: \"yes\" | \"no\""
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},

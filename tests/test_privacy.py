@@ -9,7 +9,7 @@ from duo.llama.worker import ModelWorker
 from duo.sampling.params import SamplingParams
 from duo.target.target import Target
 from duo.target.request import Request, SpecSettings
-from test_batching import SYSTEM
+from helpers.prompts import SYSTEM
 
 PROMPT = SYSTEM + [7985, 264, 1140]
 

@@ -19,7 +19,7 @@ from duo.api.grpc import client_server
 from duo.api.http import create_app
 from duo.api.serving.metrics import Metrics
 from duo.target.request import Request
-from test_completion import ScriptedTarget
+from helpers.scripted import ScriptedTarget
 
 STEPS = [[3], [4], [5]]  # " the end."
 FAILURES = [ValueError("the logits hold NaN"), RuntimeError("a bug"), KeyError("missing")]

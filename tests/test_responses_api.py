@@ -17,8 +17,8 @@ from duo.api.responses.answer import ResponsesFormat
 from duo.api.responses.body import ResponsesBody
 from duo.api.responses.items import OutputItems
 from duo.api.tools import ToolCall
-from test_http_api import client, model_name
-from test_structured_api import Address, Person
+from helpers.http import client, model_name
+from helpers.structured import Address, Person
 
 ASK = "What is the weather in Paris for the next 3 days?"
 # A function tool in the Responses shape: flat, not nested under `function`. Strings and numbers are bounded so

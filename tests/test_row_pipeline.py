@@ -10,8 +10,8 @@ from duo.sampling import rows
 from duo.sampling.ops.dry import Dry
 from duo.sampling.ops.penalties import OutputCounts, Penalties
 from duo.sampling.params import SamplingParams
-from test_constraint import ScriptedDraft
-from test_penalties import PROMPT_TEXT, answer
+from helpers.scripted import ScriptedDraft
+from helpers.penalties import PROMPT_TEXT, answer
 
 
 def forcing_pipeline(forced: int, callers: list[str]):

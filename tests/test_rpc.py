@@ -15,7 +15,7 @@ from duo.cli import main as cli
 from duo.llama.rpc import parse_endpoints, parse_tensor_split
 from helpers.greedy import leaves_greedy_path_only_at_a_near_tie
 from helpers.processes import Process, free_port, generate, start, wait_for_draft
-from test_duo import PROMPTS, stream_and_interrupt
+from helpers.duo_runs import PROMPTS, stream_and_interrupt
 
 needs_rpc = pytest.mark.skipif(not rpc_supported(), reason="this llama-cpp-python was built without ggml's RPC "
                                                            "backend (scripts/setup.sh builds it with -DGGML_RPC=on)")

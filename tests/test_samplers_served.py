@@ -8,9 +8,9 @@ import numpy as np
 from duo.sampling.ops.dry import Dry
 from duo.sampling.ops.penalties import Penalties
 from helpers.greedy import leaves_transformed_greedy_path_only_at_a_near_tie
-from test_constraint import ScriptedDraft
-from test_http_api import post
-from test_penalties import answer
+from helpers.scripted import ScriptedDraft
+from helpers.http import post
+from helpers.penalties import answer
 
 PROMPT_TEXT = "Once upon a time"
 DRY_ON = Dry(multiplier=3.0, base=1.75, allowed_length=1)

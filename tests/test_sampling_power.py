@@ -15,7 +15,7 @@ from duo.sampling.distributions import SparseDist, distribution, sample
 from duo.sampling.params import SamplingParams
 from duo.sampling.verification import Verdict, verify_stochastic
 from helpers.exact_fit import first_two_p_values
-from test_sampling import verify_resampling_from_p
+from helpers.stats import verify_resampling_from_p
 
 T1 = SamplingParams(temperature=1.0)
 DRAFT_Q = SamplingParams(temperature=1.0, top_k=10)  # duo-draft's default --top-k-cap

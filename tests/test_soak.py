@@ -7,7 +7,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from helpers.processes import free_port, generate, start, wait_for_draft
-from test_draft_hardening import scrape
+from helpers.draft_servicer import scrape
 
 IDLE_S = 40.0  # longer than duo-draft's OUTBOX_STALL_S (30 s): the link sends nothing meanwhile
 LONG_PROMPT = "def f(x):\n" + "    x = x + 1\n" * 120  # ~700 tokens: the draft catches up in several rounds

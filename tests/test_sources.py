@@ -24,7 +24,7 @@ from duo.sampling.params import SamplingParams
 from duo.sampling.verification import Verdict
 from duo.target.generation import Generation
 from duo.target.request import SOURCES, GenerationStats, Request, SpecSettings, Step, StepRecord
-from test_completion import ScriptedModel
+from helpers.scripted import ScriptedModel
 
 # --- a step's sources --------------------------------------------------------------------------------------------
 

@@ -6,29 +6,12 @@ from __future__ import annotations
 import json
 
 import grpc
-import pydantic
 import pytest
 
 from duo.net._proto import duo_pb2 as pb
 from duo.net._proto import duo_pb2_grpc as pb_grpc
-from test_http_api import client, model_name, post
-
-# The tiny models write words: strings and numbers are bounded so that answers end.
-Name = pydantic.constr(max_length=10)
-
-
-class Address(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid")  # as the SDK's strict schemas say: no other keys
-    city: Name
-    number: pydantic.conint(ge=0, le=999)
-
-
-class Person(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid")
-    name: Name
-    age: pydantic.conint(ge=0, le=120)
-    address: Address
-
+from helpers.http import client, model_name, post
+from helpers.structured import Address, Person
 
 MESSAGES = [{"role": "user", "content": "Describe a person as JSON."}]
 

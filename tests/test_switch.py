@@ -8,6 +8,7 @@ from duo.costs import StepCosts
 from duo.target import switch as sw
 from duo.target.policy import AdaptivePolicy
 from duo.target.switch import Switch
+from helpers.clock import rests_of
 
 
 class Clock:
@@ -39,17 +40,6 @@ def run(switch: Switch, clock: Clock, steps: int, *, on_tokens: float, alone_s: 
             clock.now += 3 / on_tokens
             switch.step_done(1, 3, 3)
     return regimes
-
-
-def rests_of(regimes: list[bool]) -> list[int]:
-    """The lengths of the stretches off, in order."""
-    rests, length = [], 0
-    for speculating in regimes:
-        if not speculating:
-            length += 1
-        elif length:
-            rests, length = rests + [length], 0
-    return rests
 
 
 def test_speculation_that_pays_stays_on_and_rests_the_draft_only_to_measure_decoding_alone_ever_more_rarely():

@@ -167,7 +167,7 @@ def test_clients_stream_readers_get_every_call(reader):
 @pytest.mark.parametrize("format_", [f for f in ANSWERS if f not in (GENERIC,)], ids=lambda f: f.name)
 def test_a_required_call_in_each_format_is_written_so_that_it_parses(target_model, format_):
     """The grammar and the parser agree: the tiny target, forced by the grammar, writes a call the parser reads."""
-    from test_tools import WEATHER as BOUNDED, required_text
+    from helpers.tools import WEATHER as BOUNDED, required_text
     text = required_text(target_model, format_, [FunctionBody(**BOUNDED["function"])])
     [call] = [d.call for d in whole_answer(text, [WEATHER], format_) if isinstance(d, CallClosed)]
     assert call.name == "get_weather" and set(json.loads(call.arguments)) == {"city", "days"}, text

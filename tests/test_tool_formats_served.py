@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from helpers.processes import Process, start, wait_for_draft
-from test_http_api import client
+from helpers.http import client
 from helpers.tiny_models import write_tiny_model
 
 # As Qwen3-Coder's GGUFs ship it (a copy is kept in llama.cpp: models/templates/Qwen3-Coder.jinja).

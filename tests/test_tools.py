@@ -10,13 +10,9 @@ import pytest
 
 from duo.api.output.deltas import CallClosed, TextDelta, answer_splitter, whole_answer
 from duo.api.tools import GENERIC, HERMES, LLAMA3, MISTRAL, FunctionBody, ToolError, call_format
-from test_http_api import client, model_name, post
+from helpers.http import client, model_name, post
+from helpers.tools import WEATHER, required_text
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
-                                                    "days": {"type": "integer", "minimum": 1, "maximum": 7}},
-                   "required": ["city", "days"], "additionalProperties": False}}}
 TIME = {"type": "function", "function": {
     "name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 8}},
                                        "required": ["zone"], "additionalProperties": False}}}
@@ -94,32 +90,6 @@ def test_the_call_format_is_the_one_the_template_asks_for(template, format_):
 def test_a_model_without_a_template_takes_no_tools():
     with pytest.raises(ToolError, match="no chat template"):
         call_format("")
-
-
-def required_text(model, format_, functions, parallel=False) -> str:
-    """What the tiny `model` writes under the grammar of a call required in `format_`."""
-    import asyncio
-
-    from duo.api.tools import call_grammar
-    from duo.constraint import Cursor, grammar_of
-    from duo.llama.worker import ModelWorker
-    from duo.sampling.params import SamplingParams
-    from duo.target.target import Target
-    from duo.target.request import Request, SpecSettings
-
-    def token_of(text: str) -> int | None:
-        tokens = model.tokenize(text, add_special=False)
-        return tokens[0] if len(tokens) == 1 else None
-
-    grammar = grammar_of("lark", call_grammar(functions, parallel, format_, token_of))
-
-    async def run() -> list[int]:
-        target = Target(model, ModelWorker(), None, n_ctx=256, settings=SpecSettings())
-        request = Request(model.tokenize("Weather?"), SamplingParams(), max_tokens=120, grammar=grammar,
-                          constraint=Cursor.compile(model, grammar))
-        return [t async for step, _ in target.generate(request) for t in step.tokens]
-
-    return model.detokenize(asyncio.run(run())).decode()
 
 
 @pytest.mark.parametrize("format_", [HERMES, MISTRAL, LLAMA3, GENERIC], ids=["Hermes", "Mistral", "Llama 3.x", "generic"])
