@@ -1,4 +1,4 @@
-"""Shared pytest fixtures.
+"""Shared pytest fixtures, and the `processes` marker on every test that starts real processes.
 
 The model fixtures are tiny random-weight GGUF files with the real Qwen2.5
 tokenizer (see ``tests/helpers/tiny_models.py``), written once per test session.
@@ -6,6 +6,7 @@ tokenizer (see ``tests/helpers/tiny_models.py``), written once per test session.
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -62,7 +63,7 @@ def tiny_oversized(tiny_models_dir: Path, tiny_draft: Path) -> Path:
     )
 
 
-# duo-target processes shared by the client-endpoint tests (tests/test_http_api.py, tests/test_grpc_api.py).
+# duo-target processes shared by the client-endpoint tests (tests/api/test_http_api.py, tests/api/test_grpc_api.py).
 # CONTEXT_SIZE is small so that a prompt longer than the context is cheap to send.
 CONTEXT_SIZE = 512
 
@@ -141,3 +142,22 @@ def served_sync(tiny_target: Path, served_draft, process_logs: Path):
     wait_for_draft(process.address)
     yield process
     process.stop()
+
+
+# The fixtures above that start duo-draft / duo-target processes.
+PROCESS_FIXTURES = frozenset({"served_alone", "served_draft", "served_duo", "served_sync"})
+
+
+def starts_processes(module) -> bool:
+    """Whether a test module starts processes itself: it holds helpers.processes' start or the subprocess module."""
+    from helpers import processes
+
+    names = vars(module).values()
+    return any(value is processes.start or value is subprocess for value in names)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark `processes` the tests that start processes, so that `pytest -m "not processes"` is the fast run."""
+    for item in items:
+        if PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ())) or starts_processes(item.module):
+            item.add_marker(pytest.mark.processes)

@@ -1,4 +1,4 @@
-"""A dishonest draft for the hostile pool soak (tests/test_hostile_soak_pool.py), run as its own process so that
+"""A dishonest draft for the hostile pool soak (tests/e2e/test_hostile_soak_pool.py), run as its own process so that
 building and sending its 64 MB Hello holds none of the measuring process's GIL:
 
     python tests/helpers/hostile_joiner.py TARGET:PORT MODEL.gguf

@@ -7,7 +7,7 @@ import importlib
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DUO = ROOT / "duo"
 MAX_LINES = 450
 GENERATED = "duo.net._proto"  # protoc's stubs (scripts/gen_proto.py): shared, but not held to MAX_LINES

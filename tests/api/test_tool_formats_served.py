@@ -15,7 +15,7 @@ from helpers.http import client
 from helpers.tiny_models import write_tiny_model
 
 # As Qwen3-Coder's GGUFs ship it (a copy is kept in llama.cpp: models/templates/Qwen3-Coder.jinja).
-QWEN3_CODER = (Path(__file__).parent / "data" / "templates" / "qwen3-coder.jinja").read_text()
+QWEN3_CODER = (Path(__file__).parents[1] / "data" / "templates" / "qwen3-coder.jinja").read_text()
 # ChatML with no tool syntax at all (SmolLM2's and many base models' templates): llama.cpp's generic format.
 PLAIN_CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
                 "'<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")

@@ -3,7 +3,7 @@
 import importlib.util
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_committed_stubs_match_the_generator(tmp_path):

@@ -188,7 +188,7 @@ def test_the_page_and_its_files_are_served_without_the_key_and_run_nothing_from_
 
 
 def test_an_installed_wheel_carries_the_pages_files():
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     patterns = re.search(r'^"duo.api.page" = \[(.*)\]', (root / "pyproject.toml").read_text(), re.MULTILINE)
     assert patterns, "pyproject.toml: list the page's files as package data of duo.api.page"
     listed = re.findall(r'"([^"]+)"', patterns.group(1))

@@ -131,7 +131,7 @@ def test_the_same_seed_gives_the_same_sample_on_a_target_without_a_draft(served_
 
 
 def test_with_a_draft_a_sampled_completion_is_still_complete_and_speculated(served_sync):
-    # Unseeded: verified by residual rejection sampling (tests/test_coupled.py has the seeded ones).
+    # Unseeded: verified by residual rejection sampling (tests/target/test_coupled.py has the seeded ones).
     # The synchronous target waits for the draft at each step, so the draft takes part every time.
     response = client(served_sync).completions.create(model=model_name(served_sync), prompt=PROMPTS[1],
                                                       max_tokens=48, temperature=1.0)

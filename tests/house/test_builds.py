@@ -17,7 +17,7 @@ from duo.llama import backends
 from duo.llama.backends import amx_compiled, layers_for_devices, llama
 from duo.llama.errors import ModelError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import llama_build  # noqa: E402
