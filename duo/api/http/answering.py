@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from duo.api.http.streams import CLIENT_CLOSED, ClientGone, EventStream, unless_disconnected
 from duo.api.llama_server.answer import NativeFormat
 from duo.api.openai.answers import OpenAIFormat, sse
-from duo.api.openai.errors import api_error, generation_error
+from duo.api.openai.errors import generation_error
 from duo.api.serving.bodies import GenerationBody
 from duo.api.serving.choices import Choice, Choices, choice_requests, merge
 from duo.api.serving.generate import Completions, Piece
@@ -61,10 +61,10 @@ class Answering:
                 pieces = await unless_disconnected(request, choices.collect())
             except ClientGone:
                 return Response(status_code=CLIENT_CLOSED)
-            except ShuttingDown as error:
-                return api_error(error).response()
-            except Exception as error:  # this request's own failure: it alone ends, in OpenAI's shape
-                return generation_error(error).response()
+            except ShuttingDown:
+                raise  # a 503 like any ClientError, from the app's handlers
+            except Exception as error:  # this request's own failure: it alone ends, in its protocol's error shape
+                raise generation_error(error) from error
         return JSONResponse(whole(formats, pieces))
 
 

@@ -51,8 +51,8 @@ class MessagesApi:
 
 def add_messages_routes(app: FastAPI, answering: Answering) -> MessagesApi:
     """Register POST /v1/messages and /v1/messages/count_tokens (behind the gate's key check, which takes
-    X-Api-Key as the Anthropic SDK sends it) and their bodies in /openapi.json; their errors are reshaped by
-    duo.api.anthropic.errors.AnthropicErrors, which create_app puts outside the gate (its 401 and 413 too)."""
+    X-Api-Key as the Anthropic SDK sends it) and their bodies in /openapi.json; their errors, the gate's 401 and 413
+    too, are written in Anthropic's shape (duo.api.http.errors chooses it by the path)."""
     messages = MessagesApi(answering)
     app.add_api_route("/v1/messages", messages.create, methods=["POST"])
     app.add_api_route("/v1/messages/count_tokens", messages.count_tokens, methods=["POST"])

@@ -7,20 +7,20 @@ from collections.abc import Sequence
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import Response
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp
 
 from duo.api.serving.admit import QueueFull
 from duo.api.openai.bodies import ChatBody, CompletionBody
 from duo.api.openai.errors import ApiError, api_error, server_error
+from duo.api.http.errors import error_response
 from duo.api.serving.generate import Completions, failure_message
 from duo.api.http.gate import Cors, Gate
 from duo.api.http.anthropic import add_messages_routes
 from duo.api.http.answering import Answering
 from duo.api.http.responses import add_responses_routes
 from duo.api.http.routes import OpenAIApi
-from duo.api.anthropic.errors import AnthropicErrors
 from duo.api.serving.metrics import Metrics
 from duo.api.page import add_page_routes
 from duo.api.llama_server.bodies import ApplyTemplateBody, DetokenizeBody, InfillBody, NativeCompletionBody, TokenizeBody
@@ -85,34 +85,34 @@ def create_app(completions: Completions, metrics: Metrics, api_key: str | None, 
                           "/tokenize": TokenizeBody, "/detokenize": DetokenizeBody,
                           "/apply-template": ApplyTemplateBody})
     add_error_handlers(app)
-    # Anthropic's error shape outermost, so that the refusals of CORS and the gate on /v1/messages are in it too.
-    return AnthropicErrors(Cors(Gate(app, completions.max_body_bytes, api_key), cors_origins, keyed=bool(api_key)))
+    return Cors(Gate(app, completions.max_body_bytes, api_key), cors_origins, keyed=bool(api_key))
 
 
 def add_error_handlers(app: FastAPI) -> None:
-    async def on_api_error(request: Request, error: ApiError) -> JSONResponse:
-        return error.response()
+    """Every error answered in the shape of the protocol its path speaks (duo.api.http.errors), never plain text."""
+    async def on_api_error(request: Request, error: ApiError) -> Response:
+        return error_response(request.scope["path"], error)
 
-    async def on_client_error(request: Request, error: Exception) -> JSONResponse:
-        return api_error(error).response()  # type: ignore[arg-type]
+    async def on_client_error(request: Request, error: Exception) -> Response:
+        return error_response(request.scope["path"], api_error(error))  # type: ignore[arg-type]
 
-    async def on_failure(request: Request, error: Exception) -> JSONResponse:
-        return server_error(failure_message(error)).response()
+    async def on_failure(request: Request, error: Exception) -> Response:
+        return error_response(request.scope["path"], server_error(failure_message(error)))
 
-    async def on_validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
-        return validation_message(error).response()
+    async def on_validation_error(request: Request, error: RequestValidationError) -> Response:
+        return error_response(request.scope["path"], validation_message(error))
 
-    async def on_http_error(request: Request, error: HTTPException) -> JSONResponse:
+    async def on_http_error(request: Request, error: HTTPException) -> Response:
         if error.status_code in (404, 405):
-            return ApiError(error.status_code, f"{request.method} {request.url.path} is not part of this API "
-                                               "(see /openapi.json)").response()
-        return ApiError(error.status_code, str(error.detail)).response()
+            return error_response(request.scope["path"], ApiError(
+                error.status_code, f"{request.method} {request.url.path} is not part of this API (see /openapi.json)"))
+        return error_response(request.scope["path"], ApiError(error.status_code, str(error.detail)))
 
     app.add_exception_handler(ApiError, on_api_error)
     app.add_exception_handler(ClientError, on_client_error)
     app.add_exception_handler(QueueFull, on_client_error)
     app.add_exception_handler(ModelError, on_failure)
-    app.add_exception_handler(Exception, on_failure)  # the last resort: a 500 in OpenAI's shape, never plain text
+    app.add_exception_handler(Exception, on_failure)  # the last resort: a 500 in the protocol's shape
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(HTTPException, on_http_error)
 
