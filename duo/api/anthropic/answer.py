@@ -121,7 +121,7 @@ def usage(stats: GenerationStats) -> dict[str, int]:
 
 
 class MessagesFormat:
-    """The Messages API's answer to one request, whole (`whole`) or streamed (`events`), for OpenAIApi.generate.
+    """The Messages API's answer to one request, whole (`whole`) or streamed (`events`), for duo.api.http.answering.
     The model's text is split into content, reasoning and calls of `functions` in the template's `call_format`
     (duo.api.output.deltas), its reasoning told apart as the pieces say (the prompt may have opened it)."""
 

@@ -1,5 +1,5 @@
-"""A generation answered over HTTP whatever its protocol: the translated request's choices started, then streamed or
-collected and rendered in the protocol's shape (AnswerShape); several choices merged into one answer."""
+"""A request answered over HTTP whatever its protocol: its body read; the translated request's choices started, then
+streamed or collected and rendered in the protocol's shape (AnswerShape); several choices merged into one answer."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from duo.api.serving.bodies import GenerationBody
 from duo.api.serving.choices import Choice, Choices, choice_requests, merge
 from duo.api.serving.generate import Completions, Piece
 from duo.api.serving.metrics import Metrics
+from duo.api.serving.read import Body, parse_body
 from duo.api.serving.request import CompletionRequest, ShuttingDown
 
 DONE = "data: [DONE]\n\n"
@@ -36,12 +37,20 @@ class AnswerShape(Protocol):
 
 class Answering:
     """Answers a body translated to duo's request, in its protocol's `AnswerShape`, from the target's Completions;
-    every protocol's route hands its generations here."""
+    every protocol's route reads its body here and hands its generations here."""
 
     def __init__(self, completions: Completions, metrics: Metrics, write_timeout: float) -> None:
         self.completions = completions
         self.metrics = metrics
         self.write_timeout = write_timeout
+
+    async def read(self, request: Request, kind: type[Body]) -> Body:
+        """`request`'s body read as `kind`, its lists bounded by what the model can use (duo.api.serving.read)."""
+        return await parse_body(await request.body(), kind, self.completions.body_limits())
+
+    def model_name(self, asked: str | None) -> str:
+        """The name an answer carries: the one the request gave (any: one model is served), else the model's own."""
+        return asked or self.completions.names[0]
 
     async def answer(self, body: GenerationBody, to_request: Callable[[], CompletionRequest], request: Request,
                      output: AnswerShape) -> Response:

@@ -12,19 +12,17 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp
 
 from duo.api.serving.admit import QueueFull
-from duo.api.openai.bodies import ChatBody, CompletionBody
 from duo.api.openai.errors import ApiError, api_error, server_error
 from duo.api.http.errors import error_response
 from duo.api.serving.generate import Completions, failure_message
 from duo.api.http.gate import Cors, Gate
 from duo.api.http.anthropic import add_messages_routes
 from duo.api.http.answering import Answering
+from duo.api.http.llama_server import add_llama_server_routes
+from duo.api.http.openai import add_openai_routes
 from duo.api.http.responses import add_responses_routes
-from duo.api.http.routes import OpenAIApi
 from duo.api.serving.metrics import Metrics
 from duo.api.page import add_page_routes
-from duo.api.llama_server.bodies import ApplyTemplateBody, DetokenizeBody, InfillBody, NativeCompletionBody, TokenizeBody
-from duo.api.serving.read import document_bodies
 from duo.api.serving.request import ClientError
 from duo.llama.model import ModelError
 from duo.net.listening import HttpServer
@@ -56,34 +54,13 @@ def create_app(completions: Completions, metrics: Metrics, api_key: str | None, 
     network access only behind the list or the key). A streaming client that takes no event for `write_timeout`
     seconds is dropped."""
     answering = Answering(completions, metrics, write_timeout)
-    api = OpenAIApi(answering)
     # No /docs or /redoc: they load their scripts from a CDN. /openapi.json describes the API.
     app = FastAPI(title="duo-target", docs_url=None, redoc_url=None, strict_content_type=False)
-    for prefix in ("", "/v1"):  # as llama-server: OpenAI's routes with or without /v1 (but /completions, below)
-        app.add_api_route(f"{prefix}/health", api.health, methods=["GET"])
-        app.add_api_route(f"{prefix}/models", api.models, methods=["GET"])
-        app.add_api_route(f"{prefix}/chat/completions", api.chat, methods=["POST"])
-    app.add_api_route("/metrics", api.metrics_text, methods=["GET"])
-    app.add_api_route("/v1/models/{model_id}", api.model, methods=["GET"])
-    app.add_api_route("/v1/completions", api.completion, methods=["POST"])
-    # llama-server's native endpoints: /completions without /v1 is its native /completion, as there.
-    app.add_api_route("/completion", api.native_completion, methods=["POST"])
-    app.add_api_route("/completions", api.native_completion, methods=["POST"])
-    app.add_api_route("/infill", api.infill, methods=["POST"])
-    app.add_api_route("/tokenize", api.tokenize, methods=["POST"])
-    app.add_api_route("/detokenize", api.detokenize, methods=["POST"])
-    app.add_api_route("/apply-template", api.apply_template, methods=["POST"])
-    app.add_api_route("/props", api.props, methods=["GET"])
-    app.add_api_route("/slots", api.slots, methods=["GET"])
+    add_llama_server_routes(app, answering)
+    add_openai_routes(app, answering)
     add_responses_routes(app, answering)
     add_messages_routes(app, answering)
     add_page_routes(app)  # the chat page at /, as llama-server's
-    document_bodies(app, {"/v1/completions": CompletionBody, "/v1/chat/completions": ChatBody,
-                          "/chat/completions": ChatBody,
-                          "/completion": NativeCompletionBody, "/completions": NativeCompletionBody,
-                          "/infill": InfillBody,
-                          "/tokenize": TokenizeBody, "/detokenize": DetokenizeBody,
-                          "/apply-template": ApplyTemplateBody})
     add_error_handlers(app)
     return Cors(Gate(app, completions.max_body_bytes, api_key), cors_origins, keyed=bool(api_key))
 

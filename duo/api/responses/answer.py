@@ -19,7 +19,7 @@ Keep = Callable[[str, list[dict[str, Any]]], None]
 
 
 class ResponsesFormat:
-    """One response's shape, for duo.api.http.OpenAIApi.generate: whole() or events(). `settings`: the request's
+    """One response's shape, for duo.api.http.answering: whole() or events(). `settings`: the request's
     settings the response repeats (ResponsesBody.echo); the answer's text is split into content, reasoning and calls
     of `functions` as chat's is (duo.api.output.deltas); `keep`, where the response is to be held, gets its output as chat
     messages once it is done."""
