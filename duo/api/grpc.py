@@ -51,7 +51,7 @@ class TargetServicer(pb_grpc.TargetServicer):
                                         cache_prompt=not message.HasField("cache_prompt") or message.cache_prompt,
                                         grammar=GrammarSpec(message.grammar.kind, message.grammar.source, "grammar")
                                         if message.HasField("grammar") else None)
-            completion = await self.completions.start(request)
+            [completion] = await self.completions.start_choices([request])  # Generate has no n: a set of one
         except (ClientError, QueueFull) as error:
             await abort_for(context, error)
         # An error status is sent only once the completion is closed: it waits behind whatever data the

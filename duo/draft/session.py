@@ -13,10 +13,10 @@ from duo.draft.guess import GuessRate
 from duo.draft.value import Calibration, Horizon, Round, ranked_rounds
 from duo.lookup import ContextLookup
 from duo.llama.model import common_prefix_length
+from duo.sampling import rows
 from duo.sampling.coupled import coupled_race, coupled_ranking
 from duo.sampling.distributions import SparseDist, advance, distribution, sample
 from duo.sampling.ops.penalties import OutputCounts, Penalties
-from duo.sampling import rows
 from duo.sampling.params import SamplingParams
 
 # A token drawn: (its id, the distribution it was drawn from or None where none travels, its Doubt or None).

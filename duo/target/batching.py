@@ -22,9 +22,9 @@ from duo.costs import StepCosts
 from duo.llama.model import Context, ModelError, Part, common_prefix_length
 from duo.llama.worker import ModelWorker
 from duo.net.timeouts import within
+from duo.sampling import rows
 from duo.sampling.distributions import NoTokenAllowed, SparseDist, log_probs
 from duo.sampling.ops.penalties import OutputCounts, Penalties
-from duo.sampling import rows
 from duo.sampling.params import SamplingParams
 from duo.sampling.verification import Verdict, verify
 from duo.target.policy import AdaptivePolicy, choose_together
@@ -358,7 +358,7 @@ def _decode_and_verify(context: Context,
             results.append(len(item.part.tokens))
             continue
         try:
-            # p is the target's after the tokens each row follows, constrained: the draft's q comes from the same call
+            # p is the target's after the tokens each row follows, constrained: the draft's q comes from the same function
             rows.transform(work.penalties, logits, work.committed, item.part.tokens[len(work.prompt_tail) + 1:],
                            work.counted, work.masks)
             verdict = verify(item.drafts, item.dists, logits, work.params, work.rng, work.coupled_seed, work.pos + 1,

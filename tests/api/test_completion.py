@@ -25,7 +25,7 @@ def completions(steps: list[list[int]], parallel: int = 1, queue_size: int = 0) 
 
 def collect(service: Completions, request: CompletionRequest) -> list:
     async def run():
-        completion = await service.start(request)
+        [completion] = await service.start_choices([request])
         async with aclosing(completion):
             return [piece async for piece in completion]
 
@@ -43,7 +43,7 @@ def test_a_stop_string_ends_the_text_and_closes_the_targets_generation_at_once()
     service, target = completions([[3], [4], [5], [3], [3], [3]])
 
     async def run():
-        completion = await service.start(CompletionRequest(prompt="hi", stop=["end."]))
+        [completion] = await service.start_choices([CompletionRequest(prompt="hi", stop=["end."])])
         async with aclosing(completion):
             pieces = [piece async for piece in completion]
             assert target.closed == 1, "the target's generation should be closed as soon as the stop is seen"
@@ -67,7 +67,7 @@ def test_closing_a_completion_early_frees_its_place_and_its_session():
     service, target = completions([[3]] * 10)
 
     async def run():
-        completion = await service.start(CompletionRequest(prompt="hi"))
+        [completion] = await service.start_choices([CompletionRequest(prompt="hi")])
         async for _ in completion:
             break
         await completion.aclose()
@@ -80,11 +80,11 @@ def test_requests_beyond_running_and_waiting_places_are_refused():
     service, _ = completions([[3]], parallel=1, queue_size=0)
 
     async def run():
-        first = await service.start(CompletionRequest(prompt="hi"))
+        [first] = await service.start_choices([CompletionRequest(prompt="hi")])
         with pytest.raises(QueueFull):
-            await service.start(CompletionRequest(prompt="hi"))
+            await service.start_choices([CompletionRequest(prompt="hi")])
         await first.aclose()
-        await (await service.start(CompletionRequest(prompt="hi"))).aclose()
+        await (await service.start_choices([CompletionRequest(prompt="hi")]))[0].aclose()
 
     asyncio.run(run())
 
@@ -152,7 +152,7 @@ def test_admission_comes_before_tokenizing_for_generations_and_for_tokenize_each
     async def run() -> None:
         slot = await service.admission.acquire()  # the one running place is taken
         with pytest.raises(QueueFull):
-            await service.start(CompletionRequest(prompt="a prompt " * 10))
+            await service.start_choices([CompletionRequest(prompt="a prompt " * 10)])
         assert await service.tokenizing(service.tokenize, "hi", ()) == [3]  # not behind the generation
         tokenizing = await service.tokenizing_admission.acquire()  # the one tokenize place is taken
         with pytest.raises(QueueFull):
@@ -215,7 +215,7 @@ def test_a_tokenize_call_does_not_wait_behind_running_generations():
     service, _ = completions([[3]] * 3, parallel=1, queue_size=0)
 
     async def run() -> list[int]:
-        completion = await service.start(CompletionRequest(prompt="hi"))  # the one generation place, held
+        [completion] = await service.start_choices([CompletionRequest(prompt="hi")])  # the one generation place, held
         async with aclosing(completion):
             return await asyncio.wait_for(service.tokenizing(service.tokenize, "one two three", ()), timeout=5)
 
@@ -231,7 +231,7 @@ def test_a_prompt_that_cannot_fit_the_context_is_refused_before_it_waits_for_a_p
     async def run() -> None:
         slot = await service.admission.acquire()  # every place taken: a request would wait in line
         with pytest.raises(BadRequest, match="context"):
-            await asyncio.wait_for(service.start(request_), timeout=2)
+            await asyncio.wait_for(service.start_choices([request_]), timeout=2)
         assert service.admission.waiting == 0
         slot.release()
 
@@ -244,7 +244,7 @@ def test_a_client_that_leaves_while_its_prompt_is_tokenized_keeps_its_place_unti
     monkeypatch.setattr(service, "prepare", lambda request: time.sleep(0.5) or prepare(request))
 
     async def run() -> None:
-        starting = asyncio.ensure_future(service.start(CompletionRequest(prompt="hi")))
+        starting = asyncio.ensure_future(service.start_choices([CompletionRequest(prompt="hi")]))
         await asyncio.sleep(0.1)
         starting.cancel()  # the client left (unless_disconnected cancels the start)
         with pytest.raises(asyncio.CancelledError):

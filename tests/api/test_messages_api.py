@@ -3,7 +3,6 @@ without a model, then driven by the anthropic SDK against duo with its draft."""
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
 
@@ -11,12 +10,10 @@ import anthropic
 import httpx
 import pytest
 
-from duo.api.openai.errors import ApiError
 from duo.api.output.deltas import CallArguments, CallClosed, CallOpened, ReasoningDelta, TextDelta
 from duo.api.anthropic.answer import ContentBlocks, assembled
 from duo.api.serving.stop import StopMatcher
 from duo.api.anthropic.body import MessagesBody
-from duo.api.anthropic.errors import AnthropicErrors
 from duo.api.anthropic.translate import chat_body
 from duo.api.serving.request import BadRequest
 from duo.api.tools import ToolCall
@@ -143,41 +140,6 @@ def test_the_stop_sequence_named_is_the_one_that_ended_the_text():
     matcher = StopMatcher(["END", "ce m", "once"])
     assert matcher.feed("Once upon a time once more") == ("Once upon a time ", True) and matcher.word == "once"
     assert StopMatcher(["END"]).word == ""
-
-
-async def answered(app, path: str) -> tuple[dict, bytes]:
-    """What the ASGI `app` sends for a POST to `path`: its response start and its body."""
-    sent: list[dict] = []
-
-    async def receive() -> dict:
-        return {"type": "http.request", "body": b"", "more_body": False}
-
-    async def send(message: dict) -> None:
-        sent.append(message)
-
-    await app({"type": "http", "path": path, "method": "POST", "headers": []}, receive, send)
-    return sent[0], b"".join(message.get("body", b"") for message in sent[1:])
-
-
-def test_errors_on_the_messages_paths_are_reshaped_and_failures_that_escape_answered():
-    queue_full = ApiError(503, "the queue is full", type="server_error", code="queue_full",
-                          headers={"Retry-After": "1"})
-
-    async def full(scope, receive, send) -> None:
-        await queue_full.response()(scope, receive, send)
-
-    async def failing(scope, receive, send) -> None:
-        raise RuntimeError("a bug")
-
-    start, body = asyncio.run(answered(AnthropicErrors(full), "/v1/messages"))
-    assert start["status"] == 503 and (b"retry-after", b"1") in start["headers"]
-    assert json.loads(body) == {"type": "error", "error": {"type": "overloaded_error", "message": "the queue is full"}}
-    assert (b"content-length", str(len(body)).encode()) in start["headers"]
-    start, body = asyncio.run(answered(AnthropicErrors(failing), "/v1/messages/count_tokens"))
-    assert start["status"] == 500 and json.loads(body)["error"] == {"type": "api_error",
-                                                                    "message": "generation failed: a bug"}
-    _, body = asyncio.run(answered(AnthropicErrors(full), "/v1/chat/completions"))  # other paths keep OpenAI's
-    assert json.loads(body)["error"]["code"] == "queue_full"
 
 
 # --- served: the anthropic SDK against duo with its draft ---------------------------------------------------------

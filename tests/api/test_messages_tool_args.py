@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 
 import anthropic
 import httpx2
@@ -41,8 +41,8 @@ class ScriptedCompletions(Completions):
     def call_format(self) -> CallFormat | None:
         return HERMES
 
-    async def start(self, request: CompletionRequest) -> Completion:
-        return Completion(self._pieces_of_text(), Released())
+    async def start_choices(self, requests: Sequence[CompletionRequest]) -> list[Completion]:
+        return [Completion(self._pieces_of_text(), Released())]
 
     async def _pieces_of_text(self) -> AsyncGenerator[Piece, None]:
         for at in range(0, len(self.text), 3):

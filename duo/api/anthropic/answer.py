@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from duo.api.openai.errors import api_error, generation_error
-from duo.api.serving.generate import Completion, Piece
+from duo.api.serving.generate import Piece
 from duo.api.output.deltas import (AnswerSplitter, CallClosed, CallOpened, Delta, ReasoningDelta, TextDelta,
                                    answer_splitter, whole_answer)
 from duo.api.anthropic.errors import error_body
@@ -121,7 +121,7 @@ def usage(stats: GenerationStats) -> dict[str, int]:
 
 
 class MessagesFormat:
-    """The Messages API's answer to one request, whole (`whole`) or streamed (`events`), for OpenAIApi.generate.
+    """The Messages API's answer to one request, whole (`whole`) or streamed (`events`), for duo.api.http.answering.
     The model's text is split into content, reasoning and calls of `functions` in the template's `call_format`
     (duo.api.output.deltas), its reasoning told apart as the pieces say (the prompt may have opened it)."""
 
@@ -139,14 +139,14 @@ class MessagesFormat:
         return {**self._message(assembled(events), last.stats), **self._stop(pieces, blocks.calls),
                 "duo_stats": last.stats.fields(last.draft_connected)}
 
-    async def events(self, completion: Completion, include_usage: bool) -> AsyncIterator[str]:
+    async def events(self, choice: AsyncIterable[Piece], include_usage: bool) -> AsyncIterator[str]:
         """The answer's events as it streams; `include_usage` does not apply (usage comes with message_start and
         message_delta, as Anthropic sends it). A failure ends the stream with an error event."""
         blocks = ContentBlocks()
         splitter: AnswerSplitter | None = None
         pieces: list[Piece] = []
         try:
-            async for piece in completion:
+            async for piece in choice:
                 if splitter is None:  # the prompt is read: its tokens are known, and whether it opened reasoning
                     splitter = answer_splitter(self.functions, self.call_format, reasoning=piece.reasoning)
                     yield sse({"type": "message_start", "message": self._message([], piece.stats)})

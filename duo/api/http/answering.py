@@ -1,12 +1,12 @@
-"""A generation answered over HTTP whatever its protocol: the translated request's choices started, then streamed or
-collected and rendered in the protocol's shape (AnswerShape); several choices merged into one answer."""
+"""A request answered over HTTP whatever its protocol: its body read; the translated request's choices started, then
+streamed or collected and rendered in the protocol's shape (AnswerShape); several choices merged into one answer."""
 
 from __future__ import annotations
 
 import asyncio
 import copy
 import json
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from typing import Any, Protocol
 
@@ -16,11 +16,12 @@ from fastapi.responses import JSONResponse, Response
 from duo.api.http.streams import CLIENT_CLOSED, ClientGone, EventStream, unless_disconnected
 from duo.api.llama_server.answer import NativeFormat
 from duo.api.openai.answers import OpenAIFormat, sse
-from duo.api.openai.errors import api_error, generation_error
+from duo.api.openai.errors import generation_error
 from duo.api.serving.bodies import GenerationBody
-from duo.api.serving.choices import Choice, Choices, choice_requests, merge
+from duo.api.serving.choices import Choices, choice_requests, merge
 from duo.api.serving.generate import Completions, Piece
 from duo.api.serving.metrics import Metrics
+from duo.api.serving.read import Body, parse_body
 from duo.api.serving.request import CompletionRequest, ShuttingDown
 
 DONE = "data: [DONE]\n\n"
@@ -31,17 +32,25 @@ class AnswerShape(Protocol):
 
     def whole(self, pieces: list[Piece]) -> dict[str, Any]: ...
 
-    def events(self, completion: Choice, include_usage: bool) -> AsyncIterator[str]: ...
+    def events(self, choice: AsyncIterable[Piece], include_usage: bool) -> AsyncIterator[str]: ...
 
 
 class Answering:
     """Answers a body translated to duo's request, in its protocol's `AnswerShape`, from the target's Completions;
-    every protocol's route hands its generations here."""
+    every protocol's route reads its body here and hands its generations here."""
 
     def __init__(self, completions: Completions, metrics: Metrics, write_timeout: float) -> None:
         self.completions = completions
         self.metrics = metrics
         self.write_timeout = write_timeout
+
+    async def read(self, request: Request, kind: type[Body]) -> Body:
+        """`request`'s body read as `kind`, its lists bounded by what the model can use (duo.api.serving.read)."""
+        return await parse_body(await request.body(), kind, self.completions.body_limits())
+
+    def model_name(self, asked: str | None) -> str:
+        """The name an answer carries: the one the request gave (any: one model is served), else the model's own."""
+        return asked or self.completions.names[0]
 
     async def answer(self, body: GenerationBody, to_request: Callable[[], CompletionRequest], request: Request,
                      output: AnswerShape) -> Response:
@@ -61,10 +70,10 @@ class Answering:
                 pieces = await unless_disconnected(request, choices.collect())
             except ClientGone:
                 return Response(status_code=CLIENT_CLOSED)
-            except ShuttingDown as error:
-                return api_error(error).response()
-            except Exception as error:  # this request's own failure: it alone ends, in OpenAI's shape
-                return generation_error(error).response()
+            except ShuttingDown:
+                raise  # a 503 like any ClientError, from the app's handlers
+            except Exception as error:  # this request's own failure: it alone ends, in its protocol's error shape
+                raise generation_error(error) from error
         return JSONResponse(whole(formats, pieces))
 
 

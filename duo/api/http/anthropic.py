@@ -12,7 +12,7 @@ from duo.api.http.answering import Answering
 from duo.api.anthropic.answer import MessagesFormat
 from duo.api.anthropic.body import CountTokensBody, MessagesBody
 from duo.api.anthropic.translate import chat_body
-from duo.api.serving.read import document_bodies, parse_body
+from duo.api.serving.read import document_bodies
 from duo.api.serving.request import CompletionRequest
 
 
@@ -24,18 +24,18 @@ class MessagesApi:
 
     async def create(self, request: Request) -> Response:
         completions = self.answering.completions
-        body = await parse_body(await request.body(), MessagesBody, completions.body_limits())
+        body = await self.answering.read(request, MessagesBody)
         chat = await asyncio.to_thread(chat_body, body)  # a loop over the client's messages and tools
         functions = chat.callable_functions()
         call_format = completions.call_format()
         # Any model name is served (Claude Code names Claude's): the answer carries the one asked for.
-        output = MessagesFormat(body.model or completions.names[0], functions, call_format)
+        output = MessagesFormat(self.answering.model_name(body.model), functions, call_format)
         return await self.answering.answer(chat, chat.to_request, request, output)
 
     async def count_tokens(self, request: Request) -> dict[str, int]:
         """{"input_tokens": n}: the prompt's tokens as /v1/messages would render them, nothing generated."""
         completions = self.answering.completions
-        body = await parse_body(await request.body(), CountTokensBody, completions.body_limits())
+        body = await self.answering.read(request, CountTokensBody)
         wanted = await asyncio.to_thread(self._checked_request, body)  # loops over the client's blocks and tools
         # The generation's own preparation, so that the count is the prompt's exactly (template, tools, BOS).
         prepared = (await completions.tokenizing(completions.prepare, wanted))[0]
@@ -51,8 +51,8 @@ class MessagesApi:
 
 def add_messages_routes(app: FastAPI, answering: Answering) -> MessagesApi:
     """Register POST /v1/messages and /v1/messages/count_tokens (behind the gate's key check, which takes
-    X-Api-Key as the Anthropic SDK sends it) and their bodies in /openapi.json; their errors are reshaped by
-    duo.api.anthropic.errors.AnthropicErrors, which create_app puts outside the gate (its 401 and 413 too)."""
+    X-Api-Key as the Anthropic SDK sends it) and their bodies in /openapi.json; their errors, the gate's 401 and 413
+    too, are written in Anthropic's shape (duo.api.http.errors chooses it by the path)."""
     messages = MessagesApi(answering)
     app.add_api_route("/v1/messages", messages.create, methods=["POST"])
     app.add_api_route("/v1/messages/count_tokens", messages.count_tokens, methods=["POST"])

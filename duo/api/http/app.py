@@ -7,24 +7,22 @@ from collections.abc import Sequence
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import Response
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp
 
 from duo.api.serving.admit import QueueFull
-from duo.api.openai.bodies import ChatBody, CompletionBody
 from duo.api.openai.errors import ApiError, api_error, server_error
+from duo.api.http.errors import error_response
 from duo.api.serving.generate import Completions, failure_message
 from duo.api.http.gate import Cors, Gate
 from duo.api.http.anthropic import add_messages_routes
 from duo.api.http.answering import Answering
+from duo.api.http.llama_server import add_llama_server_routes
+from duo.api.http.openai import add_openai_routes
 from duo.api.http.responses import add_responses_routes
-from duo.api.http.routes import OpenAIApi
-from duo.api.anthropic.errors import AnthropicErrors
 from duo.api.serving.metrics import Metrics
 from duo.api.page import add_page_routes
-from duo.api.llama_server.bodies import ApplyTemplateBody, DetokenizeBody, InfillBody, NativeCompletionBody, TokenizeBody
-from duo.api.serving.read import document_bodies
 from duo.api.serving.request import ClientError
 from duo.llama.model import ModelError
 from duo.net.listening import HttpServer
@@ -56,63 +54,42 @@ def create_app(completions: Completions, metrics: Metrics, api_key: str | None, 
     network access only behind the list or the key). A streaming client that takes no event for `write_timeout`
     seconds is dropped."""
     answering = Answering(completions, metrics, write_timeout)
-    api = OpenAIApi(answering)
     # No /docs or /redoc: they load their scripts from a CDN. /openapi.json describes the API.
     app = FastAPI(title="duo-target", docs_url=None, redoc_url=None, strict_content_type=False)
-    for prefix in ("", "/v1"):  # as llama-server: OpenAI's routes with or without /v1 (but /completions, below)
-        app.add_api_route(f"{prefix}/health", api.health, methods=["GET"])
-        app.add_api_route(f"{prefix}/models", api.models, methods=["GET"])
-        app.add_api_route(f"{prefix}/chat/completions", api.chat, methods=["POST"])
-    app.add_api_route("/metrics", api.metrics_text, methods=["GET"])
-    app.add_api_route("/v1/models/{model_id}", api.model, methods=["GET"])
-    app.add_api_route("/v1/completions", api.completion, methods=["POST"])
-    # llama-server's native endpoints: /completions without /v1 is its native /completion, as there.
-    app.add_api_route("/completion", api.native_completion, methods=["POST"])
-    app.add_api_route("/completions", api.native_completion, methods=["POST"])
-    app.add_api_route("/infill", api.infill, methods=["POST"])
-    app.add_api_route("/tokenize", api.tokenize, methods=["POST"])
-    app.add_api_route("/detokenize", api.detokenize, methods=["POST"])
-    app.add_api_route("/apply-template", api.apply_template, methods=["POST"])
-    app.add_api_route("/props", api.props, methods=["GET"])
-    app.add_api_route("/slots", api.slots, methods=["GET"])
+    add_llama_server_routes(app, answering)
+    add_openai_routes(app, answering)
     add_responses_routes(app, answering)
     add_messages_routes(app, answering)
     add_page_routes(app)  # the chat page at /, as llama-server's
-    document_bodies(app, {"/v1/completions": CompletionBody, "/v1/chat/completions": ChatBody,
-                          "/chat/completions": ChatBody,
-                          "/completion": NativeCompletionBody, "/completions": NativeCompletionBody,
-                          "/infill": InfillBody,
-                          "/tokenize": TokenizeBody, "/detokenize": DetokenizeBody,
-                          "/apply-template": ApplyTemplateBody})
     add_error_handlers(app)
-    # Anthropic's error shape outermost, so that the refusals of CORS and the gate on /v1/messages are in it too.
-    return AnthropicErrors(Cors(Gate(app, completions.max_body_bytes, api_key), cors_origins, keyed=bool(api_key)))
+    return Cors(Gate(app, completions.max_body_bytes, api_key), cors_origins, keyed=bool(api_key))
 
 
 def add_error_handlers(app: FastAPI) -> None:
-    async def on_api_error(request: Request, error: ApiError) -> JSONResponse:
-        return error.response()
+    """Every error answered in the shape of the protocol its path speaks (duo.api.http.errors), never plain text."""
+    async def on_api_error(request: Request, error: ApiError) -> Response:
+        return error_response(request.scope["path"], error)
 
-    async def on_client_error(request: Request, error: Exception) -> JSONResponse:
-        return api_error(error).response()  # type: ignore[arg-type]
+    async def on_client_error(request: Request, error: Exception) -> Response:
+        return error_response(request.scope["path"], api_error(error))  # type: ignore[arg-type]
 
-    async def on_failure(request: Request, error: Exception) -> JSONResponse:
-        return server_error(failure_message(error)).response()
+    async def on_failure(request: Request, error: Exception) -> Response:
+        return error_response(request.scope["path"], server_error(failure_message(error)))
 
-    async def on_validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
-        return validation_message(error).response()
+    async def on_validation_error(request: Request, error: RequestValidationError) -> Response:
+        return error_response(request.scope["path"], validation_message(error))
 
-    async def on_http_error(request: Request, error: HTTPException) -> JSONResponse:
+    async def on_http_error(request: Request, error: HTTPException) -> Response:
         if error.status_code in (404, 405):
-            return ApiError(error.status_code, f"{request.method} {request.url.path} is not part of this API "
-                                               "(see /openapi.json)").response()
-        return ApiError(error.status_code, str(error.detail)).response()
+            return error_response(request.scope["path"], ApiError(
+                error.status_code, f"{request.method} {request.url.path} is not part of this API (see /openapi.json)"))
+        return error_response(request.scope["path"], ApiError(error.status_code, str(error.detail)))
 
     app.add_exception_handler(ApiError, on_api_error)
     app.add_exception_handler(ClientError, on_client_error)
     app.add_exception_handler(QueueFull, on_client_error)
     app.add_exception_handler(ModelError, on_failure)
-    app.add_exception_handler(Exception, on_failure)  # the last resort: a 500 in OpenAI's shape, never plain text
+    app.add_exception_handler(Exception, on_failure)  # the last resort: a 500 in the protocol's shape
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(HTTPException, on_http_error)
 

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from duo.api.http.errors import error_response
 from duo.api.openai.errors import ApiError
 from duo.api.page import PAGE_PATHS
 from duo.net.timeouts import within
@@ -50,7 +51,7 @@ class Cors:
             return await self.app(scope, receive, send)
         listed = self.origins is not None and origin.decode("latin-1") in self.origins
         if not (self.origins is None or listed or _same_origin(scope, headers, origin)):
-            return await _refused(origin).response()(scope, receive, send)
+            return await error_response(scope["path"], _refused(origin))(scope, receive, send)
         if scope["method"] == "OPTIONS" and b"access-control-request-method" in headers:
             return await _preflight(headers, origin, private_network=listed or self.keyed, send=send)
 
@@ -109,10 +110,10 @@ class Gate:
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
         if self.key and _needs_key(scope["path"]) and not self._key_matches(headers):
-            return await _wrong_key().response()(scope, receive, send)
+            return await error_response(scope["path"], _wrong_key())(scope, receive, send)
         length, max_bytes = headers.get(b"content-length", b"0"), self.limit()
         if length.isdigit() and int(length) > max_bytes:
-            return await self._too_large(max_bytes).response()(scope, receive, send)
+            return await error_response(scope["path"], self._too_large(max_bytes))(scope, receive, send)
         received, complete = 0, False
         deadline = asyncio.get_running_loop().time() + self.read_timeout
 

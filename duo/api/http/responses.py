@@ -10,7 +10,7 @@ from fastapi.responses import Response
 
 from duo.api.http.answering import Answering
 from duo.api.openai.bodies import ChatBody
-from duo.api.serving.read import document_bodies, parse_body
+from duo.api.serving.read import document_bodies
 from duo.api.responses.answer import ResponsesFormat
 from duo.api.responses.body import ResponsesBody
 from duo.api.responses.store import Conversation, ResponseStore, characters
@@ -26,18 +26,18 @@ class ResponsesApi:
 
     async def create(self, request: Request) -> Response:
         completions = self.answering.completions
-        limits = completions.body_limits()
-        body = await parse_body(await request.body(), ResponsesBody, limits)
+        body = await self.answering.read(request, ResponsesBody)
         body.check_supported()
         history = self.store.conversation(body.previous_response_id) if body.previous_response_id else ()
         # On a worker thread, as the chat endpoint's: a loop over the client's items and tools (and the held ones).
-        conversation, size, chat = await asyncio.to_thread(self._translated, body, history, limits.items)
+        conversation, size, chat = await asyncio.to_thread(self._translated, body, history,
+                                                         completions.body_limits().items)
         functions = chat.callable_functions()
 
         def keep(response_id: str, output: list[dict[str, Any]]) -> None:  # the answer's few messages counted here
             self.store.keep(response_id, (*conversation, *output), size + characters(output))
 
-        output = ResponsesFormat(body.model or completions.names[0], body.echo(), functions,
+        output = ResponsesFormat(self.answering.model_name(body.model), body.echo(), functions,
                                  completions.call_format(),
                                  keep if body.store is not False else None)
         return await self.answering.answer(chat, chat.to_request, request, output)

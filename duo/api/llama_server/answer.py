@@ -4,13 +4,13 @@ object per event."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any
 
 from duo.api.openai.answers import sse
 from duo.api.openai.errors import api_error, generation_error
 from duo.api.output.logprobs import native_probabilities
-from duo.api.serving.generate import Completion, Piece
+from duo.api.serving.generate import Piece
 from duo.api.serving.request import ShuttingDown
 from duo.target.request import GenerationStats
 
@@ -45,10 +45,10 @@ class NativeFormat:
             answer["completion_probabilities"] = native_probabilities([e for p in pieces for e in p.logprobs or []])
         return self.fields(answer)
 
-    async def events(self, completion: Completion, include_usage: bool) -> AsyncIterator[str]:
+    async def events(self, choice: AsyncIterable[Piece], include_usage: bool) -> AsyncIterator[str]:
         """`include_usage` does not apply: every answer carries its timings."""
         try:
-            async for piece in completion:
+            async for piece in choice:
                 event = {"content": piece.text, "tokens": piece.token_ids, "stop": False}
                 if piece.logprobs is not None:
                     event["completion_probabilities"] = native_probabilities(piece.logprobs)

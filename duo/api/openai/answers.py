@@ -7,7 +7,7 @@ import json
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any
 
 from duo.api.openai.errors import api_error, generation_error
@@ -15,7 +15,7 @@ from duo.api.output.deltas import (CallArguments, CallClosed, CallOpened, Delta,
                                    answer_splitter, whole_answer)
 from duo.api.output.logprobs import chat_logprobs, completion_logprobs
 from duo.api.serving.decode import SourceAligner
-from duo.api.serving.generate import Completion, Piece
+from duo.api.serving.generate import Piece
 from duo.api.serving.request import ShuttingDown
 from duo.api.tools import CallFormat, FunctionBody
 
@@ -52,12 +52,12 @@ class OpenAIFormat(ABC):
         return {**self.envelope(self.object_name), "choices": [choice],
                 "usage": usage(last), "duo_stats": last.stats.fields(last.draft_connected)}
 
-    async def events(self, completion: Completion, include_usage: bool) -> AsyncIterator[str]:
+    async def events(self, choice: AsyncIterable[Piece], include_usage: bool) -> AsyncIterator[str]:
         try:
             for chunk in self.opening_chunks():
                 yield sse(self._chunk(chunk, include_usage))
             shown = 0  # characters of text sent so far
-            async for piece in completion:
+            async for piece in choice:
                 self.read(piece)
                 if self.sources is not None:
                     self.sources.feed(piece.text, piece.sources)

@@ -1,11 +1,12 @@
 """Errors in OpenAI's shape ({"error": {"message", "type", "param", "code"}}), as duo's OpenAI and llama-server routes
-answer them, and the HTTP status each kind of failure gets."""
+answer them, the HTTP status each kind of failure gets, and how a protocol writes an error (ErrorShape)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from duo.api.serving.admit import QueueFull
 from duo.api.serving.generate import failure_message, request_fault
@@ -13,7 +14,8 @@ from duo.api.serving.request import BadRequest, ClientError, NotReady, ShuttingD
 
 
 class ApiError(Exception):
-    """An error answered in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
+    """An error a route answers: its HTTP status and headers, its message and OpenAI's fields (type, param, code);
+    each protocol's ErrorShape writes it in its own shape."""
 
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
                  code: str | None = None, headers: dict[str, str] | None = None,
@@ -26,8 +28,14 @@ class ApiError(Exception):
         return {"error": {"message": str(self), "type": self.type, "param": self.param, "code": self.code,
                           **self.details}}
 
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+# How a protocol writes an error as an HTTP answer: error_response here, duo.api.anthropic.errors.error_response there.
+ErrorShape = Callable[[ApiError], Response]
+
+
+def error_response(error: ApiError) -> Response:
+    """OpenAI's shape (llama-server's too): ApiError.body() as JSON."""
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
 
 def server_error(message: str) -> ApiError:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from typing import Any
 
 from duo.api.openai.errors import ApiError, api_error, generation_error
-from duo.api.serving.generate import Completion, Piece
+from duo.api.serving.generate import Piece
 from duo.api.output.deltas import AnswerSplitter, answer_splitter, whole_answer
 from duo.api.serving.request import ShuttingDown
 from duo.api.responses.items import Event, OutputItems, new_id
@@ -19,7 +19,7 @@ Keep = Callable[[str, list[dict[str, Any]]], None]
 
 
 class ResponsesFormat:
-    """One response's shape, for duo.api.http.OpenAIApi.generate: whole() or events(). `settings`: the request's
+    """One response's shape, for duo.api.http.answering: whole() or events(). `settings`: the request's
     settings the response repeats (ResponsesBody.echo); the answer's text is split into content, reasoning and calls
     of `functions` as chat's is (duo.api.output.deltas); `keep`, where the response is to be held, gets its output as chat
     messages once it is done."""
@@ -43,14 +43,14 @@ class ResponsesFormat:
         self._finish(last)
         return self._final(last)
 
-    async def events(self, completion: Completion, include_usage: bool) -> AsyncIterator[str]:
+    async def events(self, choice: AsyncIterable[Piece], include_usage: bool) -> AsyncIterator[str]:
         """The stream: response.created and .in_progress, each item's events, then response.completed (or
         .incomplete where the length ran out) with the whole response; a failure is an `error` event and
         response.failed. `include_usage` does not apply: the last event carries the usage."""
         for kind in ("response.created", "response.in_progress"):
             yield self._sse({"type": kind, "response": self._response("in_progress", [])})
         try:
-            async for piece in completion:
+            async for piece in choice:
                 if self.splitter is None:
                     self.splitter = answer_splitter(self.functions, self.call_format, reasoning=piece.reasoning)
                 for event in self.items.feed(self.splitter.feed(piece.text)):

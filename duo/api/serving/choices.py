@@ -22,8 +22,8 @@ class Choices:
         """Start every choice (their places taken together, the request prepared once: Completions.start_choices).
         The first decodes the prompt; with more than one, the others start once it has given its first token: the
         prompt is then in its cells, which each of them adopts (duo.llama.model.Context.adopt_prefix) instead of
-        decoding it again. QueueFull or a ClientError as Completions.start raises them, with every choice started
-        closed."""
+        decoding it again. QueueFull or a ClientError as Completions.start_choices raises them, with every choice
+        started closed."""
         started = cls([Choice(completion) for completion in await completions.start_choices(requests)])
         if len(started.choices) == 1:  # a set of one: its first piece is read by its answer, as it comes
             return started

@@ -174,10 +174,6 @@ class Completions:
         except ToolError:
             return None
 
-    async def start(self, request: CompletionRequest) -> Completion:
-        """The request's completion once it has its turn (see start_choices)."""
-        return (await self.start_choices([request]))[0]
-
     async def start_choices(self, requests: Sequence[CompletionRequest]) -> list[Completion]:
         """Wait for the turn of a request of len(requests) choices (QueueFull when the waiting line is full), then
         check and prepare it once: the choices differ only by their seeds (duo.api.serving.choices.choice_requests), so the

@@ -1,26 +1,24 @@
-"""The routes of the target's HTTP API, bound to its Completions: OpenAI's completions, chat and models,
-llama-server's native endpoints, health and metrics; generations are answered by duo.api.http.answering."""
+"""llama-server's native routes on the target's HTTP app, as scripts written for llama.cpp call them: /completion,
+/infill, /tokenize, /detokenize, /apply-template, /props, /slots, /health and /metrics."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from fastapi import Request
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from duo.api.http.answering import Answering
 from duo.api.llama_server.answer import NativeFormat
 from duo.api.llama_server.bodies import ApplyTemplateBody, DetokenizeBody, InfillBody, NativeCompletionBody, TokenizeBody
-from duo.api.openai.answers import ChatFormat, CompletionFormat
-from duo.api.openai.bodies import ChatBody, CompletionBody, template_messages
+from duo.api.openai.bodies import template_messages
 from duo.api.openai.errors import ApiError
-from duo.api.serving.bodies import GenerationBody
 from duo.api.serving.metrics import CONTENT_TYPE
-from duo.api.serving.read import parse_body
+from duo.api.serving.read import document_bodies
 
 
-class OpenAIApi:
-    """The routes, bound to the target's Completions."""
+class LlamaServerApi:
+    """llama-server's native endpoints over `answering`'s completions."""
 
     def __init__(self, answering: Answering) -> None:
         self.answering = answering
@@ -41,19 +39,6 @@ class OpenAIApi:
     def metrics_text(self) -> Response:
         return Response(self.metrics.render(), media_type=CONTENT_TYPE)
 
-    def models(self) -> dict[str, Any]:
-        return {"object": "list", "data": [self._model_card(name) for name in self.completions.names]}
-
-    def model(self, model_id: str) -> dict[str, Any]:
-        """Any name is this server's one model (as llama-server serves whatever `model` a request names)."""
-        return self._model_card(model_id)
-
-    def _model_card(self, name: str) -> dict[str, Any]:
-        card: dict[str, Any] = {"id": name, "object": "model", "created": 0, "owned_by": "duo"}
-        if self.completions.target is not None:  # llama-server's meta: clients size their prompts by n_ctx_train
-            card["meta"] = self.completions.target.model.meta()
-        return card
-
     def slots(self) -> list[dict[str, Any]]:
         """llama-server's /slots, read-only: duo's running places (--parallel), those at work first."""
         completions = self.completions
@@ -61,20 +46,6 @@ class OpenAIApi:
         return [{"id": slot, "n_ctx": completions.context_size, "is_processing": slot < admission.running,
                  "speculative": completions.draft_connected} for slot in range(admission.parallel)]
 
-    async def completion(self, request: Request) -> Response:
-        body = await parse_body(await request.body(), CompletionBody, self.completions.body_limits())
-        return await self.answering.answer(body, body.to_request, request,
-                                   CompletionFormat(self._name(body), sources=body.duo_sources))
-
-    async def chat(self, request: Request) -> Response:
-        body = await parse_body(await request.body(), ChatBody, self.completions.body_limits())
-        functions = body.callable_functions()
-        # The template's format even without functions: it says how the model marks its reasoning.
-        return await self.answering.answer(body, body.to_request, request,
-                                   ChatFormat(self._name(body), functions, self.completions.call_format(),
-                                              sources=body.duo_sources))
-
-    # llama-server's native endpoints, as scripts written for llama.cpp call them.
     async def native_completion(self, request: Request) -> Response:
         return await self._native(request, NativeCompletionBody)
 
@@ -82,12 +53,12 @@ class OpenAIApi:
         return await self._native(request, InfillBody)
 
     async def _native(self, request: Request, kind: type[NativeCompletionBody]) -> Response:
-        body = await parse_body(await request.body(), kind, self.completions.body_limits())
-        output = NativeFormat(self._name(body), body.response_fields)
+        body = await self.answering.read(request, kind)
+        output = NativeFormat(self.answering.model_name(body.model), body.response_fields)
         return await self.answering.answer(body, body.to_request, request, output)
 
     async def tokenize(self, request: Request) -> dict[str, Any]:
-        body = await parse_body(await request.body(), TokenizeBody, self.completions.body_limits())
+        body = await self.answering.read(request, TokenizeBody)
         body.check_fields()
         self.completions.check_text_size(body.content, "content")
         model = self.completions.loaded_model()
@@ -101,7 +72,7 @@ class OpenAIApi:
         return {"tokens": await self.completions.tokenizing(tokens)}
 
     async def detokenize(self, request: Request) -> dict[str, Any]:
-        body = await parse_body(await request.body(), DetokenizeBody, self.completions.body_limits())
+        body = await self.answering.read(request, DetokenizeBody)
         body.check_fields()
         model = self.completions.loaded_model()
 
@@ -113,7 +84,7 @@ class OpenAIApi:
         return {"content": await self.completions.tokenizing(text)}
 
     async def apply_template(self, request: Request) -> dict[str, Any]:
-        body = await parse_body(await request.body(), ApplyTemplateBody, self.completions.body_limits())
+        body = await self.answering.read(request, ApplyTemplateBody)
         body.check_fields()
         model = self.completions.loaded_model()
 
@@ -132,10 +103,6 @@ class OpenAIApi:
                 "modalities": {"vision": False, "audio": False}, "build_info": "duo",
                 "duo": {"draft": completions.draft_state, "drafts": completions.drafts()}}
 
-    def _name(self, body: GenerationBody) -> str:
-        """The name the answer carries: the one the request gave (any: one model is served), else the model's own."""
-        return body.model or self.completions.names[0]
-
 
 def _piece(text: bytes) -> str | list[int]:
     """A token's text for /tokenize's pieces: the string, or its bytes where they are not whole UTF-8 (as
@@ -144,3 +111,24 @@ def _piece(text: bytes) -> str | list[int]:
         return text.decode()
     except UnicodeDecodeError:
         return list(text)
+
+
+def add_llama_server_routes(app: FastAPI, answering: Answering) -> LlamaServerApi:
+    """Register llama-server's native routes (/completions without /v1 is its native /completion, as there; /health
+    with or without /v1) and describe their bodies in /openapi.json."""
+    api = LlamaServerApi(answering)
+    for prefix in ("", "/v1"):
+        app.add_api_route(f"{prefix}/health", api.health, methods=["GET"])
+    app.add_api_route("/metrics", api.metrics_text, methods=["GET"])
+    for path in ("/completion", "/completions"):
+        app.add_api_route(path, api.native_completion, methods=["POST"])
+    app.add_api_route("/infill", api.infill, methods=["POST"])
+    app.add_api_route("/tokenize", api.tokenize, methods=["POST"])
+    app.add_api_route("/detokenize", api.detokenize, methods=["POST"])
+    app.add_api_route("/apply-template", api.apply_template, methods=["POST"])
+    app.add_api_route("/props", api.props, methods=["GET"])
+    app.add_api_route("/slots", api.slots, methods=["GET"])
+    document_bodies(app, {"/completion": NativeCompletionBody, "/completions": NativeCompletionBody,
+                          "/infill": InfillBody, "/tokenize": TokenizeBody, "/detokenize": DetokenizeBody,
+                          "/apply-template": ApplyTemplateBody})
+    return api

@@ -1,0 +1,63 @@
+"""OpenAI's routes on the target's HTTP app: /v1/completions, /chat/completions and the model list (with or without
+/v1, as llama-server's), the bodies read and answered by duo.api.http.answering."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from duo.api.http.answering import Answering
+from duo.api.openai.answers import ChatFormat, CompletionFormat
+from duo.api.openai.bodies import ChatBody, CompletionBody
+from duo.api.serving.read import document_bodies
+
+
+class OpenAIApi:
+    """OpenAI's completions, chat and models over `answering`'s completions."""
+
+    def __init__(self, answering: Answering) -> None:
+        self.answering = answering
+        self.completions = answering.completions
+
+    def models(self) -> dict[str, Any]:
+        return {"object": "list", "data": [self._model_card(name) for name in self.completions.names]}
+
+    def model(self, model_id: str) -> dict[str, Any]:
+        """Any name is this server's one model (as llama-server serves whatever `model` a request names)."""
+        return self._model_card(model_id)
+
+    def _model_card(self, name: str) -> dict[str, Any]:
+        card: dict[str, Any] = {"id": name, "object": "model", "created": 0, "owned_by": "duo"}
+        if self.completions.target is not None:  # llama-server's meta: clients size their prompts by n_ctx_train
+            card["meta"] = self.completions.target.model.meta()
+        return card
+
+    async def completion(self, request: Request) -> Response:
+        body = await self.answering.read(request, CompletionBody)
+        return await self.answering.answer(body, body.to_request, request,
+                                           CompletionFormat(self.answering.model_name(body.model),
+                                                            sources=body.duo_sources))
+
+    async def chat(self, request: Request) -> Response:
+        body = await self.answering.read(request, ChatBody)
+        functions = body.callable_functions()
+        # The template's format even without functions: it says how the model marks its reasoning.
+        return await self.answering.answer(body, body.to_request, request,
+                                           ChatFormat(self.answering.model_name(body.model), functions,
+                                                      self.completions.call_format(), sources=body.duo_sources))
+
+
+def add_openai_routes(app: FastAPI, answering: Answering) -> OpenAIApi:
+    """Register OpenAI's routes, with or without /v1 as llama-server's (but /completions: llama-server's native
+    completion there, duo.api.http.llama_server), and describe their bodies in /openapi.json."""
+    api = OpenAIApi(answering)
+    for prefix in ("", "/v1"):
+        app.add_api_route(f"{prefix}/models", api.models, methods=["GET"])
+        app.add_api_route(f"{prefix}/chat/completions", api.chat, methods=["POST"])
+    app.add_api_route("/v1/models/{model_id}", api.model, methods=["GET"])
+    app.add_api_route("/v1/completions", api.completion, methods=["POST"])
+    document_bodies(app, {"/v1/completions": CompletionBody, "/v1/chat/completions": ChatBody,
+                          "/chat/completions": ChatBody})
+    return api
