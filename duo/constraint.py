@@ -107,7 +107,7 @@ def tokenizer_for(model: VocabModel) -> LLTokenizer:
     per model (~1.5 s for 152k tokens), on whichever thread first asks."""
     with _tokenizers_lock:
         if model not in _tokenizers:
-            # Imported here: it imports llama_cpp, which `duo-target --help` must not need (tests/test_builds.py).
+            # Imported here: it imports llama_cpp, which `duo-target --help` must not need (tests/house/test_builds.py).
             from llguidance.llamacpp import lltokenizer_from_vocab
             with warnings.catch_warnings():  # it asks llama.cpp for each token's attributes by a deprecated name
                 warnings.simplefilter("ignore", DeprecationWarning)

@@ -19,7 +19,7 @@ from duo.api.serving.generate import Completions
 from duo.constraint import GrammarError
 from duo.api.serving.metrics import Metrics
 from duo.api.serving.request import ShuttingDown
-from test_completion import ScriptedModel, ScriptedTarget
+from helpers.scripted import ScriptedModel, ScriptedTarget
 
 SERVER = "http://duo:8000"
 PAGE = "https://page.example"
