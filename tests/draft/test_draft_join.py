@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Callable
+from collections.abc import AsyncIterable, AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -26,6 +26,7 @@ from duo.net.tls import server_credentials
 from helpers.pki import write_pki
 from helpers.processes import Process, accepts, free_port, start
 from helpers.tiny_models import MISMATCH_TOKEN_ID, MISMATCH_TOKEN_TEXT
+from helpers.waiting import until_async
 
 PROMPT = [9707, 11, 1879]
 AHEAD = 4  # the chain tokens a session asks for
@@ -90,16 +91,6 @@ async def serve_fake(target: FakeTarget, port: int, credentials: grpc.ServerCred
     return server
 
 
-async def until(condition: Callable[[], bool], what: str, timeout: float = 15,
-                draft: Process | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if draft is not None:
-            assert draft.popen.poll() is None, f"duo-draft exited:\n{draft.log()}"
-        assert time.monotonic() < deadline, f"timed out waiting for {what}" + (f":\n{draft.log()}" if draft else "")
-        await asyncio.sleep(0.02)
-
-
 async def start_draft(tiny_draft: Path, logs: Path, *flags: str) -> Process:
     return await asyncio.to_thread(start, "duo.cli.draft", ["--model", str(tiny_draft), *flags], logs)
 
@@ -132,10 +123,10 @@ def test_a_draft_started_with_join_dials_the_target_and_drafts_what_it_drafts_ov
         server = await serve_fake(target, port)
         draft = await start_draft(tiny_draft, process_logs, "--join", f"127.0.0.1:{port}")
         try:
-            await until(lambda: target.streams == 1, "the draft to join", draft=draft)
+            await until_async(lambda: target.streams == 1, draft, what="the draft to join")
             assert target.drafts[0].protocol == wire.PROTOCOL and target.drafts[0].vocab.token_texts
             target.open(7)
-            await until(lambda: len(target.chain(7)) >= AHEAD, "a chain over the joined stream", draft=draft)
+            await until_async(lambda: len(target.chain(7)) >= AHEAD, draft, what="a chain over the joined stream")
             target.outbox.put_nowait(pb.TargetEvent(close=pb.CloseSession(session_id=7)))
             assert target.chain(7)[:AHEAD] == await chain_over_speculate(draft, target_hello(target_model))
             assert f"joined target 127.0.0.1:{port} (model tiny-target)" in draft.log()
@@ -174,7 +165,7 @@ def test_a_target_the_draft_cannot_draft_for_is_logged_as_an_error_and_the_draft
         server = await serve_fake(target, port)
         draft = await start_draft(tiny_draft, process_logs, "--join", f"127.0.0.1:{port}")
         try:
-            await until(lambda: all(word in draft.log() for word in words), "the refusal in the log", draft=draft)
+            await until_async(lambda: all(word in draft.log() for word in words), draft, what="the refusal in the log")
             assert f"ERROR cannot draft for target 127.0.0.1:{port}" in draft.log()
             assert target.streams == 0 or not target.events  # the draft drafts nothing for it
             assert draft.popen.poll() is None and accepts(int(draft.address.rpartition(":")[2]))
@@ -199,11 +190,11 @@ def test_a_draft_asks_a_target_that_refused_it_again_and_joins_once_it_accepts(d
         joiner = Joiner(servicer, f"127.0.0.1:{port}")
         task = asyncio.create_task(joiner.run())
         try:
-            await until(lambda: len(target.drafts) >= 3, "the draft to ask three times")
+            await until_async(lambda: len(target.drafts) >= 3, what="the draft to ask three times")
             target.refusal = None
-            await until(lambda: joiner.state == "joined", "the draft to join")
+            await until_async(lambda: joiner.state == "joined", what="the draft to join")
             target.open(1)
-            await until(lambda: len(target.chain(1)) >= AHEAD, "a chain once joined")
+            await until_async(lambda: len(target.chain(1)) >= AHEAD, what="a chain once joined")
         finally:
             servicer.stop()
             task.cancel()
@@ -235,15 +226,14 @@ def test_a_joined_draft_joins_again_when_its_target_comes_back_on_the_same_port(
         draft = await start_draft(tiny_draft, process_logs, "--join", f"127.0.0.1:{port}")
         try:
             first.open(1)
-            await until(lambda: len(first.chain(1)) >= AHEAD, "a chain from the first target", draft=draft)
+            await until_async(lambda: len(first.chain(1)) >= AHEAD, draft, what="a chain from the first target")
             await server.stop(0)
-            await until(lambda: "lost target" in draft.log(), "the draft to see its target go", draft=draft)
-            await until(lambda: f"cannot join target 127.0.0.1:{port}" in draft.log(), "a join that fails",
-                        draft=draft)
+            await until_async(lambda: "lost target" in draft.log(), draft, what="the draft to see its target go")
+            await until_async(lambda: f"cannot join target 127.0.0.1:{port}" in draft.log(), draft, what="a join that fails")
             second = FakeTarget(target_hello(target_model))
             server = await serve_fake(second, port)
             second.open(1)
-            await until(lambda: len(second.chain(1)) >= AHEAD, "a chain from the target back", draft=draft)
+            await until_async(lambda: len(second.chain(1)) >= AHEAD, draft, what="a chain from the target back")
             assert draft.log().count(f"joined target 127.0.0.1:{port}") == 2
         finally:
             draft.stop()
@@ -265,7 +255,7 @@ def test_a_draft_joins_over_mutual_tls(tiny_draft, target_model, process_logs, t
                                   "--join-tls-key", str(pki.client_key))
         try:
             target.open(1)
-            await until(lambda: len(target.chain(1)) >= AHEAD, "a chain over TLS", draft=draft)
+            await until_async(lambda: len(target.chain(1)) >= AHEAD, draft, what="a chain over TLS")
             assert "over TLS" in draft.log()
         finally:
             draft.stop()

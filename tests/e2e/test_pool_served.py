@@ -5,7 +5,6 @@ is incompatible or hostile fails no session."""
 from __future__ import annotations
 
 import threading
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -19,6 +18,7 @@ from duo.net._proto import duo_pb2_grpc as pb_grpc
 from duo.net.listening import free_port
 from helpers.greedy import leaves_greedy_path_only_at_a_near_tie
 from helpers.processes import Process, start, wait_for_draft
+from helpers.waiting import until
 
 PROMPTS = ["def fibonacci(n):", "Once upon a time", "import numpy as np\n", "class Stack:\n"]
 SYNC = ["--sync", "4", "--parallel", "4"]  # every step waits for the draft's tokens: a step alone is a draft missing
@@ -64,13 +64,6 @@ def run_streams(address: str, prompts: list[str], max_tokens: int, during=None) 
     for thread in threads:
         thread.join(300)
     return streams
-
-
-def until(condition, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
 
 
 def all_follow_the_target(target_model, streams: list[Stream], max_tokens: int) -> None:

@@ -18,21 +18,14 @@ from duo.target.request import Request, SpecSettings
 from duo.target.switch import Switch
 from duo.target.target import Target
 from duo.net.wire import ChainChunk
+from helpers.clock import Clock
 from helpers.fake_drafts import RecordingDraft
 
 DEMAND = 20.0  # drafts a second one session can use
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def pool_of(*drafts: RecordingDraft) -> tuple[DraftPool, Clock]:
-    clock = Clock()
+    clock = Clock(100.0)
     pool = DraftPool(Switch, lambda: DEMAND, clock=clock)
     for draft in drafts:
         pool.add(draft)
@@ -301,7 +294,7 @@ def test_acceptance_counts_the_accepted_tokens_and_the_first_rejected_one_never_
 
 def test_a_draft_too_slow_to_be_timed_is_taken_as_one_token_a_step_and_a_timed_fast_one_gets_its_sessions():
     slow, fast = RecordingDraft("slow"), RecordingDraft("fast")
-    clock = Clock()
+    clock = Clock(100.0)
     pool = DraftPool(Switch, lambda: DEMAND, clock=clock, step_seconds=lambda: 0.2)
     pool.add(slow)
     for i in range(1, 5):

@@ -34,6 +34,7 @@ from duo.target.pool.connection import MAX_MODEL_NAME_CHARS, DraftConnection
 from duo.target.pool.joined import MAX_JOIN_MESSAGE_BYTES, PoolService, allowed, parse_allow, peer_host, pool_server
 from helpers.pki import write_pki
 from helpers.processes import Process, start
+from helpers.waiting import until, until_async
 
 # A draft's name as a hostile draft sends it: megabytes, with a line break that would forge a log line.
 HOSTILE_NAME = "evil\n2025-01-01 duo.target INFO all is well " * 20_000
@@ -327,19 +328,3 @@ def start_joining_draft(model: Path, target: str, log_dir: Path) -> Process:
                                   "--threads", "1"], stdout=log, stderr=subprocess.STDOUT,
                                  env={**os.environ, "PYTHONUNBUFFERED": "1"})
     return Process(popen, "", log_path)
-
-
-def until(condition, *processes: Process, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        for process in processes:
-            assert process.popen.poll() is None, f"a process exited:\n{process.log()}"
-        assert time.monotonic() < deadline, "timed out:\n" + "\n".join(process.log() for process in processes)
-        time.sleep(0.05)
-
-
-async def until_async(condition, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.02)

@@ -8,15 +8,7 @@ from duo.costs import StepCosts
 from duo.target import switch as sw
 from duo.target.policy import AdaptivePolicy
 from duo.target.switch import Switch
-from helpers.clock import rests_of
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from helpers.clock import Clock, rests_of
 
 
 def run(switch: Switch, clock: Clock, steps: int, *, on_tokens: float, alone_s: float,

@@ -34,6 +34,7 @@ from duo.target.pool.link import DraftLink
 from duo.net.wire import ChainChunk
 from helpers.greedy import leaves_greedy_path_only_at_a_near_tie
 from helpers.processes import Process, free_port, generate, health_status, start, wait_for_draft
+from helpers.waiting import until_async
 
 FIXED = ["--draft-max", "4"]  # every step verifies what drafts it holds, whatever the adaptive policy thinks
 PROMPTS = ["def fibonacci(n):", "Once upon a time", "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"]
@@ -210,14 +211,6 @@ def vocab_of(path: Path) -> Vocab:
         model.close()
 
 
-async def until(condition: Callable[[], bool], timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out")
-        await asyncio.sleep(0.02)
-
-
 def run_link(address: str, sessions: list[FakeSession], scenario: Callable[[DraftLink], Awaitable[None]],
              vocab: Vocab = VOCAB) -> DraftLink:
     """Run a DraftLink to `address` with `sessions` registered while `scenario(link)` runs; its loop must not end."""
@@ -255,7 +248,7 @@ def test_the_link_passes_the_valid_prefix_of_a_mixed_chunk_and_counts_and_logs_t
 
     async def scenario(link: DraftLink) -> None:
         link.observers.append(rejections)
-        await until(lambda: len(rejections.seen) == 21)
+        await until_async(lambda: len(rejections.seen) == 21)
         assert session.chain.pending()[0] == [5, 7]
 
     with serving(FakeDraft(wire.vocab_to_pb(VOCAB), chunks_for_open(*bad))) as address:
@@ -272,7 +265,7 @@ def test_a_chain_beyond_the_lead_the_target_allowed_is_cut_at_the_lead_plus_the_
 
     async def scenario(link: DraftLink) -> None:
         link.observers.append(rejections)
-        await until(lambda: bool(rejections.seen))
+        await until_async(lambda: bool(rejections.seen))
         assert len(session.chain.pending()[0]) == 4 + LEAD_MARGIN
 
     with serving(FakeDraft(wire.vocab_to_pb(VOCAB), chunks_for_open(pb.DraftChunk(epoch=0, start=2,
@@ -294,7 +287,7 @@ def test_a_message_larger_than_an_honest_draft_sends_is_refused_unread_and_a_lar
     assert wire.vocab_to_pb(big).ByteSize() > heavy.ByteSize()
 
     async def scenario(link: DraftLink) -> None:
-        await until(lambda: "RESOURCE_EXHAUSTED" in link.last_error)
+        await until_async(lambda: "RESOURCE_EXHAUSTED" in link.last_error)
         assert link.connections >= 1 and session.chunks == []  # shook hands; read no chunk
 
     with serving(FakeDraft(wire.vocab_to_pb(big), chunks_for_open(heavy))) as address:
@@ -305,7 +298,7 @@ def test_an_exception_in_the_link_is_logged_and_the_link_reconnects(caplog):
     session = FakeSession(1, [7, 8], failures=1)
 
     async def scenario(link: DraftLink) -> None:
-        await until(lambda: link.connections == 2 and session.chunks)
+        await until_async(lambda: link.connections == 2 and session.chunks)
         assert link.connected and session.chain.pending()[0] == [5]
 
     with serving(FakeDraft(wire.vocab_to_pb(VOCAB), chunks_for_open(pb.DraftChunk(epoch=0, start=2, tokens=[5])))
@@ -321,7 +314,7 @@ def test_a_handshake_that_never_answers_times_out_and_is_tried_again(monkeypatch
     draft.stall = True
 
     async def scenario(link: DraftLink) -> None:
-        await until(lambda: draft.handshakes >= 2)
+        await until_async(lambda: draft.handshakes >= 2)
 
     with serving(draft) as address:
         link = run_link(address, [FakeSession(1, [7, 8])], scenario)
@@ -340,12 +333,12 @@ def test_an_incompatible_draft_is_asked_again_and_speculation_starts_once_it_is_
     expected = {"refusal": "the draft's own reason", "vocabulary": "token 50 differs", "protocol": "duo/0"}[breaks]
 
     async def scenario(link: DraftLink) -> None:
-        await until(lambda: link.state == "incompatible")
+        await until_async(lambda: link.state == "incompatible")
         assert expected in link.last_error
-        await until(lambda: draft.handshakes >= 2)
+        await until_async(lambda: draft.handshakes >= 2)
         assert link.state == "incompatible" and not session.chunks
         draft.vocab, draft.refusal, draft.protocol = wire.vocab_to_pb(VOCAB), "", wire.PROTOCOL  # the right draft
-        await until(lambda: session.chain.pending()[0] == [5])
+        await until_async(lambda: session.chain.pending()[0] == [5])
         assert link.connected and link.last_error == ""
 
     with serving(draft) as address:
@@ -364,13 +357,13 @@ def test_the_link_drops_a_stopped_draft_within_the_ping_timeout_and_rejoins_it_w
     session = FakeSession(1, [785, 3974, 315])
 
     async def scenario(link: DraftLink) -> None:
-        await until(lambda: link.connected and session.chunks)
+        await until_async(lambda: link.connected and session.chunks)
         draft.popen.send_signal(signal.SIGSTOP)
-        await until(lambda: not link.connected, timeout=5)
+        await until_async(lambda: not link.connected, timeout=5)
         assert "ping timeout" in link.last_error
         draft.popen.send_signal(signal.SIGCONT)
         received = len(session.chunks)
-        await until(lambda: link.connected and len(session.chunks) > received)
+        await until_async(lambda: link.connected and len(session.chunks) > received)
 
     try:
         run_link(draft.address, [session], scenario, vocab)
@@ -539,14 +532,14 @@ def test_a_draft_that_stops_reading_is_dropped_and_the_events_for_it_do_not_pile
     big = pb.TargetEvent(commit=pb.Commit(session_id=1, start=2, tokens=[7] * 100_000))  # ~200 KB each
 
     async def scenario(link: DraftLink) -> None:
-        await until(lambda: link.connected)
+        await until_async(lambda: link.connected)
         for _ in range(400):  # far more than the HTTP/2 windows hold: the writer blocks
             link.send(big)
         # Deadlines a loaded machine can meet (400 messages of 200 KB to write); met at once otherwise.
-        await until(lambda: not link.connected, timeout=60)
+        await until_async(lambda: not link.connected, timeout=60)
         assert "read none of the stream" in link.last_error
         assert link._outbox is None  # what was queued for it went with the stream
-        await until(lambda: draft.handshakes >= 2, timeout=60)  # and the link tries again
+        await until_async(lambda: draft.handshakes >= 2, timeout=60)  # and the link tries again
 
     with serving(draft) as address:
         run_link(address, [FakeSession(1, [7, 8])], scenario)
