@@ -128,8 +128,11 @@ def test_a_draft_that_dials_in_takes_the_sessions_that_start_after_it_joined(tin
         early = run_streams(target.address, PROMPTS[:2], n, join_mid_run)
         late = run_streams(target.address, PROMPTS[2:], n)
         all_follow_the_target(target_model, early + late, n)
-        on = Counter(s.drafts[-1] for s in late)
-        assert sum(n for draft, n in on.items() if draft.endswith("(joined)")) >= 1, on  # where they add the most
+        # Placed where they add the most: a draft that just joined is taken as fast as the best, so a new session
+        # starts there; whether it stays is placement's later call on measured paces (on two loaded cores the
+        # joined draft can measure slower and hand it back), so the first draft that served it is what counts.
+        on = Counter(next((draft for draft in s.drafts if draft), "") for s in late)
+        assert sum(n for draft, n in on.items() if draft.endswith("(joined)")) >= 1, on
     finally:
         for process in (target, dialed, joined):
             if process is not None:
