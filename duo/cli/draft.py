@@ -187,7 +187,7 @@ async def serve(args: argparse.Namespace, model: Model, metrics: DraftMetrics,
     banner = f"duo-draft serving {describe_placement(model, args)} {endpoints}{security}"
     try:
         await run_server(server, args.listen, banner, credentials=credentials, http=[http] if http else [],
-                         stopping=servicer.stop, background=(lambda: join_all(joining)) if joining else None)
+                         stopping=servicer.stop, draining=servicer.drain, background=(lambda: join_all(joining)) if joining else None)
     finally:
         await drafter.stop()
 

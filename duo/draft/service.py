@@ -48,6 +48,8 @@ def refusal_reason(error: Exception) -> str:
     return "model_error" if isinstance(error, ModelError) else "internal"
 
 
+DRAIN_S = 5.0  # how long duo-draft's stop waits for its streams to close and free their sessions
+
 class DraftServicer(pb_grpc.DraftServicer):
     """The draft side of proto/duo.proto."""
 
@@ -57,6 +59,8 @@ class DraftServicer(pb_grpc.DraftServicer):
         self.metrics = metrics
         self.vocab = drafter.model.vocab()
         self.connections: set[Connection] = set()
+        self._no_connections = asyncio.Event()  # set while none is open: what drain waits for
+        self._no_connections.set()
         self.wake = asyncio.Event()  # a target sent something: a session may have work
         self.rounds: asyncio.Task[None] | None = None  # while targets are connected
         self.stopping = False  # set by the process's stop (SIGTERM): streams it cuts are no faults
@@ -67,6 +71,18 @@ class DraftServicer(pb_grpc.DraftServicer):
 
     def stop(self) -> None:
         self.stopping = True
+
+    async def drain(self, within_s: float = DRAIN_S) -> None:
+        """End every target's stream from this side and free its sessions, so that duo-draft stops with each
+        stream closed and said so, not cut when grpc's grace runs out (the loop may end before a cut stream's
+        release is done)."""
+        for connection in self.connections:
+            connection.end()
+        try:
+            await asyncio.wait_for(self._no_connections.wait(), within_s)
+        except TimeoutError:
+            log.warning("%d target stream(s) still open %.0f s after duo-draft began to stop", len(self.connections),
+                        within_s)
 
     def sessions_open(self) -> int:
         """Sessions holding (or getting) a slot, over all connections."""
@@ -108,6 +124,7 @@ class DraftServicer(pb_grpc.DraftServicer):
         connection = Connection(self.drafter, self.limits, self.metrics, self.sessions_open, self.wake.set,
                                 peer, lambda: self.stopping)
         self.connections.add(connection)
+        self._no_connections.clear()
         if self.rounds is None or self.rounds.done():  # done: it failed, and said why in the log
             self.rounds = asyncio.create_task(self._draft_rounds())
             self.rounds.add_done_callback(_rounds_ended)
@@ -120,9 +137,11 @@ class DraftServicer(pb_grpc.DraftServicer):
                 await connection.stop()
             finally:
                 self.connections.discard(connection)
-                if not self.connections and self.rounds is not None:
-                    self.rounds.cancel()
-                    self.rounds = None
+                if not self.connections:
+                    self._no_connections.set()
+                    if self.rounds is not None:
+                        self.rounds.cancel()
+                        self.rounds = None
 
     async def _draft_rounds(self) -> None:
         """Round after round, one batched model call drafts for every session of every target that has
@@ -205,6 +224,10 @@ class Connection:
         self.reader = asyncio.create_task(self._read(request_iterator))
         self.reader.add_done_callback(self._ended)
 
+    def end(self) -> None:
+        """End the stream from the draft's side (duo-draft stops): what is queued goes out first."""
+        self.outbox.put_nowait(None)
+
     async def next_event(self) -> pb.DraftEvent | None:
         """The next event to write: what queued up while the stream wrote the last one goes out with the
         chunks of each line merged (wire.coalesce), so a stream that falls behind catches up."""
@@ -229,7 +252,10 @@ class Connection:
         if self._closing is not None:
             await self._closing  # the sessions it lost when it stopped reading: freed before the stream is gone
         await asyncio.wait([self.reader])
-        log.info("target %s left; closed %d session(s)", self.peer, len(sessions))
+        if self.stopping():
+            log.info("target %s: stream closed as duo-draft stops; closed %d session(s)", self.peer, len(sessions))
+        else:
+            log.info("target %s left; closed %d session(s)", self.peer, len(sessions))
 
     def _ended(self, task: asyncio.Task[None]) -> None:
         """The target closed its side, or the stream broke: end the stream."""
