@@ -14,7 +14,7 @@ import grpc
 from duo.net import wire
 from duo.net._proto import duo_pb2_grpc as pb_grpc
 from duo.constraint import build_tokenizer_in_background
-from duo.draft.drafter import KV_CELLS_PER_CONTEXT, Drafter
+from duo.draft.drafter import KV_CELLS_PER_CONTEXT, SESSION_CELLS, Drafter, default_cells
 from duo.draft.joining import Joiner, join_all
 from duo.draft.metrics import DraftMetrics
 from duo.draft.service import DraftServicer, SessionLimits
@@ -34,10 +34,17 @@ log = logging.getLogger("duo.draft")
 DEFAULT_LISTEN = "127.0.0.1:7070"  # where duo-draft listens for targets when it joins none
 
 
+def session_context(args: argparse.Namespace, model: Model) -> int:
+    """Positions a session may reach: --ctx-size, or where it is 0 (the default) the model's training context, as
+    llama-server sizes its context: a draft must hold the prompts its targets serve (agents send 6-18k tokens)."""
+    return min(args.ctx_size or model.n_ctx_train, model.n_ctx_train)
+
+
 def describe_placement(model: Model, args: argparse.Namespace) -> str:
     """The model, where it runs, and what it holds, for the start-up line."""
-    cells = args.kv_cells or KV_CELLS_PER_CONTEXT * args.ctx_size
-    return (f"{model.path.name} ({model.placement()}; context {args.ctx_size} per session, up to "
+    n_ctx = session_context(args, model)
+    cells = max(args.kv_cells or default_cells(n_ctx), n_ctx)
+    return (f"{model.path.name} ({model.placement()}; context {n_ctx} per session, up to "
             f"{args.max_sessions} sessions in {cells} KV cells)")
 
 
@@ -79,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "shared KV cache (--kv-cells); beyond, a target decodes alone for the new one")
     parser.add_argument("--kv-cells", type=int, default=None, metavar="N",
                         help="KV cache cells shared by all sessions, allocated at start (default: "
-                             f"{KV_CELLS_PER_CONTEXT} x --ctx-size); a session that finds no room decodes alone")
+                             f"{KV_CELLS_PER_CONTEXT} x --ctx-size up to {SESSION_CELLS}, at least --ctx-size); a session that finds no room decodes alone")
     parser.add_argument("--max-sessions-per-target", type=int, default=limits.per_target, metavar="N",
                         help="sessions drafted at once for one target connection")
     parser.add_argument("--max-branches", type=int, default=MAX_BRANCHES, metavar="N",
@@ -145,7 +152,9 @@ def check_settings(args: argparse.Namespace) -> None:
     if args.max_sessions * per_session > MAX_SEQUENCES:
         raise ValueError(f"--max-sessions {args.max_sessions} needs {args.max_sessions * per_session} sequences "
                          f"({per_session} per session), beyond llama.cpp's {MAX_SEQUENCES} per context")
-    if args.kv_cells is not None and args.kv_cells < args.ctx_size:
+    if args.ctx_size < 0:
+        raise ValueError("--ctx-size must be >= 0 (0: the model's training context)")
+    if args.kv_cells is not None and args.ctx_size and args.kv_cells < args.ctx_size:
         raise ValueError(f"--kv-cells {args.kv_cells} is less than --ctx-size {args.ctx_size}: no session could "
                          "reach its context")
 
@@ -166,7 +175,7 @@ def join_credentials(args: argparse.Namespace) -> grpc.ChannelCredentials | None
 async def serve(args: argparse.Namespace, model: Model, metrics: DraftMetrics,
                 http: tuple[HttpServer, socket.socket] | None, join: grpc.ChannelCredentials | None) -> None:
     """Serve targets on --listen and join the --join targets (over TLS with `join`), until SIGINT/SIGTERM."""
-    drafter = Drafter(model, ModelWorker(), args.ctx_size, args.top_k_cap, observer=metrics,
+    drafter = Drafter(model, ModelWorker(), session_context(args, model), args.top_k_cap, observer=metrics,
                       max_branches=args.max_branches, branch_len=args.branch_len, max_sessions=args.max_sessions,
                       cells=args.kv_cells)
     try:

@@ -37,7 +37,8 @@ def add_process_arguments(parser: argparse.ArgumentParser, *, model: str | None,
                         help="where to run the model (a GPU this build cannot use is an error)")
     parser.add_argument("--gpu-layers", type=int, default=None, help="layers to offload (default: all)")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
-    parser.add_argument("--ctx-size", type=int, default=4096, help=f"context size per {per}")
+    parser.add_argument("--ctx-size", type=int, default=0,
+                        help=f"context size per {per} (default 0: the model's training context, as llama-server's)")
     parser.add_argument("--tls-cert", default=None, metavar="PEM",
                         help=f"serve {serves} over TLS with this PEM certificate (chain)")
     parser.add_argument("--tls-key", default=None, metavar="PEM", help="the PEM private key of --tls-cert")

@@ -165,6 +165,8 @@ def check_client_flags(args: argparse.Namespace) -> None:
     if not 1 <= args.parallel <= MAX_SEQUENCES or args.queue_size < 0:
         raise ValueError(f"--parallel must be between 1 and {MAX_SEQUENCES} (llama.cpp's sequences per context) "
                          "and --queue-size >= 0")
+    if args.ctx_size < 0:
+        raise ValueError("--ctx-size must be >= 0 (0: the model's training context)")
     if not args.write_timeout > 0:
         raise ValueError("--write-timeout must be > 0")
     if not args.shutdown_grace >= 0:
@@ -179,6 +181,12 @@ def served_names(path: Path, name_or_path: str, aliases: Sequence[str] = ()) -> 
         if name not in names:
             names.append(name)
     return names
+
+
+def request_context(args: argparse.Namespace, model: Model) -> int:
+    """Positions a request may reach: --ctx-size, or where it is 0 (the default) the model's training context, as
+    llama-server's default (-c 0) serves a prompt as long as the model reads (agents send 6-18k tokens)."""
+    return min(args.ctx_size or model.n_ctx_train, model.n_ctx_train)
 
 
 def load_model(path: Path, args: argparse.Namespace, options: dict[str, Any]) -> Model:
@@ -217,12 +225,13 @@ async def serve(args: argparse.Namespace, path: Path, settings: SpecSettings, op
         model = await worker.run(load_model, path, args, options)
         if lost:
             lost.loop, lost.worker = asyncio.get_running_loop(), worker
-        target = Target(model, worker, drafts=wants_drafts(args), n_ctx=args.ctx_size, settings=settings, parallel=args.parallel,
+        n_ctx = request_context(args, model)
+        target = Target(model, worker, drafts=wants_drafts(args), n_ctx=n_ctx, settings=settings, parallel=args.parallel,
                         prompt_cache=not args.no_prompt_cache)
         target.observers.append(metrics)
         target.call_observers.append(metrics)
         await target.batcher()  # the shared context: a size that does not fit fails here, not at a request
-        completions.ready(target, min(args.ctx_size, model.n_ctx_train))
+        completions.ready(target, n_ctx)
         admission = completions.admission
         metrics.watch(draft_state=lambda: completions.draft_state,
                       draft_len=lambda: target.control.draft_len,
@@ -230,7 +239,7 @@ async def serve(args: argparse.Namespace, path: Path, settings: SpecSettings, op
                       spec_gain=lambda: target.control.best_gain() or 0.0,
                       running=lambda: admission.running, waiting=lambda: admission.waiting)
         log.info("model loaded in %.1f s: serving %s (%s; context %d per request, %d at once), %s",
-                 time.monotonic() - began, path.name, model.placement(), args.ctx_size, args.parallel,
+                 time.monotonic() - began, path.name, model.placement(), n_ctx, args.parallel,
                  describe_drafts(args))
         metrics.watch_drafts(completions.drafts)
         await set_serving(health_servicer, True)

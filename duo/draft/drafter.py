@@ -23,9 +23,17 @@ from duo.sampling.distributions import SparseDist
 from duo.sampling.ops.penalties import Penalties
 from duo.sampling.params import SamplingParams
 
-# duo-draft --kv-cells by default: room for this many sessions at their longest (--ctx-size), or for
-# many more shorter ones: the cells are shared.
+# duo-draft --kv-cells by default: room for this many sessions of up to SESSION_CELLS tokens (or of their longest,
+# --ctx-size, where that is shorter), or for many more shorter ones: the cells are shared. A context as long as the
+# model's (32k, duo-draft's default as llama-server's) gets room for one session at its longest, not four: four
+# times the model's context would take gigabytes for sessions that agents' prompts (6-18k tokens) never fill.
 KV_CELLS_PER_CONTEXT = 4
+SESSION_CELLS = 8192
+
+
+def default_cells(n_ctx: int) -> int:
+    """The KV cells the draft allocates without --kv-cells, for sessions of up to `n_ctx` positions."""
+    return max(n_ctx, KV_CELLS_PER_CONTEXT * min(n_ctx, SESSION_CELLS))
 
 
 class InvalidEvent(ValueError):
@@ -60,14 +68,14 @@ class Drafter:
     def __init__(self, model: Model, worker: ModelWorker, n_ctx: int, top_k_cap: int,
                  observer: DraftObserver | None = None, *, max_branches: int = 0, branch_len: int = 0,
                  max_sessions: int = 16, cells: int | None = None) -> None:
-        """`n_ctx`: positions per session; `cells`: KV cells shared by all sessions (default
-        KV_CELLS_PER_CONTEXT x n_ctx); `max_sessions`: the slots of sequences in the cache."""
+        """`n_ctx`: positions per session; `cells`: KV cells shared by all sessions (default default_cells(n_ctx));
+        `max_sessions`: the slots of sequences in the cache."""
         self.model = model
         self.max_branches = max_branches
         self.branch_len = branch_len
         self.worker = worker
         self.n_ctx = min(n_ctx, model.n_ctx_train)  # what a sequence gets (duo.llama.model.Context caps it so)
-        self.cells = max(cells or KV_CELLS_PER_CONTEXT * self.n_ctx, self.n_ctx)  # as duo.llama.model.Context makes it
+        self.cells = max(cells or default_cells(self.n_ctx), self.n_ctx)  # as duo.llama.model.Context makes it
         self.max_sessions = max_sessions
         self.n_vocab = model.n_vocab
         self.top_k_cap = top_k_cap
