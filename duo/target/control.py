@@ -96,7 +96,7 @@ class SpeculationControl:
         switch = generation.switch
         if self.serves(generation):
             switch.step_done(generation.session_id, record.n_committed, record.n_verified,
-                             prefill=result.with_prefill)
+                             prefill=result.with_prefill, context=len(generation.committed))
         else:  # without a draft there is nothing to switch; the next step starts timing afresh
             switch.request_done(generation.session_id)
         generation.stats.speculation = switch.reason()

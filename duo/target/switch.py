@@ -28,6 +28,12 @@ reference of its own load, never one measured under another (a rest measured wit
 any period with one "win" forever). Steps whose call also decoded another request's prompt chunk count in
 neither rate: their time is that prompt's.
 
+Decoding alone also depends on the context: each token reads the whole KV cache, so at 16k tokens a step
+takes far longer than at a few hundred (T(1) grows with the context). A reference is kept with the context
+its steps ran at, and one measured at another context (beyond CONTEXT_SPAN of it) is measured again before a
+judgement uses it: against a reference timed as the target started, with an empty cache, speculation at 16k
+tokens of context was judged 0.21x decoding alone.
+
 Each request's first steps of a trial are left out of its rate: a rested draft first catches up on what
 was committed while it rested (seconds of draft work on a long answer, more with several clients, the
 shortest first), a cost of the trial, not of speculating; a request counts from its first verified drafts.
@@ -55,6 +61,10 @@ EARLY_LOSS = 0.1
 REMEASURE_FIRST = 16  # confirmed judgements before decoding alone is measured again; doubled while it holds
 REMEASURE_MAX = 64   # at most this many apart (2048 warm steps)
 DRIFT = 0.1          # a reference that moved more than this restarts the doubling
+# A reference holds for contexts within this factor of its own, counted from SHORT_CONTEXT (below which the
+# cache's reading is a small part of a step): (context + SHORT_CONTEXT) / (its context + SHORT_CONTEXT).
+CONTEXT_SPAN = 2 ** 0.5
+SHORT_CONTEXT = 1024
 
 
 @dataclass
@@ -70,6 +80,9 @@ class Switch:
     gain: float | None = None    # the latest judgement's rate_on / rate_alone
     # load (requests stepping) -> tokens per wall second per request decoding alone, measured over a rest
     rest_rates: dict[int, float] = field(default_factory=dict)
+    # load -> the context (tokens in a request's cache, mean over the measured steps) its rest_rates was measured at;
+    # a load without one was measured at a short context (as the target starts: an empty cache)
+    rest_contexts: dict[int, float] = field(default_factory=dict)
     _remeasure_every: dict[int, int] = field(default_factory=dict)  # load -> confirmed judgements between measures
     _remeasure_in: dict[int, int] = field(default_factory=dict)  # load -> confirmed judgements until the next
     _judging_rest: bool = False  # the current rest measures rate_alone for a judgement
@@ -77,6 +90,7 @@ class Switch:
     _tokens: int = 0             # committed in the current period's counted steps
     _seconds: float = 0.0        # their wall time
     _loads: Counter[int] = field(default_factory=Counter)  # the load of each counted step
+    _context_sum: float = 0.0    # the contexts of the counted steps, summed (their mean: the period's context)
     _last: dict[int, float] = field(default_factory=dict)  # request -> when its previous step ended
     _warm: set[int] = field(default_factory=set)  # requests whose draft delivered in this on period
     _cold_steps: dict[int, int] = field(default_factory=dict)  # request -> its steps before that
@@ -116,79 +130,96 @@ class Switch:
         why = "measuring decoding alone" if self._judging_rest else f"{gain}; next trial in {self.steps_left} steps"
         return f"off ({why})"
 
-    def step_done(self, request: int, tokens: int, verified: int, prefill: bool = False) -> None:
-        """A step of `request` committed `tokens`, verifying `verified` drafts; `prefill`: its call also decoded
-        a prompt chunk (its time is not the step's: counted in no rate). Its wall time runs since that
-        request's previous step (a request's first step, which holds its prompt, is not counted)."""
+    def step_done(self, request: int, tokens: int, verified: int, prefill: bool = False, context: int = 0) -> None:
+        """A step of `request` committed `tokens`, verifying `verified` drafts, after `context` tokens of its cache;
+        `prefill`: its call also decoded a prompt chunk (its time is not the step's: counted in no rate). Its wall
+        time runs since that request's previous step (a request's first step, which holds its prompt, is not
+        counted)."""
         now = self.clock()
         previous, self._last[request] = self._last.get(request), now
         if previous is None or prefill:
             return
         seconds = now - previous
         if self.speculating:
-            self._on_step(request, tokens, seconds, verified)
+            self._on_step(request, tokens, seconds, verified, context)
         else:
-            self._rest_step(tokens, seconds)
+            self._rest_step(tokens, seconds, context)
 
     def request_done(self, request: int) -> None:
         self._last.pop(request, None)
         self._warm.discard(request)
         self._cold_steps.pop(request, None)
 
-    def _on_step(self, request: int, tokens: int, seconds: float, verified: int) -> None:
+    def _on_step(self, request: int, tokens: int, seconds: float, verified: int, context: int) -> None:
         if request not in self._warm:
             cold = self._cold_steps.get(request, 0)
             if not (verified > 0 or cold >= JUDGE_STEPS):
                 self._cold_steps[request] = cold + 1
                 return
             self._warm.add(request)
-        self._count(tokens, seconds)
+        self._count(tokens, seconds, context)
         self.steps_left -= 1
         if self.steps_left <= 0 or self._losing_trial():
             self._judge(self._take_rate())
 
-    def _count(self, tokens: int, seconds: float) -> None:
+    def _count(self, tokens: int, seconds: float, context: int) -> None:
         self._tokens += tokens
         self._seconds += seconds
         self._loads[self._load_now()] += 1
+        self._context_sum += context
+
+    def _period_context(self) -> float:
+        """The mean context of the current period's counted steps (0 before any)."""
+        steps = sum(self._loads.values())
+        return self._context_sum / steps if steps else 0.0
+
+    def _reference_holds(self, load: int, context: float) -> bool:
+        """Whether decoding alone at `load` was measured at a context near enough `context` (CONTEXT_SPAN)."""
+        ratio = (context + SHORT_CONTEXT) / (self.rest_contexts.get(load, 0.0) + SHORT_CONTEXT)
+        return 1.0 / CONTEXT_SPAN <= ratio <= CONTEXT_SPAN
 
     def _losing_trial(self) -> bool:
         """A trial (not an established regime) that after EARLY_STEPS warm steps is clearly below decoding
-        alone as measured over a rest: what it would cost to finish is spent for nothing (the default Q4_K_M
-        pair on a CPU)."""
+        alone as measured over a rest at this context: what it would cost to finish is spent for nothing (the
+        default Q4_K_M pair on a CPU)."""
         alone = self.rate_alone
         return (not self.established and alone is not None and TRIAL_STEPS - self.steps_left >= EARLY_STEPS
+                and self._reference_holds(self._period_load(), self._period_context())
                 and self._tokens < (1.0 - EARLY_LOSS) * alone * self._seconds)
 
-    def _rest_step(self, tokens: int, seconds: float) -> None:
-        self._count(tokens, seconds)
+    def _rest_step(self, tokens: int, seconds: float, context: int) -> None:
+        self._count(tokens, seconds, context)
         self.steps_left -= 1
         if self.steps_left > 0:
             return
-        load = self._period_load()
+        load, measured_at = self._period_load(), self._period_context()
         if (rate := self._take_rate()) is not None:
-            self._measured(load, rate)
+            self._measured(load, rate, measured_at)
         if self._judging_rest:
             self._judge(self._on_rate_pending)
         else:
             self._go(True, TRIAL_STEPS)  # an on trial
 
-    def _measured(self, load: int, rate: float) -> None:
-        """Decoding alone at `load` was measured at `rate`: measure it again sooner if it moved, later if not."""
+    def _measured(self, load: int, rate: float, context: float) -> None:
+        """Decoding alone at `load` was measured at `rate` after `context` tokens: measure it again sooner if it
+        moved (or was measured at another context), later if not."""
         before = self.rest_rates.get(load)
-        held = before is not None and abs(rate / before - 1.0) <= DRIFT
+        held = (before is not None and abs(rate / before - 1.0) <= DRIFT
+                and self._reference_holds(load, context))
         every = min(2 * self._remeasure_every.get(load, REMEASURE_FIRST), REMEASURE_MAX) if held else REMEASURE_FIRST
         self.rest_rates[load], self._remeasure_every[load], self._remeasure_in[load] = rate, every, every
+        self.rest_contexts[load] = context
 
     def _take_rate(self) -> float | None:
         rate = self._tokens / self._seconds if self._seconds > 0 else None
-        self._tokens, self._seconds = 0, 0.0
+        self._tokens, self._seconds = 0, 0.0  # the period's load and context stay until it is judged
         return rate
 
     def _judge(self, rate_on: float | None) -> None:
         """Keep speculating if the on period beat decoding alone by the margin, else rest (doubling); measure
-        decoding alone first where this load has no reference, or its next measure is due."""
-        load = self._period_load()
+        decoding alone first where this load has no reference, one measured at another context, or its next
+        measure is due."""
+        load, context = self._period_load(), self._period_context()
         self._loads.clear()
         if rate_on is None:
             self._rest()
@@ -199,7 +230,8 @@ class Switch:
         # confirmed judgements. A reference of unknown age (given at construction) is trusted as a fresh measure is.
         if load not in self.rest_rates and (estimate := self.estimate_alone(load)) is not None:
             self.rest_rates[load] = estimate
-        if load not in self.rest_rates or self._remeasure_in.setdefault(load, REMEASURE_FIRST) <= 0:
+        if (load not in self.rest_rates or self._remeasure_in.setdefault(load, REMEASURE_FIRST) <= 0
+                or not self._reference_holds(load, context)):
             self._on_rate_pending = rate_on
             self._go(False, MEASURE_STEPS, judging=True)
             return
@@ -222,5 +254,5 @@ class Switch:
             self._warm.clear()
             self._cold_steps.clear()
         self.speculating, self.steps_left, self._judging_rest = speculating, steps, judging
-        self._tokens, self._seconds = 0, 0.0
+        self._tokens, self._seconds, self._context_sum = 0, 0.0, 0.0
         self._loads.clear()

@@ -12,8 +12,8 @@ from helpers.clock import Clock, rests_of
 
 
 def run(switch: Switch, clock: Clock, steps: int, *, on_tokens: float, alone_s: float,
-        alone_every: int = 3, beside_draft_s: float | None = None) -> list[bool]:
-    """Drive `steps` steps of one request and return whether each ran speculating.
+        alone_every: int = 3, beside_draft_s: float | None = None, context: int = 0) -> list[bool]:
+    """Drive `steps` steps of one request after `context` tokens and return whether each ran speculating.
 
     While on, every `alone_every`-th step decodes alone (1 token in `beside_draft_s`, default alone_s: the
     draft works beside it), the others verify drafts and commit tokens at `on_tokens` per second; while
@@ -24,13 +24,13 @@ def run(switch: Switch, clock: Clock, steps: int, *, on_tokens: float, alone_s: 
         regimes.append(speculating)
         if not speculating:
             clock.now += alone_s
-            switch.step_done(1, 1, 0)
+            switch.step_done(1, 1, 0, context=context)
         elif i % alone_every == 0:
             clock.now += beside_draft_s if beside_draft_s is not None else alone_s
-            switch.step_done(1, 1, 0)
+            switch.step_done(1, 1, 0, context=context)
         else:
             clock.now += 3 / on_tokens
-            switch.step_done(1, 3, 3)
+            switch.step_done(1, 3, 3, context=context)
     return regimes
 
 
@@ -293,3 +293,25 @@ def test_a_loads_first_reference_is_estimated_from_model_time_instead_of_a_measu
     assert not switch.speculating and switch.gain == pytest.approx(0.75, rel=0.02)
     _, regimes = first_stretch_off(lambda load: None, on_tokens=6.0)
     assert rests_of(regimes)[:1] == [sw.MEASURE_STEPS // 4]  # no estimate: rested to measure
+
+
+def test_decoding_alone_is_judged_against_a_reference_measured_at_the_same_context_length():
+    """Each token reads the whole KV cache: at 16k tokens decoding alone is far slower than the reference timed as
+    the target started (an empty cache). Speculation 1.5x faster than decoding alone at 16k must stay on, not be
+    judged 0.6x of the short context's pace; back at a short context, the long context's pace is no reference."""
+    clock = Clock()
+    switch = Switch(clock=clock, rest_rates={1: 10.0})  # timed as the target started: 10 tok/s
+    regimes = run(switch, clock, 400, on_tokens=6.0, alone_s=0.25, alone_every=10 ** 9, context=16_000)
+    assert switch.rest_rates[1] == pytest.approx(4.0) and switch.rest_contexts[1] == pytest.approx(16_000)
+    assert switch.established and switch.gain == pytest.approx(1.5)
+    assert regimes.count(False) == sw.MEASURE_STEPS  # one measuring rest, never a rest for a lost judgement
+    regimes = run(switch, clock, 400, on_tokens=12.0, alone_s=0.1, alone_every=10 ** 9, context=500)
+    assert switch.rest_rates[1] == pytest.approx(10.0) and switch.gain == pytest.approx(1.2)
+    assert regimes.count(False) == sw.MEASURE_STEPS
+
+
+def test_a_reference_holds_within_its_context_span():
+    clock = Clock()
+    switch = Switch(clock=clock, rest_rates={1: 4.0}, rest_contexts={1: 16_000.0})
+    regimes = run(switch, clock, 200, on_tokens=6.0, alone_s=0.25, alone_every=10 ** 9, context=18_000)
+    assert all(regimes) and switch.gain == pytest.approx(1.5)  # 18k is within the span of 16k: judged at once
