@@ -239,14 +239,14 @@ def test_an_unknown_or_unstored_previous_response_id_is_a_400_naming_it(served_s
 
 
 @pytest.mark.parametrize("fields, param", [
-    ({"tools": [WEATHER, {"type": "web_search"}]}, "tools[1].type"),
+    ({"tools": [WEATHER, {"type": "hosted_thing"}]}, "tools[1].type"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]},
      "input[0].content[0].type"),
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
     ({"text": {"format": {"type": "grammar"}}}, "text.format.type"),
     ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema"),
     ({"background": True}, "background"),
-], ids=["web search tool", "image part", "item reference", "text format", "schema missing", "background"])
+], ids=["unknown tool type", "image part", "item reference", "text format", "schema missing", "background"])
 def test_what_duo_cannot_do_is_a_400_naming_the_field(served_sync, fields, param):
     with pytest.raises(openai.BadRequestError) as raised:
         client(served_sync).responses.create(**{"model": model_name(served_sync), "input": ASK,

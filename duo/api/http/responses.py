@@ -14,6 +14,7 @@ from duo.api.serving.read import document_bodies
 from duo.api.responses.answer import ResponsesFormat
 from duo.api.responses.body import ResponsesBody
 from duo.api.responses.store import Conversation, ResponseStore, characters
+from duo.api.responses.tools import ResponsesTools
 from duo.api.responses.translate import chat_body, check_fits, input_messages
 
 
@@ -30,7 +31,8 @@ class ResponsesApi:
         body.check_supported()
         history = self.store.conversation(body.previous_response_id) if body.previous_response_id else ()
         # On a worker thread, as the chat endpoint's: a loop over the client's items and tools (and the held ones).
-        conversation, size, chat = await asyncio.to_thread(self._translated, body, history,
+        tools = ResponsesTools(body.tools or [])
+        conversation, size, chat = await asyncio.to_thread(self._translated, body, history, tools,
                                                          completions.body_limits().items)
         functions = chat.callable_functions()
 
@@ -39,16 +41,16 @@ class ResponsesApi:
 
         output = ResponsesFormat(self.answering.model_name(body.model), body.echo(), functions,
                                  completions.call_format(),
-                                 keep if body.store is not False else None)
+                                 keep if body.store is not False else None, tools)
         return await self.answering.answer(chat, chat.to_request, request, output)
 
-    def _translated(self, body: ResponsesBody, history: Conversation,
+    def _translated(self, body: ResponsesBody, history: Conversation, tools: ResponsesTools,
                     n_ctx: int) -> tuple[list[dict[str, Any]], int, ChatBody]:
         """The conversation so far (held history and this input, without instructions), its size for the store, and
-        its chat request, for a context of `n_ctx` tokens."""
+        its chat request offering `tools`, for a context of `n_ctx` tokens."""
         conversation = [*history, *input_messages(body)]
         check_fits(conversation, n_ctx)
-        return conversation, characters(conversation), chat_body(body, conversation)
+        return conversation, characters(conversation), chat_body(body, conversation, tools)
 
 
 def add_responses_routes(app: FastAPI, answering: Answering) -> ResponsesApi:

@@ -12,6 +12,7 @@ from duo.api.serving.generate import Piece
 from duo.api.output.deltas import AnswerSplitter, answer_splitter, whole_answer
 from duo.api.serving.request import ShuttingDown
 from duo.api.responses.items import Event, OutputItems, new_id
+from duo.api.responses.tools import ResponsesTools, chat_call
 from duo.api.tools import CallFormat, FunctionBody
 
 # Keeps a finished response's conversation for previous_response_id: (response id, its output as chat messages).
@@ -21,18 +22,19 @@ Keep = Callable[[str, list[dict[str, Any]]], None]
 class ResponsesFormat:
     """One response's shape, for duo.api.http.answering: whole() or events(). `settings`: the request's
     settings the response repeats (ResponsesBody.echo); the answer's text is split into content, reasoning and calls
-    of `functions` as chat's is (duo.api.output.deltas); `keep`, where the response is to be held, gets its output as chat
-    messages once it is done."""
+    of `functions` as chat's is (duo.api.output.deltas), each call an item of the tool `tools` offered it for; `keep`,
+    where the response is to be held, gets its output as chat messages once it is done."""
 
     def __init__(self, model: str, settings: dict[str, Any], functions: Sequence[FunctionBody] | None,
-                 call_format: CallFormat | None, keep: Keep | None = None) -> None:
+                 call_format: CallFormat | None, keep: Keep | None = None,
+                 tools: ResponsesTools | None = None) -> None:
         self.model = model
         self.settings = settings
         self.id = new_id("resp")
         self.created_at = int(time.time())
         self.functions, self.call_format = functions, call_format
         self.splitter: AnswerSplitter | None = None  # made on the first piece, which says how its reasoning reads
-        self.items = OutputItems()
+        self.items = OutputItems(tools)
         self.keep = keep
         self.sequence = 0
 
@@ -117,9 +119,7 @@ def output_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A response's output items as the chat messages that continue its conversation: its text and calls on one
     assistant message (its reasoning left out, as chat templates leave out earlier turns' reasoning)."""
     text = "".join(part["text"] for item in items if item["type"] == "message" for part in item["content"])
-    calls = [{"id": item["call_id"], "type": "function",
-              "function": {"name": item["name"], "arguments": item["arguments"]}}
-             for item in items if item["type"] == "function_call"]
+    calls = [chat_call(item) for item in items if item["type"] in ("function_call", "custom_tool_call")]
     message: dict[str, Any] = {"role": "assistant", "content": text}
     if calls:
         message["tool_calls"] = calls

@@ -25,30 +25,46 @@ class Part(Loose):
 
 
 class InputItem(Loose):
-    """One item of `input`: a message (`type` may be left out), a function_call the model made earlier, or a
-    function_call_output answering one; other item types are refused by name."""
+    """One item of `input`: a message (`type` may be left out), a function_call or custom_tool_call the model made
+    earlier, or the function_call_output / custom_tool_call_output answering one; other item types are refused by
+    name."""
 
     type: str = "message"
     role: str | None = None
     content: str | list[Part] | None = None
     call_id: str | None = None
     name: str | None = None
+    namespace: str | None = None  # a function_call of a namespace's function (Codex sends it back as it got it)
     arguments: str | None = None
+    input: str | None = None  # a custom_tool_call's
     output: str | list[Part] | None = None
 
 
 class Tool(Loose):
-    """A tool in the Responses shape: flat, not nested under `function`."""
+    """A tool in the Responses shape: a function (flat, not nested under `function`), a namespace of functions
+    (`tools`), a custom tool taking free text (`format`: text, or a grammar its input follows), or a tool OpenAI's
+    servers run (web_search...), which duo leaves out as llama-server does."""
 
     type: str
     name: str | None = None
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None  # either way a required call matches its parameters' schema
+    tools: list[Tool] | None = None
+    format: dict[str, Any] | None = None
+
+
+# Tools that OpenAI's servers run (or that need a server-side runtime): no chat template can offer them, and
+# llama-server leaves them out of the prompt (Codex offers web_search in every request, tool_search with some models).
+HOSTED_TOOLS = frozenset({"web_search", "web_search_preview", "web_search_preview_2025_03_11",
+                          "web_search_2025_08_26", "file_search", "image_generation", "code_interpreter",
+                          "computer_use_preview", "computer_use", "mcp", "local_shell", "shell", "apply_patch",
+                          "tool_search"})
+CALLED_TOOLS = ("function", "custom")
 
 
 class NamedTool(Loose):
-    """tool_choice naming one function: {"type": "function", "name": ...}."""
+    """tool_choice naming one function or custom tool: {"type": "function" | "custom", "name": ...}."""
 
     type: str
     name: str | None = None
@@ -124,16 +140,11 @@ class ResponsesBody(Loose):
             raise BadRequest("top_logprobs is not supported on /v1/responses; use /v1/chat/completions with "
                              "logprobs", param="top_logprobs")
         for i, tool in enumerate(self.tools or []):
-            if tool.type != "function":
-                raise BadRequest(f"tools[{i}].type {tool.type!r} is not supported by duo-target: it has no built-in "
-                                 "tools; offer them as function tools", param=f"tools[{i}].type")
-            if not tool.name:
-                raise BadRequest(f"tools[{i}].name is missing: a function tool needs its name",
-                                 param=f"tools[{i}].name")
-        if isinstance(self.tool_choice, NamedTool) and (self.tool_choice.type != "function" or
+            check_tool(tool, f"tools[{i}]")
+        if isinstance(self.tool_choice, NamedTool) and (self.tool_choice.type not in CALLED_TOOLS or
                                                         not self.tool_choice.name):
-            raise BadRequest("tool_choice takes none, auto, required or {\"type\": \"function\", \"name\": ...}; "
-                             f"got type {self.tool_choice.type!r}", param="tool_choice")
+            raise BadRequest("tool_choice takes none, auto, required or {\"type\": \"function\" or \"custom\", "
+                             f"\"name\": ...}}; got type {self.tool_choice.type!r}", param="tool_choice")
         text_format = self.text.format if self.text else None
         if text_format and text_format.type not in TEXT_FORMATS:
             raise BadRequest(f"text.format.type {text_format.type!r} is not supported; duo takes "
@@ -156,3 +167,27 @@ class ResponsesBody(Loose):
                 "tools": [tool.model_dump(exclude_none=True) for tool in self.tools or []],
                 "top_p": 1.0 if self.top_p is None else self.top_p, "truncation": self.truncation or "disabled",
                 "user": self.user, "service_tier": self.service_tier or "default", "background": False}
+
+
+def check_tool(tool: Tool, where: str) -> None:
+    """BadRequest naming what a tool lacks, or a type duo can neither offer nor leave out as llama-server does."""
+    if tool.type in HOSTED_TOOLS:
+        return
+    if tool.type not in (*CALLED_TOOLS, "namespace"):
+        raise BadRequest(f"{where}.type {tool.type!r} is not supported by duo-target; it offers function, namespace "
+                         "and custom tools, and leaves out those OpenAI's servers run: "
+                         f"{', '.join(sorted(HOSTED_TOOLS))}", param=f"{where}.type")
+    if not tool.name:
+        raise BadRequest(f"{where}.name is missing: a {tool.type} tool needs its name", param=f"{where}.name")
+    if tool.type == "namespace":
+        if not tool.tools:
+            raise BadRequest(f"{where}.tools is missing: a namespace holds the functions it offers",
+                             param=f"{where}.tools")
+        for j, function in enumerate(tool.tools):
+            if function.type != "function":
+                raise BadRequest(f"{where}.tools[{j}].type {function.type!r} is not supported: a namespace holds "
+                                 "function tools", param=f"{where}.tools[{j}].type")
+            check_tool(function, f"{where}.tools[{j}]")
+    if tool.type == "custom" and tool.format and tool.format.get("type") not in ("text", "grammar"):
+        raise BadRequest(f"{where}.format.type {tool.format.get('type')!r} is not supported: a custom tool's input "
+                         "is text, or follows a grammar", param=f"{where}.format.type")

@@ -6,12 +6,15 @@ import uuid
 from typing import Any, Sequence
 
 from duo.api.output.deltas import CallArguments, CallClosed, CallOpened, Delta, ReasoningDelta, TextDelta
+from duo.api.responses.tools import ResponsesTools, custom_input
 
 Event = dict[str, Any]  # a stream event without its sequence_number (the stream numbers them)
 
 # The two kinds of item that hold text, each in one content part: their part's type and their events' prefix.
 TEXT_ITEMS = {"message": ("output_text", "response.output_text"),
               "reasoning": ("reasoning_text", "response.reasoning_text")}
+# The id prefix of each kind of call item, as OpenAI's.
+CALL_IDS = {"function_call": "fc", "custom_tool_call": "ctc"}
 
 
 def new_id(prefix: str) -> str:
@@ -20,10 +23,13 @@ def new_id(prefix: str) -> str:
 
 class OutputItems:
     """The output items of one answer as its deltas arrive. Each item is added, filled, then done: text opens a
-    message, reasoning a reasoning item, a call a function_call item; any of them closes the item before it where
-    that was of another kind. feed() and finish() return the events a stream sends for them, in order."""
+    message, reasoning a reasoning item, a call the item `tools` says (a function_call, or a custom_tool_call whose
+    input comes whole as the call closes: it is the string inside the arguments, which stream as JSON); any of them
+    closes the item before it where that was of another kind. feed() and finish() return the events a stream sends
+    for them, in order."""
 
-    def __init__(self) -> None:
+    def __init__(self, tools: ResponsesTools | None = None) -> None:
+        self.tools = tools or ResponsesTools([])
         self.items: list[dict[str, Any]] = []
         self.open: dict[str, Any] | None = None  # the item being filled: always the last one
         self.text = ""  # the open message's or reasoning's text so far
@@ -37,14 +43,16 @@ class OutputItems:
             elif isinstance(delta, ReasoningDelta):
                 events += self._append("reasoning", delta.text)
             elif isinstance(delta, CallOpened):
-                item = {"type": "function_call", "id": new_id("fc"), "call_id": delta.id, "name": delta.name,
-                        "arguments": "", "status": "in_progress"}
+                item = self.tools.item(delta.id, delta.name)
+                item.update(id=new_id(CALL_IDS[item["type"]]), status="in_progress")
                 events += self._close("completed") + self._add(item)
             elif isinstance(delta, CallArguments) and self._is_open("function_call") and delta.text:
                 self.open["arguments"] += delta.text  # type: ignore[index]
                 events.append(self._at({"type": "response.function_call_arguments.delta", "delta": delta.text}))
             elif isinstance(delta, CallClosed) and self._is_open("function_call"):
                 events += self._call_done(delta)
+            elif isinstance(delta, CallClosed) and self._is_open("custom_tool_call"):
+                events += self._custom_call_done(delta)
         return events
 
     def finish(self, status: str) -> list[Event]:
@@ -95,6 +103,14 @@ class OutputItems:
         item["arguments"] = closed.call.arguments  # the whole call's, as parsed: the pieces' sum
         events = [self._at({"type": "response.function_call_arguments.done", "arguments": item["arguments"],
                             "name": item["name"]})]
+        return events + self._close("completed")
+
+    def _custom_call_done(self, closed: CallClosed) -> list[Event]:
+        item = self.open
+        assert item is not None
+        item["input"] = custom_input(closed.call.arguments)
+        events = [self._at({"type": "response.custom_tool_call_input.delta", "delta": item["input"]}),
+                  self._at({"type": "response.custom_tool_call_input.done", "input": item["input"]})]
         return events + self._close("completed")
 
     def _add(self, item: dict[str, Any]) -> list[Event]:

@@ -1,5 +1,5 @@
-"""A Responses API request as the chat request duo already serves: input items to chat messages, flat tools to
-chat tools, text.format to response_format, max_output_tokens to max_completion_tokens."""
+"""A Responses API request as the chat request duo already serves: input items to chat messages, its tools to chat
+tools (duo.api.responses.tools), text.format to response_format, max_output_tokens to max_completion_tokens."""
 
 from __future__ import annotations
 
@@ -10,12 +10,14 @@ from pydantic import ValidationError
 from duo.api.openai.bodies import ChatBody
 from duo.api.serving.request import BadRequest, too_long
 from duo.api.responses.body import InputItem, NamedTool, Part, ResponsesBody
+from duo.api.responses.tools import ResponsesTools, chat_call
 
 ROLES = ("user", "system", "developer", "assistant")
 TEXT_PARTS = ("input_text", "output_text", "text")
 # Items the model wrote that a chat template does not take back: its reasoning (templates drop the reasoning of
 # earlier turns, and OpenAI's encrypted reasoning means nothing to another model).
 DROPPED_ITEMS = ("reasoning",)
+CALL_OUTPUTS = ("function_call_output", "custom_tool_call_output")
 # The chat fields a Responses body carries under the same name.
 SAME_FIELDS = ("model", "temperature", "top_p", "parallel_tool_calls", "seed", "top_k", "min_p", "stop",
                "presence_penalty", "frequency_penalty")
@@ -30,15 +32,16 @@ def input_messages(body: ResponsesBody) -> list[dict[str, Any]]:
     for i, item in enumerate(body.input):
         if item.type == "message":
             messages.append(_message(item, i))
-        elif item.type == "function_call":
+        elif item.type in ("function_call", "custom_tool_call"):
             _add_call(messages, item, i)
-        elif item.type == "function_call_output":
+        elif item.type in CALL_OUTPUTS:
             _need(item.call_id, f"input[{i}].call_id", "the call it answers")
             messages.append({"role": "tool", "tool_call_id": item.call_id,
                              "content": _text(item.output, f"input[{i}].output")})
         elif item.type not in DROPPED_ITEMS:
             raise BadRequest(f"input[{i}].type {item.type!r} is not supported by duo-target; it takes message, "
-                             "function_call and function_call_output items", param=f"input[{i}].type")
+                             "function_call, custom_tool_call, their outputs and reasoning items",
+                             param=f"input[{i}].type")
     return messages
 
 
@@ -59,11 +62,11 @@ def _message(item: InputItem, i: int) -> dict[str, Any]:
 
 def _add_call(messages: list[dict[str, Any]], item: InputItem, i: int) -> None:
     """A call the model made, on the assistant message before it (where it wrote text first) or on a new one: chat
-    templates take an answer's calls on its message."""
+    templates take an answer's calls on its message. It is written as the model wrote it: a namespace's function
+    under its flat name, a custom tool's input as the function's one argument (duo.api.responses.tools)."""
     _need(item.call_id, f"input[{i}].call_id", "the id its output answers")
-    _need(item.name, f"input[{i}].name", "the function called")
-    call = {"id": item.call_id, "type": "function",
-            "function": {"name": item.name, "arguments": item.arguments or "{}"}}
+    _need(item.name, f"input[{i}].name", "the tool called")
+    call = chat_call(item.model_dump())
     last = messages[-1] if messages else None
     if last is not None and last["role"] == "assistant":
         last["tool_calls"] = [*last.get("tool_calls", []), call]  # a new list: a held message's stays as held
@@ -87,17 +90,17 @@ def _text(content: str | list[Part] | None, param: str) -> str:
     return "".join(part.text or "" for part in content)
 
 
-def chat_body(body: ResponsesBody, messages: list[dict[str, Any]]) -> ChatBody:
+def chat_body(body: ResponsesBody, messages: list[dict[str, Any]], tools: ResponsesTools) -> ChatBody:
     """The chat request that answers `body`, its conversation being `messages` (held history and this input), its
-    instructions first."""
+    instructions first, its `tools` offered as chat's."""
     if not messages:
         raise BadRequest("input must not be empty: send the user's message (or the items that continue "
                          "previous_response_id)", param="input")
     system = [{"role": "system", "content": body.instructions}] if body.instructions else []
     fields: dict[str, Any] = {name: getattr(body, name) for name in SAME_FIELDS if getattr(body, name) is not None}
     fields.update(messages=system + messages, stream=bool(body.stream), max_completion_tokens=body.max_output_tokens)
-    if body.tools:
-        fields["tools"] = [chat_tool(tool.model_dump(exclude_none=True)) for tool in body.tools]
+    if tools.chat:
+        fields["tools"] = tools.chat
     if body.tool_choice is not None:
         fields["tool_choice"] = {"type": "function", "function": {"name": body.tool_choice.name}} \
             if isinstance(body.tool_choice, NamedTool) else body.tool_choice
@@ -113,7 +116,3 @@ def chat_body(body: ResponsesBody, messages: list[dict[str, Any]]) -> ChatBody:
         where = ".".join(str(part) for part in first.get("loc", ()))
         raise BadRequest(f"{where}: {first.get('msg', 'invalid value')}", param=where) from None
 
-
-def chat_tool(tool: dict[str, Any]) -> dict[str, Any]:
-    """A flat Responses function tool as chat's {"type": "function", "function": {...}}."""
-    return {"type": "function", "function": {key: value for key, value in tool.items() if key != "type"}}
