@@ -69,6 +69,18 @@ def test_a_call_of_a_namespaced_function_is_the_item_codex_routes_by_name_and_na
     assert message["tool_calls"][0]["function"]["name"] == "ns.f"
 
 
+@pytest.mark.parametrize("choice, chat_name", [
+    ({"type": "function", "name": "f", "namespace": "ns"}, "ns.f"),
+    ({"type": "custom", "name": "apply_patch"}, "apply_patch"),
+], ids=["namespaced function", "custom tool"])
+def test_tool_choice_names_a_namespaced_function_or_a_custom_tool(choice, chat_name):
+    body = ResponsesBody.model_validate({**NAMESPACED, "tools": [*NAMESPACED["tools"], APPLY_PATCH],
+                                         "tool_choice": choice})
+    body.check_supported()
+    chat = chat_body(body, input_messages(body), ResponsesTools(body.tools))
+    assert [function.name for function in chat.callable_functions()] == [chat_name]
+
+
 def test_a_custom_tool_is_a_function_of_one_string_and_its_call_a_custom_tool_call_with_that_input():
     tools = ResponsesTools(ResponsesBody.model_validate({"input": "hi", "tools": [APPLY_PATCH]}).tools)
     [offered] = tools.chat

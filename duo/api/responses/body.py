@@ -64,10 +64,12 @@ CALLED_TOOLS = ("function", "custom")
 
 
 class NamedTool(Loose):
-    """tool_choice naming one function or custom tool: {"type": "function" | "custom", "name": ...}."""
+    """tool_choice naming one function or custom tool: {"type": "function" | "custom", "name": ...}, a namespace's
+    function with its `namespace` too."""
 
     type: str
     name: str | None = None
+    namespace: str | None = None
 
 
 class TextFormat(Loose):

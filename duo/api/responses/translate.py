@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from duo.api.openai.bodies import ChatBody
 from duo.api.serving.request import BadRequest, too_long
 from duo.api.responses.body import InputItem, NamedTool, Part, ResponsesBody
-from duo.api.responses.tools import ResponsesTools, chat_call
+from duo.api.responses.tools import ResponsesTools, chat_call, flat_name
 
 ROLES = ("user", "system", "developer", "assistant")
 TEXT_PARTS = ("input_text", "output_text", "text")
@@ -102,7 +102,8 @@ def chat_body(body: ResponsesBody, messages: list[dict[str, Any]], tools: Respon
     if tools.chat:
         fields["tools"] = tools.chat
     if body.tool_choice is not None:
-        fields["tool_choice"] = {"type": "function", "function": {"name": body.tool_choice.name}} \
+        fields["tool_choice"] = {"type": "function", "function": {
+            "name": flat_name(body.tool_choice.namespace, body.tool_choice.name or "")}} \
             if isinstance(body.tool_choice, NamedTool) else body.tool_choice
     text_format = body.text.format if body.text else None
     if text_format is not None and text_format.type != "text":
