@@ -31,6 +31,7 @@ BLOCK_SEPARATOR = "\n"
 def chat_body(body: CountTokensBody) -> ChatBody:
     """The chat request that renders `body`'s prompt (and generates its answer, for a MessagesBody); BadRequest
     naming the block or tool that duo cannot serve."""
+    body.check_served()
     fields: dict[str, Any] = {"messages": system_messages(body.system) + conversation(body.messages),
                               **body.generation_fields()}
     if body.tools:
@@ -64,9 +65,13 @@ def conversation(messages: list[MessageBody]) -> list[dict[str, Any]]:
 
 def chat_messages(message: MessageBody, index: int) -> list[dict[str, Any]]:
     """One Anthropic message as chat messages: an assistant's text and calls as one message; a user's tool results
-    as tool messages, then its text (Anthropic puts a turn's results before its text)."""
+    as tool messages, then its text (Anthropic puts a turn's results before its text); a system message's text where
+    it stands, as llama-server passes it to the template."""
     if isinstance(message.content, str):
         return [{"role": message.role, "content": message.content}]
+    if message.role == "system":
+        texts = [_text(block, f"messages[{index}].content[{j}]", "system") for j, block in enumerate(message.content)]
+        return [{"role": "system", "content": BLOCK_SEPARATOR.join(texts)}]
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []
@@ -144,9 +149,9 @@ def _result(block: Block, where: str) -> dict[str, Any]:
     return {"role": "tool", "tool_call_id": template_id(block.tool_use_id), "content": content or ""}
 
 
-def _text(block: TextBlock, where: str) -> str:
+def _text(block: TextBlock, where: str, role: str = "") -> str:
     if block.type != "text":
-        raise _unsupported(block.type, where, "")
+        raise _unsupported(block.type, where, role)
     return block.text or ""
 
 
