@@ -5,10 +5,11 @@ the client requires one (grammars).
 The format is the model's, told by its template as llama.cpp's chat layer tells it: Hermes / Qwen2.5's
 <tool_call> JSON, Qwen3-Coder's XML, Mistral's [TOOL_CALLS], Llama 3.x's bare JSON, DeepSeek R1 / V3 and V3.1,
 Functionary v3.1 and v3.2, Command R7B, Granite, GPT-OSS, Kimi K2, Firefunction v2, and for a template with no tool
-syntax the generic JSON answer. Text that is not a well-formed call of a tool the request offered stays content, as
-llama-server leaves it (Qwen2.5-Coder-1.5B, given a tool and `tool_choice: auto`, often answers with a ```json block
-instead of its template's tags: that is content; `tool_choice: required` or a named function makes a grammar write
-the template's own format, so the call always parses).
+syntax the generic JSON answer. Hermes-style templates' calls are read in every wrapping llama.cpp's Hermes 2 Pro
+parser reads (formats.HERMES_WRAPPINGS): Qwen2.5-Coder, given a tool and `tool_choice: auto`, writes its calls as a
+```json block, not in its template's tags. Text that is not a well-formed call of a tool the request offered stays
+content; `tool_choice: required` or a named function makes a grammar write the template's own format, so the call
+always parses.
 """
 
 from duo.api.tools.formats import (COMMAND_R7B, DEEPSEEK_R1, DEEPSEEK_V3_1, FIREFUNCTION_V2, FORMATS,

@@ -35,6 +35,12 @@ class CallFormat:
     at_start: bool = False        # the answer is calls or no call (Llama 3.x, the generic format: a JSON object)
     think: tuple[str, str] = ("<think>", "</think>")  # what opens and closes the model's reasoning
     dropped: tuple[str, ...] = ()  # the template's markup around content, which is not content (GPT-OSS' channels)
+    wrappings: tuple[str, ...] = ()  # other openings the family's parser reads a call after (Hermes': HERMES_WRAPPINGS)
+
+    @property
+    def openers(self) -> tuple[str, ...]:
+        """What may open calls: the format's own opening first, then the other wrappings its parser reads."""
+        return (self.section or self.call_open, *self.wrappings)
 
     @property
     def markers(self) -> tuple[str, ...]:
@@ -43,7 +49,18 @@ class CallFormat:
                                            self.header_prefix, self.header_end, *self.think, *self.dropped) if marker)
 
 
-HERMES = CallFormat("Qwen2.5 / Hermes", ("<tool_call>",), "json", "<tool_call>", "</tool_call>")
+# What llama.cpp's Hermes 2 Pro parser (common/chat.cpp, common_chat_parse_hermes_2_pro, until the autoparser took
+# its place) reads as a call beside <tool_call>: the JSON call {"name": ..., "arguments": ...} in another tag (closed
+# by that tag), in a ``` fenced block (```json, ```xml or bare; a tag may stand inside it), or bare; and a header that
+# names the function before its JSON arguments, <function=NAME>{...}</function> or <function name="NAME">.
+# Qwen2.5-Coder, left to choose, writes its calls as a ```json block.
+JSON_TAGS = ("<tool_call>", "<function_call>", "<tool>", "<tools>", "<response>", "<json>", "<xml>", "<JSON>")
+FENCE = "```"
+BARE_CALL = "{"
+FUNCTION_HEADERS = {"<function=": ">", '<function name="': '">'}  # each header's opening, and what ends its name
+HERMES_WRAPPINGS = (*JSON_TAGS[1:], FENCE, BARE_CALL, *FUNCTION_HEADERS)
+HERMES = CallFormat("Qwen2.5 / Hermes", ("<tool_call>",), "json", "<tool_call>", "</tool_call>",
+                    wrappings=HERMES_WRAPPINGS)
 QWEN3_CODER = CallFormat("Qwen3-Coder", ("<tool_call>", "<function>", "<function=", "<parameters>", "<parameter="),
                          "xml", "<tool_call>", "</tool_call>")
 MISTRAL = CallFormat("Mistral", ("[TOOL_CALLS]",), "json", section="[TOOL_CALLS]", listed=True)

@@ -1,0 +1,163 @@
+"""The forms of call Hermes-style templates' models write, read as llama.cpp's Hermes 2 Pro parser reads them: the
+```json block Qwen2.5-Coder writes when left to choose, <function=NAME>{...}</function>, the bare JSON call, a call
+after text, two calls, arguments as a string; the same whole and streamed however the text is cut, and served, where
+the openai SDK assembles from the stream the call of the whole answer. What is no call of an offered function stays
+content.
+
+The expectations are read from llama.cpp's common/chat.cpp, common_chat_parse_hermes_2_pro (the parser of every
+template holding <tool_call>, Qwen2.5's among them, until the autoparser took its place): its pattern
+    (```(xml|json)?\\n\\s*)?(<tool_call>|<function_call>|<tool>|<tools>|<response>|<json>|<xml>|<JSON>)?(\\s*\\{\\s*"name")
+    | <function=([^>]+)> | <function name="([^"]+)">
+opens a call; the JSON after it is the call (its "arguments" an object, or a string whose text they are:
+common_chat_msg_parser::add_tool_call), or, after a header, the arguments; then the spaces, the tag's close, the
+fence's close and the spaces after it are passed; the text before each call is content, and so is the rest. A call
+it opened that does not close makes the whole answer content. llama-server as pinned (llama-cpp-python 0.3.36, whose
+autoparser reads <tool_call> alone for this template) leaves every other form as content: Qwen2.5-Coder's calls
+were then never seen (issue 51).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from duo.api.output.deltas import CallArguments, CallClosed, CallOpened, TextDelta, answer_splitter, whole_answer
+from duo.api.tools import HERMES, FunctionBody
+from helpers.http import client, model_name
+
+WRITE_FILE = {"type": "function", "function": {
+    "name": "write_file", "description": "Write a file.",
+    "parameters": {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+                   "required": ["path", "content"]}}}
+READ_FILE = {"type": "function", "function": {
+    "name": "read_file", "description": "Read a file.",
+    "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}
+FUNCTIONS = [FunctionBody(**WRITE_FILE["function"]), FunctionBody(**READ_FILE["function"])]
+
+HELLO = {"path": "hello.py", "content": 'print("hello")'}
+HELLO_JSON = '{"path": "hello.py", "content": "print(\\"hello\\")"}'
+WRITE_HELLO = '{"name": "write_file", "arguments": ' + HELLO_JSON + '}'
+READ_HELLO = '{"name": "read_file", "arguments": {"path": "hello.py"}}'
+
+# text -> (content, [(name, arguments)]) as common_chat_parse_hermes_2_pro returns them.
+CALLS: dict[str, tuple[str, list[tuple[str, Any]]]] = {
+    # Qwen2.5-Coder's own, left to choose.
+    f"```json\n{WRITE_HELLO}\n```": ("", [("write_file", HELLO)]),
+    f"<function=write_file>{HELLO_JSON}</function>": ("", [("write_file", HELLO)]),
+    f'<function name="write_file">\n{HELLO_JSON}\n</function>': ("", [("write_file", HELLO)]),
+    WRITE_HELLO: ("", [("write_file", HELLO)]),
+    # Text before the call is content; the pattern's \s* takes the space before a bare call into the call.
+    f"I will write the file.\n```json\n{WRITE_HELLO}\n```": ("I will write the file.\n", [("write_file", HELLO)]),
+    f"Here it is:\n{WRITE_HELLO}": ("Here it is:", [("write_file", HELLO)]),
+    # The spaces and the line after the call: the spaces are passed, the rest is content.
+    f"```json\n{WRITE_HELLO}\n```\n\nDone.": ("Done.", [("write_file", HELLO)]),
+    # Two calls, each in its form; the text between them is content.
+    f"```json\n{WRITE_HELLO}\n```\nThen:\n<tool_call>\n{READ_HELLO}\n</tool_call>":
+        ("Then:\n", [("write_file", HELLO), ("read_file", {"path": "hello.py"})]),
+    f"```json\n{WRITE_HELLO}\n```\n```json\n{READ_HELLO}\n```":
+        ("", [("write_file", HELLO), ("read_file", {"path": "hello.py"})]),
+    # Arguments as a string: its text is the arguments.
+    '```json\n{"name": "write_file", "arguments": "{\\"path\\": \\"hello.py\\", \\"content\\": \\"x\\"}"}\n```':
+        ("", [("write_file", {"path": "hello.py", "content": "x"})]),
+    # The other tags, alone or inside a fence, and the fence without a language.
+    f"<function_call>{WRITE_HELLO}</function_call>": ("", [("write_file", HELLO)]),
+    f"<tools>\n{WRITE_HELLO}\n</tools>": ("", [("write_file", HELLO)]),
+    f"<JSON>{WRITE_HELLO}</JSON>": ("", [("write_file", HELLO)]),
+    f"```xml\n<tool_call>\n{WRITE_HELLO}\n</tool_call>\n```": ("", [("write_file", HELLO)]),
+    f"```\n{WRITE_HELLO}\n```": ("", [("write_file", HELLO)]),
+}
+
+NOT_CALLS = [
+    "```python\nprint('hello')\n```\n",  # a code block: the pattern wants JSON after the fence
+    '```json\n{"path": "hello.py", "content": "x"}\n```',  # no "name" first: the pattern does not match
+    "Use {} or {\"key\": 1} in JSON.",  # braces in a sentence
+    # A function the request did not offer: llama.cpp's Hermes parser would call it (it checks no name), the pinned
+    # llama-server answers 500; duo leaves it content, as it does in every format.
+    '```json\n{"name": "delete_all", "arguments": {}}\n```',
+    '<function=delete_all>{}</function>',
+]
+
+
+def read(deltas: list) -> tuple[str, list[tuple[str, str]]]:
+    """The content and the calls (name, arguments text) that `deltas` say, each call's pieces assembled."""
+    content = "".join(d.text for d in deltas if isinstance(d, TextDelta))
+    calls: dict[int, list[str]] = {}
+    for delta in deltas:
+        if isinstance(delta, CallOpened):
+            calls[delta.index] = [delta.name, ""]
+        elif isinstance(delta, CallArguments):
+            calls[delta.index][1] += delta.text
+    closed = [(d.call.name, d.call.arguments) for d in deltas if isinstance(d, CallClosed)]
+    assert closed == [tuple(call) for call in calls.values()]  # the pieces streamed are the call closed
+    return content, closed
+
+
+def streamed(pieces: list[str]) -> tuple[str, list[tuple[str, str]]]:
+    splitter = answer_splitter(FUNCTIONS, HERMES)
+    return read([delta for piece in pieces for delta in splitter.feed(piece)] + splitter.finish())
+
+
+def cuts(text: str) -> list[list[str]]:
+    """`text` one character at a time, and in two pieces at every split point."""
+    return [list(text)] + [[text[:at], text[at:]] for at in range(1, len(text))]
+
+
+@pytest.mark.parametrize("text", list(CALLS), ids=lambda text: text[:24])
+def test_each_form_is_read_as_llama_cpps_hermes_parser_reads_it_whole_and_streamed(text):
+    content, calls = CALLS[text]
+    whole = read(whole_answer(text, FUNCTIONS, HERMES))
+    assert (whole[0], [(name, json.loads(arguments)) for name, arguments in whole[1]]) == (content, calls)
+    for pieces in cuts(text):
+        assert streamed(pieces) == whole, pieces
+
+
+@pytest.mark.parametrize("text", NOT_CALLS, ids=lambda text: text[:24])
+def test_text_that_is_no_call_of_an_offered_function_stays_content_whole_and_streamed(text):
+    assert read(whole_answer(text, FUNCTIONS, HERMES)) == (text, [])
+    for pieces in cuts(text):
+        assert streamed(pieces) == (text, []), pieces
+
+
+def test_a_fenced_call_that_never_closes_makes_the_whole_answer_content():
+    # common_chat_parse_hermes_2_pro's consume_literal("```") throws; common_chat_parse then reads it all as content.
+    # Streamed, the call went out as it was read (deltas are not taken back), as llama-server's partial parses send it.
+    text = f"```json\n{WRITE_HELLO}\n"
+    assert read(whole_answer(text, FUNCTIONS, HERMES)) == (text, [])
+
+
+def test_content_streams_up_to_what_may_still_open_a_call_and_no_further():
+    splitter = answer_splitter(FUNCTIONS, HERMES)
+    assert read(splitter.feed("Writing it now. ")) == ("Writing it now.", [])  # the space may be a bare call's
+    assert read(splitter.feed("``")) == (" ", [])  # a fence may be opening
+    assert read(splitter.feed("`python\n")) == ("```python", [])  # no call follows a python fence
+    assert read(splitter.feed("x = {")) == ("\nx =", [])  # a bare call may be opening
+    assert read(splitter.feed("}")) == (" {}", [])
+
+
+def gbnf_literal(text: str) -> str:
+    """A GBNF grammar whose one sentence is `text`: the tiny model, under it, says `text`."""
+    return "root ::= " + json.dumps(text)
+
+
+SERVED = [f"I will write the file.\n```json\n{WRITE_HELLO}\n```", f"<function=write_file>{HELLO_JSON}</function>"]
+
+
+@pytest.mark.parametrize("text", SERVED, ids=["json fence", "function header"])
+def test_a_served_call_in_each_form_assembles_in_the_sdks_stream_into_the_whole_answers_call(served_sync, text):
+    ask = {"model": model_name(served_sync), "messages": [{"role": "user", "content": "Create hello.py."}],
+           "tools": [WRITE_FILE, READ_FILE], "max_tokens": 200, "temperature": 0,
+           "extra_body": {"grammar": gbnf_literal(text)}}
+    whole = client(served_sync).chat.completions.create(**ask)
+    choice = whole.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    assert (choice.message.content or "") == CALLS[text][0]
+    [call] = choice.message.tool_calls
+    assert (call.function.name, json.loads(call.function.arguments)) == ("write_file", HELLO)
+    assert whole.model_extra["duo_stats"]["draft_tokens_accepted"] > 0
+    with client(served_sync).chat.completions.stream(**ask) as stream:
+        final = stream.get_final_completion()
+    [assembled] = final.choices[0].message.tool_calls
+    assert (assembled.function.name, assembled.function.arguments) == (call.function.name, call.function.arguments)
+    assert (final.choices[0].message.content or "") == CALLS[text][0]
