@@ -1,0 +1,106 @@
+"""Codex CLI, Claude Code and Qwen Code as they ship on npm (pinned versions, default tool sets), each run
+non-interactively on a small task in an empty folder against duo-target with a draft attached, through a logging
+proxy that records every exchange: every request is answered 2xx, every stream is well formed and the client takes
+it, the tool call the proxy forced goes out and its result comes back, drafts are accepted, and nothing leaves
+127.0.0.1.
+
+The tiny random models can neither choose a tool nor end an answer: the proxy forces each run's first call to a
+harmless tool of the client's own and holds the other answers to one word (helpers/agents/forcing.py)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from helpers.agents.clients import AGENTS, Agent
+from helpers.agents.runs import AgentRun, run_agent
+from helpers.agents.streams import called, malformations, returned_results
+from helpers.http import scrape
+from helpers.processes import Process, start, wait_for_draft
+from helpers.tiny_models import DRAFT_NOISE, DRAFT_SEED, TARGET_SEED, write_tiny_model
+
+pytestmark = pytest.mark.skipif(shutil.which("npm") is None, reason="npm is not on PATH: the agents install from npm")
+
+# The agents' first prompts are 9k (Codex) to 19k (Claude Code) tokens: the tiny pair with room for them.
+CONTEXT = 32768
+ACCEPTED = ("duo:spec_decode_num_accepted_tokens_total", ())
+# What the clients print when a stream or an answer did not parse, or a request failed.
+CLIENT_ERRORS = re.compile(r"\bERROR\b|API Error|stream (error|disconnected)|[Ff]ailed to parse|InvalidStreamError|"
+                           r"Model stream ended|Unexpected (token|end of JSON)")
+
+
+@pytest.fixture(scope="module")
+def long_pair(tiny_models_dir: Path) -> tuple[Path, Path]:
+    target = write_tiny_model(tiny_models_dir / "agents-target.gguf", seed=TARGET_SEED, embedding_type="f32",
+                              n_ctx=CONTEXT)
+    draft = write_tiny_model(tiny_models_dir / "agents-draft.gguf", seed=DRAFT_SEED, base=target, noise=DRAFT_NOISE)
+    return target, draft
+
+
+@pytest.fixture(scope="module")
+def agents_target(long_pair: tuple[Path, Path], process_logs: Path):
+    """duo-target beside its draft. The draft length is fixed and lookup off, so that the draft takes part in every
+    answer whatever the adaptive policy would make of a tiny draft, and every accepted token is the draft's."""
+    target, draft = long_pair
+    drafting = start("duo.cli.draft", ["--model", str(draft), "--ctx-size", str(CONTEXT)], process_logs)
+    process = start("duo.cli.target", ["--model", str(target), "--ctx-size", str(CONTEXT), "--peer", drafting.address,
+                                       "--draft-max", "4", "--no-lookup"], process_logs, http=True)
+    wait_for_draft(process.address)
+    yield process
+    process.stop()
+    drafting.stop()
+
+
+@pytest.fixture(scope="module", params=AGENTS, ids=lambda agent: agent.name)
+def run(request: pytest.FixtureRequest, agents_target: Process,
+        tmp_path_factory: pytest.TempPathFactory) -> tuple[AgentRun, float]:
+    """The agent's run, and the draft tokens the target accepted during it (the runs take turns)."""
+    agent: Agent = request.param
+    agent.executable()  # installed (minutes, once) before the run's clock starts
+    before = scrape(agents_target).get(ACCEPTED, 0.0)
+    done = run_agent(agent, agents_target.http_url, tmp_path_factory.mktemp(agent.name))
+    print(done.report())
+    return done, scrape(agents_target).get(ACCEPTED, 0.0) - before
+
+
+def test_every_request_the_agent_sends_is_answered_2xx(run):
+    done, _ = run
+    assert done.model_calls(), done.report()
+    assert all(200 <= e.status < 300 for e in done.exchanges), done.report()
+
+
+def test_every_stream_is_well_formed_and_the_agent_takes_it(run):
+    done, _ = run
+    streams = [e for e in done.model_calls() if e.is_stream()]
+    assert streams, done.report()
+    for exchange in streams:
+        assert malformations(exchange.path, exchange.answer) == [], f"{exchange.summary()}\n{done.report()}"
+    assert done.returncode == 0, done.report()
+    assert not CLIENT_ERRORS.search(done.output), done.report()
+
+
+def test_the_forced_tool_call_goes_out_and_its_result_comes_back(run):
+    done, _ = run
+    assert done.forced.forced is not None, f"no call offered any of {done.agent.harmless_tools}\n{done.report()}"
+    forced = done.exchanges[done.forced.forced_index]
+    calls = called(forced.path, forced.answer)
+    assert [name for _, name in calls] == [done.forced.forced], done.report()
+    later = done.exchanges[done.forced.forced_index + 1:]
+    returned = {call for e in later if e.path == done.agent.model_path for call in returned_results(e.path,
+                                                                                                  e.sent_json() or {})}
+    assert calls[0][0] in returned, done.report()
+
+
+def test_drafts_are_accepted_while_the_agent_works(run):
+    done, accepted = run
+    assert accepted > 0, done.report()
+
+
+def test_nothing_the_agent_sends_leaves_localhost(run):
+    done, _ = run
+    if not done.agent.honours_no_proxy:
+        pytest.skip(f"{done.agent.name} sends 127.0.0.1's traffic through HTTP(S)_PROXY too: no trap can be set")
+    assert done.attempts == [], done.report()

@@ -1,0 +1,102 @@
+"""How each coding agent is pointed at duo non-interactively, with every kind of vendor traffic turned off."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from helpers.agents.npm import installed
+
+TASK = "create hello.py that prints hello"
+API_KEY = "sk-duo-test"  # duo-target runs without --api-key: any key is accepted; the clients insist on one
+
+
+@dataclass(frozen=True)
+class Agent:
+    name: str
+    package: str
+    version: str
+    binary: str
+    model_path: str  # the path of its model calls
+    # Read-only tools of its default set, in order of preference, that the proxy may force the first call to
+    # (arguments are sampled from the schema by a random model: never a shell or a write tool).
+    harmless_tools: tuple[str, ...]
+    # Whether it reaches 127.0.0.1 directly while HTTP(S)_PROXY is set with NO_PROXY=127.0.0.1: those that do
+    # run with the proxy variables pointed at a trap, so that any other destination is seen and fails.
+    honours_no_proxy: bool
+
+    def executable(self) -> Path:
+        return installed(self.package, self.version, self.binary)
+
+    def command(self, home: Path, proxy_url: str) -> tuple[list[str], dict[str, str]]:
+        """The command line and the environment variables (beyond HOME) that run TASK against `proxy_url`."""
+        return CONFIGURE[self.name](self, home, proxy_url)
+
+
+def codex(agent: Agent, home: Path, proxy_url: str) -> tuple[list[str], dict[str, str]]:
+    # codex-rs config (docs/config.md): a provider speaking the Responses API; analytics, feedback, OpenTelemetry
+    # export and the update check off. No auth.json: a provider without env_key sends no key.
+    codex_home = home / ".codex"
+    codex_home.mkdir(parents=True, exist_ok=True)
+    (codex_home / "config.toml").write_text(f"""\
+model = "duo"
+model_provider = "duo"
+check_for_update_on_startup = false
+
+[model_providers.duo]
+name = "duo"
+base_url = "{proxy_url}/v1"
+wire_api = "responses"
+
+[analytics]
+enabled = false
+
+[feedback]
+enabled = false
+
+[otel]
+exporter = "none"
+
+[features]
+plugins = false
+remote_plugin = false
+apps = false
+""")
+    # exec: non-interactive; the empty folder is no git repository.
+    return [str(agent.executable()), "exec", "--skip-git-repo-check", TASK], {"CODEX_HOME": str(codex_home)}
+
+
+def claude_code(agent: Agent, home: Path, proxy_url: str) -> tuple[list[str], dict[str, str]]:
+    # Claude Code's documented environment: -p prints one answer and exits; the rest turn its vendor traffic off
+    # (Statsig telemetry, the auto-updater, Sentry error reports, and the "nonessential" rest at once).
+    return [str(agent.executable()), "-p", TASK], {
+        "ANTHROPIC_BASE_URL": proxy_url, "ANTHROPIC_API_KEY": API_KEY,
+        "DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1", "DISABLE_ERROR_REPORTING": "1",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    }
+
+
+def qwen_code(agent: Agent, home: Path, proxy_url: str) -> tuple[list[str], dict[str, str]]:
+    # qwen-code docs/configuration/settings.md: the OpenAI-compatible auth type, and usage statistics, telemetry
+    # and the auto-update check off.
+    settings = {"security": {"auth": {"selectedType": "openai"}}, "general": {"enableAutoUpdate": False},
+                "privacy": {"usageStatisticsEnabled": False}, "telemetry": {"enabled": False}}
+    (home / ".qwen").mkdir(parents=True, exist_ok=True)
+    (home / ".qwen" / "settings.json").write_text(json.dumps(settings))
+    return [str(agent.executable()), TASK], {
+        "OPENAI_BASE_URL": f"{proxy_url}/v1", "OPENAI_API_KEY": API_KEY, "OPENAI_MODEL": "duo",
+    }
+
+
+CONFIGURE = {"codex": codex, "claude-code": claude_code, "qwen-code": qwen_code}
+
+AGENTS = (
+    Agent("codex", "@openai/codex", "0.171.0", "codex", "/v1/responses", ("get_goal", "view_image"), True),
+    Agent("claude-code", "@anthropic-ai/claude-code", "2.1.197", "claude", "/v1/messages",
+          ("TaskList", "Read", "Glob"), True),
+    # Qwen Code sends every request through HTTPS_PROXY when it is set, 127.0.0.1 included (its OpenAI client
+    # takes a ProxyAgent without NO_PROXY): it runs without the trap, on its own settings alone.
+    Agent("qwen-code", "@qwen-code/qwen-code", "0.15.10", "qwen", "/v1/chat/completions",
+          ("list_directory", "glob", "read_file"), False),
+)

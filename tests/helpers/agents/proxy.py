@@ -1,0 +1,139 @@
+"""A logging reverse proxy on 127.0.0.1 between a coding agent and duo-target: it records every exchange and may
+rewrite a model call's body on its way (to force the first tool call, to clamp the answer's length)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+import httpx
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from duo.net.listening import free_port
+
+# Headers that describe one hop's framing, not the message: httpx and uvicorn set their own.
+HOP_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection", "keep-alive",
+                         "content-encoding", "accept-encoding"})
+
+
+@dataclass
+class Exchange:
+    """One request the client sent and the answer it got, as they crossed the proxy."""
+
+    method: str
+    path: str
+    query: str
+    headers: dict[str, str]
+    sent: bytes  # the body exactly as the client sent it
+    forwarded: bytes  # the body as duo-target received it (after any rewrite)
+    status: int = 0
+    response_headers: dict[str, str] = field(default_factory=dict)
+    answer: bytes = b""  # the whole response body, an SSE stream included
+    done: bool = False
+    started: float = field(default_factory=time.monotonic)
+    seconds: float = 0.0  # from the request's arrival to the answer's end
+
+    def sent_json(self) -> dict | None:
+        try:
+            body = json.loads(self.sent)
+        except ValueError:
+            return None
+        return body if isinstance(body, dict) else None
+
+    def forwarded_json(self) -> dict | None:
+        try:
+            body = json.loads(self.forwarded)
+        except ValueError:
+            return None
+        return body if isinstance(body, dict) else None
+
+    def is_stream(self) -> bool:
+        return self.response_headers.get("content-type", "").startswith("text/event-stream")
+
+    def summary(self) -> str:
+        return (f"{self.method} {self.path}{'?' + self.query if self.query else ''} -> {self.status}"
+                f" in {self.seconds:.1f}s")
+
+
+# A rewrite takes the exchanges so far and the body the client sent, and returns the body to forward.
+Rewrite = Callable[[list[Exchange], str, dict], dict]
+
+
+class LoggingProxy:
+    """Forwards everything to `upstream`, records each exchange in `exchanges`; `rewrite` edits JSON bodies."""
+
+    def __init__(self, upstream: str, rewrite: Rewrite | None = None) -> None:
+        self.upstream = upstream.rstrip("/")
+        self.rewrite = rewrite
+        self.exchanges: list[Exchange] = []
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        app = Starlette(routes=[Route("/{path:path}", self.forward,
+                                      methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"])])
+        # One event loop in one thread; no access log (the exchanges are the log).
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", access_log=False,
+                                lifespan="off")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name="agent-proxy", daemon=True)
+        self.client: httpx.AsyncClient | None = None
+
+    def __enter__(self) -> LoggingProxy:
+        self.thread.start()
+        for _ in range(200):
+            if self.server.started:
+                return self
+            threading.Event().wait(0.02)
+        raise RuntimeError("the logging proxy did not start")
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+    async def forward(self, request: Request) -> Response:
+        sent = await request.body()
+        forwarded = self.rewritten(request.url.path, sent)
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
+        exchange = Exchange(request.method, request.url.path, request.url.query, dict(request.headers), sent,
+                            forwarded)
+        self.exchanges.append(exchange)
+        if self.client is None:
+            # Agents wait minutes for nothing else: no read timeout, as a client of a slow server would set.
+            self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10))
+        url = f"{self.upstream}{request.url.path}{'?' + request.url.query if request.url.query else ''}"
+        upstream = await self.client.send(self.client.build_request(request.method, url, headers=headers,
+                                                                    content=forwarded), stream=True)
+        exchange.status = upstream.status_code
+        exchange.response_headers = {k.lower(): v for k, v in upstream.headers.items()}
+        answer_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_HEADERS}
+        return StreamingResponse(self.relay(upstream, exchange), status_code=upstream.status_code,
+                                 headers=answer_headers)
+
+    def rewritten(self, path: str, sent: bytes) -> bytes:
+        if self.rewrite is None:
+            return sent
+        try:
+            body = json.loads(sent)
+        except ValueError:
+            return sent
+        if not isinstance(body, dict):
+            return sent
+        return json.dumps(self.rewrite(self.exchanges, path, body)).encode()
+
+    @staticmethod
+    async def relay(upstream: httpx.Response, exchange: Exchange) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in upstream.aiter_raw():
+                exchange.answer += chunk
+                yield chunk
+        finally:
+            await upstream.aclose()
+            exchange.seconds = time.monotonic() - exchange.started
+            exchange.done = True
+
