@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from duo.api.output.deltas import CallArguments, CallClosed, CallOpened, TextDelta, answer_splitter, whole_answer
-from duo.api.tools import HERMES, FunctionBody
+from duo.api.tools import GENERIC, GRANITE, HERMES, MISTRAL, FunctionBody
 from helpers.http import client, model_name
 
 WRITE_FILE = {"type": "function", "function": {
@@ -161,3 +161,24 @@ def test_a_served_call_in_each_form_assembles_in_the_sdks_stream_into_the_whole_
     [assembled] = final.choices[0].message.tool_calls
     assert (assembled.function.name, assembled.function.arguments) == (call.function.name, call.function.arguments)
     assert (final.choices[0].message.content or "") == CALLS[text][0]
+
+
+# Arguments given as a string, in the JSON formats whose llama.cpp parsers keep a string at the arguments' key as it
+# is and take its text (common_chat_msg_parser::try_consume_json_with_dumped_args, then add_tool_call): Hermes'
+# <tool_call>, Mistral Nemo's and Granite's lists, the generic answer.
+STRING_ARGUMENTS = '"{\\"path\\": \\"hello.py\\", \\"content\\": \\"x\\"}"'
+STRINGED = {
+    HERMES: f'<tool_call>\n{{"name": "write_file", "arguments": {STRING_ARGUMENTS}}}\n</tool_call>',
+    MISTRAL: f'[TOOL_CALLS][{{"name": "write_file", "arguments": {STRING_ARGUMENTS}, "id": "abcdefghi"}}]',
+    GRANITE: f'<|tool_call|>[{{"name": "write_file", "arguments": {STRING_ARGUMENTS}}}]',
+    GENERIC: f'{{"tool_call": {{"name": "write_file", "arguments": {STRING_ARGUMENTS}}}}}',
+}
+
+
+@pytest.mark.parametrize("format_", list(STRINGED), ids=lambda format_: format_.name)
+def test_arguments_given_as_a_string_are_its_text_whole_and_streamed(format_):
+    text = STRINGED[format_]
+    splitter = answer_splitter(FUNCTIONS, format_)
+    for deltas in (whole_answer(text, FUNCTIONS, format_),
+                   [delta for piece in text for delta in splitter.feed(piece)] + splitter.finish()):
+        assert read(deltas) == ("", [("write_file", '{"path": "hello.py", "content": "x"}')])
