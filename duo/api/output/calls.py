@@ -22,6 +22,9 @@ from duo.api.output.scanning import JsonEnd, JsonString, NotCall, Text, Wait, Xm
 
 PYTHON_TAG = "<|python_tag|>"  # Llama 3.x may open its call with it
 NAME_END = re.compile(r"[\s:<]")  # after a header's name: Kimi's ":0", GPT-OSS' " <|constrain|>json"
+# The space before a bare call that is the call's, not content (llama.cpp's pattern takes all of it; held back as
+# the answer streams, a longer run would be searched again at each piece).
+MAX_CALL_SPACE = 64
 
 
 class CallSplitter:
@@ -64,13 +67,13 @@ class CallSplitter:
         if not found:
             held = 0 if final else max(partial_suffix(self.buffer, m) for m in markers)
             if BARE_CALL in openers and not final:  # the space before a brace: a bare call's, if one follows
-                held = max(held, len(self.buffer) - len(self.buffer.rstrip()))
+                held = max(held, min(len(self.buffer) - len(self.buffer.rstrip()), MAX_CALL_SPACE))
             self.content(out, self.buffer[:len(self.buffer) - held])
             self.buffer = self.buffer[len(self.buffer) - held:]
             return False
         at, marker = min(found)
         if marker == BARE_CALL:  # llama.cpp's pattern (\s*\{\s*"name") takes the space before it; the brace is read
-            spaced = len(self.buffer[:at].rstrip())
+            spaced = max(len(self.buffer[:at].rstrip()), at - MAX_CALL_SPACE)
             self.content(out, self.buffer[:spaced])
             self.buffer, self.opener = self.buffer[at:], self.buffer[spaced:at]
         else:
