@@ -6,8 +6,8 @@ content.
 
 The expectations are read from llama.cpp's common/chat.cpp, common_chat_parse_hermes_2_pro (the parser of every
 template holding <tool_call>, Qwen2.5's among them, until the autoparser took its place): its pattern
-    (```(xml|json)?\\n\\s*)?(<tool_call>|<function_call>|<tool>|<tools>|<response>|<json>|<xml>|<JSON>)?(\\s*\\{\\s*"name")
-    | <function=([^>]+)> | <function name="([^"]+)">
+    (```(xml|json)?\\n\\s*)?(<tool_call>|<function_call>|<tool>|<tools>|<response>|<json>|<xml>|<JSON>)?
+    (\\s*\\{\\s*"name") | <function=([^>]+)> | <function name="([^"]+)">
 opens a call; the JSON after it is the call (its "arguments" an object, or a string whose text they are:
 common_chat_msg_parser::add_tool_call), or, after a header, the arguments; then the spaces, the tag's close, the
 fence's close and the spaces after it are passed; the text before each call is content, and so is the rest. A call

@@ -5,7 +5,8 @@ follow as their text commits: a JSON format's arguments object as it arrives, Qw
 built piece by piece. Text that is no call of an offered function, as far as that is known before the call opens,
 stays content, and what follows it is looked through again. Hermes' parser reads calls in other wrappings too
 (duo.api.tools.formats.HERMES_WRAPPINGS: a ```json block, a bare JSON call, <function=NAME>): read here as it reads
-them, but for calls of functions the request did not offer, which stay content. A call that turns out malformed after it opened is closed as it stands and marks the answer `broken`
+them, but for calls of functions the request did not offer, which stay content. A call that turns out malformed
+after it opened is closed as it stands and marks the answer `broken`
 (events once sent cannot be taken back; a whole answer is then read again as content: see duo.api.output.deltas.whole_answer).
 """
 
@@ -72,15 +73,16 @@ class CallSplitter:
             self.buffer = self.buffer[len(self.buffer) - held:]
             return False
         at, marker = min(found)
-        if marker == BARE_CALL:  # llama.cpp's pattern (\s*\{\s*"name") takes the space before it; the brace is read
-            spaced = max(len(self.buffer[:at].rstrip()), at - MAX_CALL_SPACE)
-            self.content(out, self.buffer[:spaced])
-            self.buffer, self.opener = self.buffer[at:], self.buffer[spaced:at]
-        else:
+        if marker not in openers:  # the template's markup around content: not content
             self.content(out, self.buffer[:at])
-            self.buffer, self.opener = self.buffer[at + len(marker):], marker
-        if marker in openers:
-            self.reading = CallReader(self, "" if marker == openers[0] else marker)
+            self.buffer = self.buffer[at + len(marker):]
+            return True
+        start, read_from = at, at + len(marker)
+        if marker == BARE_CALL:  # llama.cpp's pattern (\s*\{\s*"name") takes the space before it; the brace is read
+            start, read_from = max(len(self.buffer[:at].rstrip()), at - MAX_CALL_SPACE), at
+        self.content(out, self.buffer[:start])
+        self.opener, self.buffer = self.buffer[start:read_from], self.buffer[read_from:]
+        self.reading = CallReader(self, "" if marker == openers[0] else marker)
         return True
 
     def _find_bare_calls(self, out: list[Delta], final: bool) -> bool:

@@ -24,10 +24,13 @@ class NotCall(Exception):
 
 
 def partial_suffix(text: str, marker: str) -> int:
-    """The length of the longest end of `text` that begins `marker` (it may be the start of one)."""
-    for n in range(min(len(text), len(marker) - 1), 0, -1):
-        if marker.startswith(text[-n:]):
-            return n
+    """The length of the longest end of `text` that begins `marker` (it may be the start of one). Only an end that
+    starts with the marker's first character is tried (a splitter tries a dozen markers at every piece)."""
+    at = text.find(marker[0], max(0, len(text) - len(marker) + 1))
+    while at >= 0:
+        if marker.startswith(text[at:]):
+            return len(text) - at
+        at = text.find(marker[0], at + 1)
     return 0
 
 
