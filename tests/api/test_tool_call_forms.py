@@ -59,6 +59,10 @@ CALLS: dict[str, tuple[str, list[tuple[str, Any]]]] = {
         ("Then:\n", [("write_file", HELLO), ("read_file", {"path": "hello.py"})]),
     f"```json\n{WRITE_HELLO}\n```\n```json\n{READ_HELLO}\n```":
         ("", [("write_file", HELLO), ("read_file", {"path": "hello.py"})]),
+    # Two calls in a fenced list: no call follows the fence (the pattern wants a brace), each object is a bare call,
+    # and what stands around them is content.
+    f"```json\n[{WRITE_HELLO}, {READ_HELLO}]\n```":
+        ("```json\n[,]\n```", [("write_file", HELLO), ("read_file", {"path": "hello.py"})]),
     # Arguments as a string: its text is the arguments.
     '```json\n{"name": "write_file", "arguments": "{\\"path\\": \\"hello.py\\", \\"content\\": \\"x\\"}"}\n```':
         ("", [("write_file", {"path": "hello.py", "content": "x"})]),
@@ -138,7 +142,8 @@ def test_content_streams_up_to_what_may_still_open_a_call_and_no_further():
 
 
 def gbnf_literal(text: str) -> str:
-    """A GBNF grammar whose one sentence is `text`: the tiny model, under it, says `text`."""
+    """A GBNF grammar whose one sentence is `text`: the tiny model, under it, says `text` (duo takes a client's
+    grammar beside tools where the model chooses, tool_choice auto)."""
     return "root ::= " + json.dumps(text)
 
 
