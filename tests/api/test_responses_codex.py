@@ -99,6 +99,18 @@ def test_a_custom_tool_is_a_function_of_one_string_and_its_call_a_custom_tool_ca
     assert events[2]["input"] == PATCH and "arguments" not in item
 
 
+def test_a_custom_tool_in_a_namespace_is_called_by_its_name_and_namespace():
+    namespace = {"type": "namespace", "name": "edit", "description": "Editing.", "tools": [APPLY_PATCH]}
+    items = OutputItems(ResponsesTools(ResponsesBody.model_validate({"input": "hi", "tools": [namespace]}).tools))
+    call = ToolCall("call_3", "edit.apply_patch", json.dumps({"input": PATCH}))
+    items.feed([CallOpened(0, call.id, call.name), CallClosed(0, call)])
+    [item] = items.items
+    assert (item["type"], item["name"], item["namespace"], item["input"]) == ("custom_tool_call", "apply_patch",
+                                                                              "edit", PATCH)
+    [message] = output_messages(items.items)
+    assert message["tool_calls"][0]["function"]["name"] == "edit.apply_patch"
+
+
 def test_the_items_codex_sends_back_become_the_calls_and_results_the_model_wrote_and_read():
     """Codex's second request (store false) carries its reasoning item, the message and calls the model made and
     their outputs, each as it got them (captured from Codex 0.171)."""
@@ -131,10 +143,10 @@ def test_the_items_codex_sends_back_become_the_calls_and_results_the_model_wrote
 @pytest.mark.parametrize("tools, param", [
     ([{"type": "hosted_thing"}], "tools[0].type"),
     ([{"type": "namespace", "name": "ns"}], "tools[0].tools"),
-    ([{"type": "namespace", "name": "ns", "tools": [{"type": "custom", "name": "x"}]}], "tools[0].tools[0].type"),
+    ([{"type": "namespace", "name": "ns", "tools": [NAMESPACED["tools"][0]]}], "tools[0].tools[0].type"),
     ([{"type": "custom", "name": "x", "format": {"type": "image"}}], "tools[0].format.type"),
     ([{"type": "function", "name": "ns.f"}, NAMESPACED["tools"][0]], "tools"),
-], ids=["unknown type", "empty namespace", "custom in a namespace", "custom format", "one name twice"])
+], ids=["unknown type", "empty namespace", "namespace in a namespace", "custom format", "one name twice"])
 def test_tools_duo_cannot_offer_are_refused_naming_the_field(tools, param):
     body = ResponsesBody.model_validate({"input": "hi", "tools": tools})
     with pytest.raises(BadRequest) as raised:

@@ -41,8 +41,8 @@ class InputItem(Loose):
 
 
 class Tool(Loose):
-    """A tool in the Responses shape: a function (flat, not nested under `function`), a namespace of functions
-    (`tools`), a custom tool taking free text (`format`: text, or a grammar its input follows), or a tool OpenAI's
+    """A tool in the Responses shape: a function (flat, not nested under `function`), a namespace of functions and
+    custom tools (`tools`), a custom tool taking free text (`format`: text, or a grammar its input follows), or a tool OpenAI's
     servers run (web_search...), which duo leaves out as llama-server does."""
 
     type: str
@@ -58,8 +58,8 @@ class Tool(Loose):
 # llama-server leaves them out of the prompt (Codex offers web_search in every request, tool_search with some models).
 HOSTED_TOOLS = frozenset({"web_search", "web_search_preview", "web_search_preview_2025_03_11",
                           "web_search_2025_08_26", "file_search", "image_generation", "code_interpreter",
-                          "computer_use_preview", "computer_use", "mcp", "local_shell", "shell", "apply_patch",
-                          "tool_search"})
+                          "computer", "computer_use_preview", "mcp", "local_shell", "shell", "apply_patch",
+                          "tool_search", "programmatic_tool_calling"})
 CALLED_TOOLS = ("function", "custom")
 
 
@@ -185,11 +185,11 @@ def check_tool(tool: Tool, where: str) -> None:
         if not tool.tools:
             raise BadRequest(f"{where}.tools is missing: a namespace holds the functions it offers",
                              param=f"{where}.tools")
-        for j, function in enumerate(tool.tools):
-            if function.type != "function":
-                raise BadRequest(f"{where}.tools[{j}].type {function.type!r} is not supported: a namespace holds "
-                                 "function tools", param=f"{where}.tools[{j}].type")
-            check_tool(function, f"{where}.tools[{j}]")
+        for j, member in enumerate(tool.tools):
+            if member.type not in CALLED_TOOLS:
+                raise BadRequest(f"{where}.tools[{j}].type {member.type!r} is not supported: a namespace holds "
+                                 "function and custom tools", param=f"{where}.tools[{j}].type")
+            check_tool(member, f"{where}.tools[{j}]")
     if tool.type == "custom" and tool.format and tool.format.get("type") not in ("text", "grammar"):
         raise BadRequest(f"{where}.format.type {tool.format.get('type')!r} is not supported: a custom tool's input "
                          "is text, or follows a grammar", param=f"{where}.format.type")

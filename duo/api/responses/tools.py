@@ -18,7 +18,7 @@ CUSTOM_ARGUMENT = "input"
 
 @dataclass(frozen=True)
 class Origin:
-    """Where a chat function came from: a function tool (namespace None), a namespace's function, or a custom tool."""
+    """Where a chat function came from: a function or custom tool, on its own (namespace None) or in a namespace."""
 
     name: str
     namespace: str | None = None
@@ -45,8 +45,8 @@ class ResponsesTools:
             if tool.type == "function":
                 self._offer(tool, Origin(tool.name or ""))
             elif tool.type == "namespace":
-                for function in tool.tools or []:
-                    self._offer(function, Origin(function.name or "", namespace=tool.name))
+                for member in tool.tools or []:
+                    self._offer(member, Origin(member.name or "", tool.name, custom=member.type == "custom"))
             elif tool.type == "custom":
                 self._offer(tool, Origin(tool.name or "", custom=True))
 
@@ -64,9 +64,8 @@ class ResponsesTools:
         """The model's call of chat function `name` as a Responses output item, before its arguments or input are
         known."""
         origin = self.origins.get(name, Origin(name))
-        if origin.custom:
-            return {"type": "custom_tool_call", "call_id": call_id, "name": origin.name, "input": ""}
-        item: dict[str, Any] = {"type": "function_call", "call_id": call_id, "name": origin.name, "arguments": ""}
+        item: dict[str, Any] = {"type": "custom_tool_call", "call_id": call_id, "name": origin.name, "input": ""} \
+            if origin.custom else {"type": "function_call", "call_id": call_id, "name": origin.name, "arguments": ""}
         if origin.namespace is not None:
             item["namespace"] = origin.namespace  # Codex finds a namespaced tool by both (its ResponseItem)
         return item
