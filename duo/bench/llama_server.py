@@ -46,7 +46,7 @@ PEER_MODES = ("llama-server", "llama-server-all", "llama-server-spec", "llama-se
 NGRAM_TYPES = {"llama-server-ngram-mod": "ngram-mod", "llama-server-ngram-simple": "ngram-simple",
                "llama-server-ngram-mod-spec": "ngram-mod,draft-simple"}
 SPEC_PINNED = "llama-server-spec"  # expanded into one variant per --spec-n-max
-CONTEXT = 4096  # per slot, as duo-target's default --ctx-size
+CONTEXT = 4096  # per slot, as the bench's own prompts need (the agents' prompts get duo.bench.agents.AGENT_CONTEXT)
 
 
 def expand_modes(modes: list[str], n_maxes: list[int]) -> list[str]:
@@ -65,15 +65,15 @@ def cpu_mask(cores: set[int]) -> str:
 
 
 def server_args(mode: str, models: tuple[Path, Path], cores: tuple[set[int], set[int]], port: int,
-                parallel: int) -> tuple[list[str], set[int]]:
-    """llama-server's arguments for `mode`, and the cores its process may run on. Pinned modes pin
-    each model's threads strictly (one thread per core, as duo's processes run)."""
+                parallel: int, context: int = CONTEXT) -> tuple[list[str], set[int]]:
+    """llama-server's arguments for `mode` with `context` tokens per slot, and the cores its process may run on.
+    Pinned modes pin each model's threads strictly (one thread per core, as duo's processes run)."""
     (target, draft), (target_cores, draft_cores) = models, cores
     all_cores = set(os.sched_getaffinity(0))
     spread = mode.endswith("-all")
     main_cores = all_cores if spread else target_cores
     args = ["--model", str(target), "--host", "127.0.0.1", "--port", str(port), "--parallel", str(parallel),
-            "--ctx-size", str(CONTEXT * parallel), "--threads", str(len(main_cores)),
+            "--ctx-size", str(context * parallel), "--threads", str(len(main_cores)),
             "--threads-batch", str(len(main_cores))]
     if not spread:
         mask = cpu_mask(main_cores)
@@ -121,8 +121,8 @@ class PeerServer:
 
 
 def start_peer(binary: Path, variant: Variant, models: tuple[Path, Path], cores: tuple[set[int], set[int]],
-               port: int, parallel: int, log: Path) -> PeerServer:
-    args, allowed = server_args(variant.mode, models, cores, port, parallel)
+               port: int, parallel: int, log: Path, context: int = CONTEXT) -> PeerServer:
+    args, allowed = server_args(variant.mode, models, cores, port, parallel, context)
     with open(log, "wb") as out:
         process = subprocess.Popen([str(binary), *args], stdout=out, stderr=subprocess.STDOUT,
                                    preexec_fn=lambda: os.sched_setaffinity(0, allowed))

@@ -74,6 +74,7 @@ class Run:
     category: str = ""  # Spec-Bench's category of its question (duo.bench.specbench); "" for the bench's own prompts
     question_id: int = 0  # Spec-Bench's question_id
     turn: int = 0  # which turn of its question's conversation (1, 2), 0 outside Spec-Bench
+    prompt_tokens: int = 0  # the prompt's tokens as its server counted them (--prompts agent; 0 elsewhere)
 
     @property
     def label(self) -> str:

@@ -99,13 +99,12 @@ import argparse
 import contextlib
 import itertools
 import json
-import os
-import platform
-import subprocess
 import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from duo.bench.agents import AGENT_CONTEXT, agent_summary, agent_table, measure_agents, read_agent_prompts
+from duo.bench.agents import render_with_model
 from duo.bench.cluster import (
     ROOT,
     UNSEEDED,
@@ -119,6 +118,7 @@ from duo.bench.cluster import (
 )
 from duo.bench.concurrency import batch_wall_times, plot_concurrency, print_concurrency, with_concurrency
 from duo.bench.llama_server import (
+    CONTEXT,
     PEER_MODES,
     PeerServer,
     expand_modes,
@@ -131,6 +131,7 @@ from duo.bench.llama_server import (
     wait_peer_ready,
 )
 from duo.bench.edit import PROMPTS as EDIT_PROMPTS
+from duo.bench.machine import check_modes, machine_info, this_commit
 from duo.bench.groups import print_groups, with_groups
 from duo.bench.specbench import add_spec_bench_arguments, check_spec_bench_arguments, measure_questions, pick
 from duo.bench.specbench import read_questions
@@ -164,41 +165,6 @@ def plan_variants(modes: list[str], delays: list[float], baseline_mode: str | No
     if baseline_mode:
         linked.append(baseline_mode)
     return [Variant(m) for m in undelayed] + [Variant(m, delay) for delay in delays for m in linked]
-
-
-def rpc_supported() -> bool:
-    import llama_cpp
-
-    return bool(getattr(llama_cpp, "llama_supports_rpc", lambda: False)())
-
-
-def check_modes(modes: list[str]) -> None:
-    """SystemExit, before anything starts, for a mode this llama-cpp-python cannot run."""
-    if "alone-rpc" in modes and not rpc_supported():
-        raise SystemExit("bench: alone-rpc splits the target over `duo rpc-server`s, but this llama-cpp-python "
-                         "was built without RPC (llama_cpp.llama_supports_rpc() is False): run scripts/setup.sh "
-                         "(it builds with CMAKE_ARGS=-DGGML_RPC=on), or leave alone-rpc out of --modes")
-
-
-def machine_info(args: argparse.Namespace) -> dict:
-    from duo.llama.backends import available_backends
-
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    import llama_cpp
-
-    return {"cpu": cpu, "cores": os.cpu_count(), "target_cores": args.target_cores, "draft_cores": args.draft_cores,
-            "backends": available_backends(), "llama_cpp_python": llama_cpp.__version__, "rpc": rpc_supported(),
-            "python": platform.python_version()}
-
-
-def this_commit() -> str:
-    """The commit measured, "+dirty" when the work tree differs from it."""
-    def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True).stdout.strip()
-
-    commit = git("rev-parse", "HEAD") or "unknown"
-    return commit + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 def round_robin(prompts: list[str], first: int, count: int) -> list[str]:
@@ -298,9 +264,10 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                         help="draft model: name or path (default: %(default)s, duo-draft's default on a CPU)")
     parser.add_argument("--target-cores", type=int, nargs="+", default=[1])
     parser.add_argument("--draft-cores", type=int, nargs="+", default=[0])
-    parser.add_argument("--prompts", choices=["code", "chat", "structured", "edit", "spec-bench", "all"],
+    parser.add_argument("--prompts", choices=["code", "chat", "structured", "edit", "spec-bench", "agent", "all"],
                         default="all", help="all: code and chat; structured: JSON-schema answers, beside the same "
-                        "prompts unconstrained (the workload's own baseline); spec-bench: Spec-Bench's questions")
+                        "prompts unconstrained (the workload's own baseline); spec-bench: Spec-Bench's questions; "
+                        "agent: the first request of Codex CLI, Claude Code and Qwen Code (6-18k tokens)")
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7])
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--reps", type=int, default=2)
@@ -337,6 +304,8 @@ def completed(args: argparse.Namespace) -> argparse.Namespace:
     modes = args.modes + [m for m in PEER_MODES if args.peers and m not in args.modes]
     args.modes = expand_modes(modes, args.spec_n_max)
     check_spec_bench_arguments(args)
+    if args.prompts == "agent" and args.concurrency != [1]:
+        raise SystemExit("bench: --prompts agent sends one request at a time: leave --concurrency out")
     return args
 
 
@@ -373,8 +342,13 @@ def out_folders(out: Path, targets: list[Path]) -> list[Path]:
     return [out] if len(targets) == 1 else [out / target.stem for target in targets]
 
 
-def measure_workload(clusters: list[Cluster | PeerServer], args: argparse.Namespace) -> list[Run]:
-    """The runs of --prompts: Spec-Bench's conversations, or the bench's own prompts (all: code and chat)."""
+def measure_workload(clusters: list[Cluster | PeerServer], args: argparse.Namespace, target: Path) -> list[Run]:
+    """The runs of --prompts: Spec-Bench's conversations, the agents' first requests (rendered by `target`'s
+    template), or the bench's own prompts (all: code and chat)."""
+    if args.prompts == "agent":
+        prompts = render_with_model(read_agent_prompts(), target)
+        warm_up(clusters, PROMPTS["code"][0])
+        return measure_agents(clusters, prompts, args.temperatures, args.reps, args.max_tokens, show_run)
     if args.prompts == "spec-bench":
         questions = pick(read_questions(args.spec_bench), args.per_group)
         warm_up(clusters, questions[0].turns[0])
@@ -409,14 +383,15 @@ def bench_target(args: argparse.Namespace, target: Path, draft: Path, out: Path)
         clusters: list[Cluster | PeerServer] = []
         stack.callback(stop_all, clusters)  # before the worktree goes: callbacks run last in, first out
         cores = (set(args.target_cores), set(args.draft_cores))
+        agents = args.prompts == "agent"  # one request at a time, each up to the model's whole context
         for variant in variants:
             if server and is_peer(variant.mode):
                 clusters.append(start_peer(server, variant, (target, draft), cores, free_port(), parallel or 1,
-                                           logs / f"{variant.label}.log"))
+                                           logs / f"{variant.label}.log", AGENT_CONTEXT if agents else CONTEXT))
             else:
                 clusters.append(start_variant(variant, codes.get(variant.mode, Code.at(ROOT)), (target, draft), cores,
-                                              args.sync_k, logs, parallel, args.drafts))
-        runs = measure_workload(clusters, args)
+                                              args.sync_k, logs, 1 if agents else parallel, args.drafts))
+        runs = measure_workload(clusters, args, target)
 
     summary = with_concurrency(summarise(runs, variants, costs, draft_s), runs, variants, costs)
     summary = with_groups(summary, runs, variants, costs, draft_s)
@@ -426,8 +401,12 @@ def bench_target(args: argparse.Namespace, target: Path, draft: Path, out: Path)
               "target_parallel": parallel, "verify_costs_s": costs, "draft_token_s": draft_s,
               "sequence_costs_s": sequence_costs,
               "summary": summary, "runs": [asdict(r) for r in runs]}
+    if args.prompts == "agent":
+        summary["agents"] = agent_summary(runs)
     (out / "bench.json").write_text(json.dumps(report, indent=2))
     print(f"\ntarget {target.name}, commit {report['commit']}")
+    if args.prompts == "agent":
+        print(agent_table(summary["agents"]))
     print_table(summary, costs, machine)
     print(f"draft: {draft_s * 1000:.1f} ms per token on cores {args.draft_cores} (for the pace-aware bound)")
     print_groups(summary)

@@ -194,7 +194,7 @@ def test_the_workload_reads_spec_bench_and_runs_its_conversations(tmp_path, monk
     monkeypatch.setattr(bench, "measure_questions", lambda clusters, questions, *rest: measured.setdefault(
         "questions", [q.question_id for q in questions]))
     args = bench.parse_args(["--prompts", "spec-bench", "--per-group", "2", "--spec-bench", str(_write(tmp_path))])
-    bench.measure_workload([], args)
+    bench.measure_workload([], args, tmp_path / "never-loaded.gguf")
     assert measured == {"warm": "Write a poem.", "questions": [81, 91, 161, 162, 240, 319]}
 
 

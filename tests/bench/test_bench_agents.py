@@ -1,0 +1,130 @@
+"""duo bench --prompts agent: each agent's captured body turned into the chat it stands for, the flags, the table
+per agent, without models; the last test sends one rendered prompt to duo-target and to llama-server on the tiny
+models, which read the same tokens."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from duo.bench import agents
+from duo.bench import llama_server as bench_llama
+from duo.bench import run as bench
+from duo.bench.agents import AgentPrompt, agent_summary, agent_table, read_agent_prompts, render, to_chat
+from duo.bench.cluster import Cluster
+from duo.bench.report import Run, Variant
+from duo.net.listening import free_port
+
+
+def tool_names(prompt: AgentPrompt) -> list[str]:
+    return [tool["function"]["name"] for tool in prompt.tools]
+
+
+def test_the_three_agents_first_requests_are_read_as_chats_with_their_default_tools():
+    codex, claude_code, qwen_code = read_agent_prompts()
+    assert [p.agent for p in (codex, claude_code, qwen_code)] == ["codex", "claude_code", "qwen_code"]
+    for prompt in (codex, claude_code, qwen_code):
+        assert prompt.messages[-1]["role"] == "user" or prompt.agent == "claude_code"
+        assert all(isinstance(message["content"], str) for message in prompt.messages)
+        assert "create hello.py that prints hello" in "".join(m["content"] for m in prompt.messages)
+        assert prompt.tools and all(tool["type"] == "function" and "parameters" in tool["function"]
+                                    for tool in prompt.tools)
+    body = json.loads((agents.AGENT_PROMPTS / "claude_code.json").read_text())
+    assert len(claude_code.tools) == sum("input_schema" in tool for tool in body["tools"])
+
+
+def test_a_responses_body_reads_developer_as_system_and_namespaced_functions_as_tools():
+    body = {"instructions": "Be exact.", "input": [
+        {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Rules."}]},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+        {"type": "function_call", "call_id": "c1", "name": "shell", "arguments": "{\"cmd\": \"ls\"}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "a.py"}],
+        "tools": [{"type": "function", "name": "shell", "parameters": {"type": "object"}},
+                  {"type": "namespace", "name": "ns", "tools": [{"type": "function", "name": "spawn"}]},
+                  {"type": "web_search"}]}
+    prompt = to_chat("codex", body)
+    assert [(m["role"], m["content"]) for m in prompt.messages] == [
+        ("system", "Be exact."), ("system", "Rules."), ("user", "hi"), ("assistant", ""), ("tool", "a.py")]
+    assert prompt.messages[3]["tool_calls"][0]["function"] == {"name": "shell", "arguments": "{\"cmd\": \"ls\"}"}
+    assert tool_names(prompt) == ["shell", "spawn"]
+
+
+def test_a_messages_body_keeps_a_mid_conversation_system_message_where_it_stands():
+    body = {"system": [{"type": "text", "text": "You are Claude Code."}], "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "Bash", "input": {"c": "ls"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "a.py"}]},
+        {"role": "system", "content": "Be brief."}],
+        "tools": [{"name": "Bash", "description": "run", "input_schema": {"type": "object"}},
+                  {"type": "web_search_20250305", "name": "web_search"}]}
+    prompt = to_chat("claude_code", body)
+    assert [m["role"] for m in prompt.messages] == ["system", "user", "assistant", "tool", "system"]
+    assert prompt.messages[2]["tool_calls"][0]["function"] == {"name": "Bash", "arguments": "{\"c\": \"ls\"}"}
+    assert prompt.messages[-1]["content"] == "Be brief." and tool_names(prompt) == ["Bash"]
+
+
+def test_a_chat_body_joins_its_content_parts():
+    prompt = to_chat("qwen_code", {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
+                                                                             {"type": "text", "text": "b"}]}],
+                                   "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]})
+    assert prompt.messages == [{"role": "user", "content": "ab"}] and tool_names(prompt) == ["f"]
+
+
+def test_prompts_agent_is_a_workload_of_one_request_at_a_time():
+    assert bench.parse_args(["--prompts", "agent"]).prompts == "agent"
+    with pytest.raises(SystemExit, match="one request at a time"):
+        bench.parse_args(["--prompts", "agent", "--concurrency", "2"])
+
+
+def test_llama_servers_completion_stream_gives_the_first_tokens_time_and_the_last_timings():
+    clock = iter([1.0, 2.0, 3.0])
+    lines = [b'data: {"content": "", "stop": false}', b'data: {"content": "Hi", "stop": false}',
+             b'data: {"content": "", "stop": true, "stop_type": "eos", "timings": {"prompt_n": 9, "predicted_n": 3}}']
+    first, timings, stop = agents.read_completion_stream(lines, clock=lambda: next(clock))
+    assert (first, timings["prompt_n"], stop) == (1.0, 9, "eos")
+
+
+def run(mode: str, agent: str, *, tokens: int, seconds: float, ttft: float, context: int) -> Run:
+    return Run(mode, 0.0, agent, 0.0, 0, tokens, seconds, ttft, 0, 0, 0, 0, 0, [], 0, 0, 0.0, prompt_tokens=context)
+
+
+def test_the_agent_table_gives_each_modes_context_first_token_and_decode_rate_against_llama_server():
+    runs = [run("llama-server", "codex", tokens=11, seconds=12.0, ttft=10.0, context=8603),
+            run("duo", "codex", tokens=16, seconds=13.0, ttft=10.0, context=8603)]
+    summary = agent_summary(runs)
+    assert summary["codex"]["llama-server"]["decode_tokens_per_second"] == pytest.approx(5.0)
+    assert summary["codex"]["duo"] == pytest.approx({"context_tokens": 8603, "ttft_s": 10.0,
+                                                     "decode_tokens_per_second": 5.0, "draft_accepted": 0,
+                                                     "draft_verified": 0})
+    duo_line = next(line for line in agent_table(summary).splitlines() if " duo " in line)
+    assert "8603" in duo_line and "1.00x" in duo_line
+
+
+@pytest.mark.timeout(1800)  # a clean machine builds llama-server first (6-8 minutes on 2 idle cores)
+def test_duo_and_llama_server_read_the_same_rendered_agent_prompt_on_the_tiny_models(served_alone, tiny_target,
+                                                                                    tiny_draft, tmp_path):
+    prompt = AgentPrompt("qwen_code", [{"role": "system", "content": "You write code."},
+                                       {"role": "user", "content": "create hello.py that prints hello"}],
+                         [{"type": "function", "function": {"name": "write_file", "parameters": {"type": "object"}}}])
+    [prompt] = agents.render_with_model([prompt], tiny_target)
+    cores = sorted(os.sched_getaffinity(0))
+    server = bench_llama.start_peer(bench_llama.llama_server_binary(), Variant("llama-server"),
+                                    (tiny_target, tiny_draft), ({cores[-1]}, {cores[0]}), free_port(), 1,
+                                    tmp_path / "server.log", context=1024)
+    try:
+        bench_llama.wait_peer_ready(server, timeout=120)
+        duo = Cluster(Variant("alone-tcores"), served_alone.address)
+        runs = agents.measure_agents([duo, server], [prompt], [0.0], 1, 12, lambda run, mode: None)
+    finally:
+        server.stop()
+    assert [r.mode for r in runs] == ["alone-tcores", "llama-server"]
+    assert runs[0].prompt_tokens == runs[1].prompt_tokens > 20  # the same tokens, tools and all
+    assert all(0 < r.tokens <= 12 and 0 < r.ttft <= r.seconds for r in runs)
+
+
+def test_render_gives_each_prompt_its_templates_text():
+    [prompt] = render([AgentPrompt("codex", [{"role": "user", "content": "hi"}], [])],
+                      lambda messages, tools: f"<{messages[0]['content']}|{len(tools)}>")
+    assert prompt.text == "<hi|0>"
