@@ -118,6 +118,16 @@ def test_each_form_is_read_as_llama_cpps_hermes_parser_reads_it_whole_and_stream
         assert streamed(pieces) == whole, pieces
 
 
+def test_each_form_streamed_a_token_of_qwens_at_a_time_reads_as_whole(target_model):
+    for text in CALLS:
+        tokens = target_model.tokenize(text, add_special=False, parse_special=False)
+        pieces = [target_model.token_piece(token).decode() for token in tokens]
+        assert "".join(pieces) == text and len(pieces) > 10
+        whole = read(whole_answer(text, FUNCTIONS, HERMES))
+        assert [name for name, _ in whole[1]] == [name for name, _ in CALLS[text][1]]
+        assert streamed(pieces) == whole, pieces
+
+
 @pytest.mark.parametrize("text", NOT_CALLS, ids=lambda text: text[:24])
 def test_text_that_is_no_call_of_an_offered_function_stays_content_whole_and_streamed(text):
     assert read(whole_answer(text, FUNCTIONS, HERMES)) == (text, [])
