@@ -116,8 +116,9 @@ class SpeculationControl:
 
     def _draft_switch(self) -> Switch:
         """A draft's switch: it judges its own requests' steps against the target's decoding alone (one reference,
-        shared) at the target's load."""
-        return Switch(rest_rates=self.switch.rest_rates, estimate_alone=self._estimate_alone, load=self._stepping)
+        shared with the contexts it was measured at) at the target's load."""
+        return Switch(rest_rates=self.switch.rest_rates, rest_contexts=self.switch.rest_contexts,
+                      estimate_alone=self._estimate_alone, load=self._stepping)
 
     def _switches(self) -> list[Switch]:
         return [self.switch, *(self.pool.switches() if self.pool else [])]

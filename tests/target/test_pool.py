@@ -218,6 +218,7 @@ def test_each_draft_judges_its_own_sessions_against_the_targets_one_reference_at
     target.pool.add(b)
     switch_a, switch_b = (m.switch for m in target.pool.members)
     assert switch_a.rest_rates is target.control.switch.rest_rates is switch_b.rest_rates
+    assert switch_a.rest_contexts is target.control.switch.rest_contexts is switch_b.rest_contexts
     first, second = session(1), session(2)
     target.pool.register(first)
     target.pool.register(second)
