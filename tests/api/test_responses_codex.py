@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 
 from duo.api.output.deltas import CallArguments, CallClosed, CallOpened
@@ -22,6 +24,7 @@ from duo.api.serving.request import BadRequest
 from duo.api.tools import ToolCall
 from helpers.processes import start, wait_for_draft
 from helpers.tiny_models import DRAFT_NOISE, DRAFT_SEED, TARGET_SEED, write_tiny_model
+from helpers.waiting import until
 
 # The first request Codex CLI 0.171 posted for "create hello.py that prints hello" (model unknown to Codex, as a
 # GGUF's name is: its fallback tool set), captured from the real binary; ids and paths replaced.
@@ -35,6 +38,9 @@ APPLY_PATCH = {"type": "custom", "name": "apply_patch", "description": "Use the 
                           "definition": 'start: begin_patch hunk+ end_patch\nbegin_patch: "*** Begin Patch" LF\n'
                                         'end_patch: "*** End Patch" LF?\n%import common.LF\n'}}
 PATCH = '*** Begin Patch\n*** Add File: hello.py\n+print("hello")\n*** End Patch\n'
+# A custom tool whose input follows a regular expression: a constrained call matches it whole.
+WORD = {"type": "custom", "name": "say", "description": "Says one word.",
+        "format": {"type": "grammar", "syntax": "regex", "definition": "[a-z]{1,8}"}}
 
 
 def later_turn(first: dict, *items: dict) -> dict:
@@ -85,8 +91,11 @@ def test_a_custom_tool_is_a_function_of_one_string_and_its_call_a_custom_tool_ca
     tools = ResponsesTools(ResponsesBody.model_validate({"input": "hi", "tools": [APPLY_PATCH]}).tools)
     [offered] = tools.chat
     assert offered["function"]["parameters"]["required"] == ["input"]
+    # A Lark grammar cannot mask a string inside JSON: the model is told it; a regular expression is the pattern.
     assert "lark grammar" in offered["function"]["description"] and "*** Begin Patch" in offered["function"][
-        "description"]
+        "description"] and "pattern" not in offered["function"]["parameters"]["properties"]["input"]
+    [word] = ResponsesTools(ResponsesBody.model_validate({"input": "hi", "tools": [WORD]}).tools).chat
+    assert word["function"]["parameters"]["properties"]["input"] == {"type": "string", "pattern": "^(?:[a-z]{1,8})$"}
     items = OutputItems(tools)
     call = ToolCall("call_2", "apply_patch", json.dumps({"input": PATCH}))
     events = items.feed([CallOpened(0, call.id, call.name), CallArguments(0, call.arguments), CallClosed(0, call)])
@@ -145,8 +154,11 @@ def test_the_items_codex_sends_back_become_the_calls_and_results_the_model_wrote
     ([{"type": "namespace", "name": "ns"}], "tools[0].tools"),
     ([{"type": "namespace", "name": "ns", "tools": [NAMESPACED["tools"][0]]}], "tools[0].tools[0].type"),
     ([{"type": "custom", "name": "x", "format": {"type": "image"}}], "tools[0].format.type"),
+    ([{"type": "custom", "name": "x", "format": {"type": "grammar", "syntax": "ebnf", "definition": "x"}}],
+     "tools[0].format.syntax"),
     ([{"type": "function", "name": "ns.f"}, NAMESPACED["tools"][0]], "tools"),
-], ids=["unknown type", "empty namespace", "namespace in a namespace", "custom format", "one name twice"])
+], ids=["unknown type", "empty namespace", "namespace in a namespace", "custom format", "grammar syntax",
+                             "one name twice"])
 def test_tools_duo_cannot_offer_are_refused_naming_the_field(tools, param):
     body = ResponsesBody.model_validate({"input": "hi", "tools": tools})
     with pytest.raises(BadRequest) as raised:
@@ -170,9 +182,19 @@ def codex_served(tmp_path_factory: pytest.TempPathFactory, process_logs: Path):
     served = start("duo.cli.target", ["--model", str(target), "--peer", drafts.address, "--sync", "4"],
                    process_logs, http=True)
     wait_for_draft(served.address)
+    until(lambda: compiles_grammars(served), served, drafts, what="a forced call compiling within its budget")
     yield served
     served.stop()
     drafts.stop()
+
+
+def compiles_grammars(process) -> bool:
+    """Whether a forced call is answered: duo-target builds the vocabulary grammars need as it starts, in the
+    background, and on a loaded machine a first grammar can wait past its compile budget for it."""
+    closed = {"type": "object", "properties": {}, "additionalProperties": False}
+    body = {"input": "hi", "tools": [{"type": "function", "name": "ready", "parameters": closed}],
+            "tool_choice": "required", "max_output_tokens": 8}
+    return httpx.post(f"{process.http_url}/v1/responses", json=body, timeout=60).status_code == 200
 
 
 def stream(process, body: dict) -> list[dict]:
@@ -248,14 +270,34 @@ def test_codexs_second_turn_after_a_namespaced_call_is_answered(codex_served):
 
 def test_a_custom_tool_call_round_trips(codex_served):
     body = {"input": [{"type": "message", "role": "user", "content": [{"type": "input_text",
-                                                                       "text": "Create hello.py."}]}],
-            "tools": [APPLY_PATCH, {"type": "web_search", "external_web_access": False}], "tool_choice": "required",
+                                                                       "text": "Say a word."}]}],
+            "tools": [WORD, {"type": "web_search", "external_web_access": False}], "tool_choice": "required",
             "store": False, "stream": True, "max_output_tokens": 60, "temperature": 0}
     first = well_formed(stream(codex_served, body))
     [call] = [item for item in first["output"] if item["type"] == "custom_tool_call"]
-    assert call["name"] == "apply_patch" and isinstance(call["input"], str) and drafts_accepted(first) > 0
+    assert call["name"] == "say" and re.fullmatch("[a-z]{1,8}", call["input"])
+    assert first["status"] == "completed" and drafts_accepted(first) > 0
     sent_back = {key: call[key] for key in ("type", "id", "status", "call_id", "name", "input")}
-    result = {"type": "custom_tool_call_output", "call_id": call["call_id"], "output": "Done!"}
+    result = {"type": "custom_tool_call_output", "call_id": call["call_id"], "output": "Said."}
     second = well_formed(stream(codex_served, {**body, "input": [*body["input"], sent_back, result],
                                                "tool_choice": "auto", "max_output_tokens": 8}))
     assert second["usage"]["input_tokens"] > first["usage"]["input_tokens"]
+
+
+@pytest.mark.parametrize("choice, kind, read", [
+    ({"type": "function", "namespace": "ns", "name": "f"}, "function_call", "arguments"),
+    ({"type": "custom", "namespace": "ns", "name": "say"}, "custom_tool_call", "input"),
+], ids=["namespaced function", "namespaced custom tool"])
+def test_the_openai_sdk_reads_a_namespaced_call_whole_and_streamed_alike(codex_served, choice, kind, read):
+    closed = {"type": "object", "properties": {}, "additionalProperties": False}
+    namespace = {"type": "namespace", "name": "ns", "description": "d",
+                 "tools": [{"type": "function", "name": "f", "parameters": closed}, WORD]}
+    api = openai.OpenAI(base_url=f"{codex_served.http_url}/v1", api_key="unused", max_retries=0, timeout=120)
+    fields = {"model": "tiny", "input": "Say a word.", "tools": [namespace], "tool_choice": choice,
+              "max_output_tokens": 60, "temperature": 0}
+    whole = api.responses.create(**fields)
+    with api.responses.stream(**fields) as stream:
+        streamed = stream.get_final_response()
+    [call], [same] = ([item for item in response.output if item.type == kind] for response in (whole, streamed))
+    assert (call.namespace, call.name) == (same.namespace, same.name) == ("ns", choice["name"])
+    assert getattr(call, read) == getattr(same, read) and whole.status == streamed.status == "completed"

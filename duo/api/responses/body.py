@@ -42,8 +42,8 @@ class InputItem(Loose):
 
 class Tool(Loose):
     """A tool in the Responses shape: a function (flat, not nested under `function`), a namespace of functions and
-    custom tools (`tools`), a custom tool taking free text (`format`: text, or a grammar its input follows), or a tool OpenAI's
-    servers run (web_search...), which duo leaves out as llama-server does."""
+    custom tools (`tools`), a custom tool taking free text (`format`: text, or a grammar its input follows), or a
+    tool OpenAI's servers run (web_search...), which duo leaves out as llama-server does."""
 
     type: str
     name: str | None = None
@@ -190,6 +190,16 @@ def check_tool(tool: Tool, where: str) -> None:
                 raise BadRequest(f"{where}.tools[{j}].type {member.type!r} is not supported: a namespace holds "
                                  "function and custom tools", param=f"{where}.tools[{j}].type")
             check_tool(member, f"{where}.tools[{j}]")
-    if tool.type == "custom" and tool.format and tool.format.get("type") not in ("text", "grammar"):
-        raise BadRequest(f"{where}.format.type {tool.format.get('type')!r} is not supported: a custom tool's input "
-                         "is text, or follows a grammar", param=f"{where}.format.type")
+    if tool.type == "custom" and tool.format:
+        check_custom_format(tool.format, f"{where}.format")
+
+
+def check_custom_format(format_: dict[str, Any], where: str) -> None:
+    """A custom tool's input is text, or follows a grammar: a Lark one or a regular expression."""
+    if format_.get("type") not in ("text", "grammar"):
+        raise BadRequest(f"{where}.type {format_.get('type')!r} is not supported: a custom tool's input is text, or "
+                         "follows a grammar", param=f"{where}.type")
+    if format_.get("type") == "grammar" and (format_.get("syntax") not in ("lark", "regex") or
+                                             not isinstance(format_.get("definition"), str)):
+        raise BadRequest(f"{where} needs its syntax (lark or regex) and its definition, the grammar as a string",
+                         param=f"{where}.syntax")

@@ -72,17 +72,21 @@ class ResponsesTools:
 
 
 def custom_function(tool: Tool) -> dict[str, Any]:
-    """A custom tool as a function of one string, its grammar (where it has one) told in its description: the
-    template has no other way to show it. The call's string is not masked by the grammar, as llama-server offers no
-    custom tools at all; the tool's owner checks its input as it does any model's."""
+    """A custom tool as a function of one string. A regex format becomes the string's pattern, which a constrained
+    call (tool_choice required or naming the tool) matches whole; a Lark grammar has no JSON schema form (the input
+    sits inside a JSON string), so it is told in the description and not masked: llama-server offers no custom tools
+    at all, and the tool's owner checks its input as it does any model's."""
+    format_ = tool.format or {}
+    grammar = format_.get("definition") if format_.get("type") == "grammar" else None
+    text: dict[str, Any] = {"type": "string"}
     description = tool.description or ""
-    grammar = (tool.format or {}).get("definition") if (tool.format or {}).get("type") == "grammar" else None
-    if grammar:
-        syntax = (tool.format or {}).get("syntax", "lark")
-        description += f"\n\nThe `{CUSTOM_ARGUMENT}` must match this {syntax} grammar:\n{grammar}"
+    if grammar and format_.get("syntax") == "regex":
+        text["pattern"] = f"^(?:{grammar})$"
+    elif grammar:
+        description += f"\n\nThe `{CUSTOM_ARGUMENT}` must match this {format_.get('syntax')} grammar:\n{grammar}"
     return {"name": tool.name, "description": description.strip(),
-            "parameters": {"type": "object", "properties": {CUSTOM_ARGUMENT: {"type": "string"}},
-                           "required": [CUSTOM_ARGUMENT], "additionalProperties": False}}
+            "parameters": {"type": "object", "properties": {CUSTOM_ARGUMENT: text}, "required": [CUSTOM_ARGUMENT],
+                           "additionalProperties": False}}
 
 
 def custom_input(arguments: str) -> str:
