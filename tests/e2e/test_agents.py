@@ -87,11 +87,11 @@ def test_the_forced_tool_call_goes_out_and_its_result_comes_back(run):
     assert done.forced.forced is not None, f"no call offered any of {done.agent.harmless_tools}\n{done.report()}"
     forced = done.exchanges[done.forced.forced_index]
     calls = called(forced.path, forced.answer)
-    assert [name for _, name in calls] == [done.forced.forced], done.report()
-    later = done.exchanges[done.forced.forced_index + 1:]
-    returned = {call for e in later if e.path == done.agent.model_path for call in returned_results(e.path,
-                                                                                                  e.sent_json() or {})}
-    assert calls[0][0] in returned, done.report()
+    # One call or more (the clients allow parallel calls), each to the forced tool, each answered in a later request.
+    assert calls and {name for _, name in calls} == {done.forced.forced}, done.report()
+    later = [e for e in done.exchanges[done.forced.forced_index + 1:] if e.path == done.agent.model_path]
+    returned = {call for e in later for call in returned_results(e.path, e.sent_json() or {})}
+    assert {call for call, _ in calls} <= returned, done.report()
 
 
 def test_drafts_are_accepted_while_the_agent_works(run):

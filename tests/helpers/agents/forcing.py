@@ -2,8 +2,8 @@
 an answer: the first call that offers one of the agent's harmless tools is forced to it, and every other call is
 held to a one-word answer.
 
-Forced, the call's arguments are sampled from the tool's schema, narrowed for that call to its required properties
-with short strings (a random model never closes a string). Every other answer must match the JSON schema of the
+Forced, the call's arguments are sampled from the tool's schema, narrowed to its required properties with short
+strings (a random model never closes a string). Every other answer must match the JSON schema of the
 string "Done." (the answer format each protocol offers), so that it ends by itself with text, as a finished turn
 does: cut by max_tokens instead, each client asks again to continue, for minutes. max_tokens is clamped too, as a
 bound: the clients ask for up to 64k tokens."""
@@ -48,12 +48,16 @@ def narrowed(schema: dict[str, Any]) -> dict[str, Any]:
     return {**schema, "properties": properties, "additionalProperties": False}
 
 
-def force(path: str, body: dict, name: str) -> None:
-    """Make `body` call the tool `name`, with narrowed arguments."""
+def narrow(path: str, body: dict, name: str) -> None:
+    """Narrow the arguments of the tool `name` wherever `body` offers it."""
     for tool in tools_of(path, body):
         if tool.get("name") == name:
             key = "input_schema" if path.endswith("/messages") else "parameters"
             tool[key] = narrowed(tool.get(key) or {"type": "object"})
+
+
+def force(path: str, body: dict, name: str) -> None:
+    """Make `body` call the tool `name`."""
     if path.endswith("/responses"):
         body["tool_choice"] = {"type": "function", "name": name}
     elif path.endswith("/messages"):
@@ -97,6 +101,10 @@ class FirstCallForcer:
         body = copy.deepcopy(body)
         clamp(path, body)
         name = next((n for n in self.agent.harmless_tools if n in tool_names(path, body)), None)
+        if name is not None:
+            # Narrowed in every call, not only the forced one: the tools are rendered at the prompt's start, and
+            # a prompt that changed there would be read again whole (seconds, on 15k-token prompts).
+            narrow(path, body, name)
         if self.forced is None and name is not None:
             force(path, body, name)
             self.forced, self.forced_index = name, len(exchanges)
