@@ -113,8 +113,9 @@ def beta_client(process: Process) -> anthropic.Anthropic:
 
 
 def forced(turn: dict) -> dict:
-    """`turn` with its first call forced: the tiny random model cannot choose to call a tool."""
-    return {**turn, "tool_choice": {"type": "any", "disable_parallel_tool_use": True}}
+    """`turn` with its first call forced, to Write (whose strings are bounded): the tiny random model cannot choose
+    to call a tool."""
+    return {**turn, "tool_choice": {"type": "tool", "name": "Write", "disable_parallel_tool_use": True}}
 
 
 def post_as_claude_code(process: Process, path: str, body: dict) -> httpx.Response:
@@ -237,9 +238,7 @@ def test_claude_codes_first_turn_streams_well_formed_events_that_the_sdk_assembl
         message = stream.get_final_message()
     [call] = [block for block in message.content if block.type == "tool_use"]
     assert message.stop_reason == "tool_use" and message.model == "claude-opus-4-8"
-    assert call.name in ("Bash", "Write") and call.id.startswith("toolu_")
-    assert set(call.input) >= set(next(t for t in FIRST_TURN["tools"] if t["name"] == call.name)["input_schema"][
-        "required"])
+    assert call.name == "Write" and call.id.startswith("toolu_") and set(call.input) == {"file_path", "content"}
     assert deltas[0].model_extra["duo_stats"]["draft_tokens_accepted"] > 0
 
 
@@ -268,6 +267,19 @@ def test_the_call_and_its_result_go_back_and_the_next_turn_reads_the_first_from_
         tools=second_turn["tools"], thinking=second_turn["thinking"],
         context_management=second_turn["context_management"], betas=[*BETAS, "token-counting-2024-11-01"])
     assert counted.input_tokens == second.usage.input_tokens + second.usage.cache_read_input_tokens
+
+
+@pytest.mark.parametrize("path", ["/v1/messages?beta=true", "/v1/messages/count_tokens?beta=true"])
+def test_a_prompt_longer_than_the_context_is_refused_in_the_words_claude_code_reads_its_sizes_from(served_sync, path):
+    long = {**MINIMAL, "messages": [{"role": "user", "content": "hello " * 3000}]}
+    refused = post_as_claude_code(served_sync, path, long)
+    assert refused.status_code == 400 and refused.json()["error"]["type"] == "invalid_request_error"
+    message = refused.json()["error"]["message"]
+    # Claude Code's own reading of it (claude-code 2.1.197: "Prompt is too long", then compacting where it may).
+    sizes = re.match(r"prompt is too long[^0-9]*(\d+)\s*tokens?\s*>\s*(\d+)", message, re.IGNORECASE)
+    assert sizes is not None, message
+    assert int(sizes[1]) > int(sizes[2]) == 2048  # the tiny models' context
+    assert "exceeds the available context size" in message  # duo's own words follow
 
 
 def test_the_title_request_answers_json_that_matches_its_schema_whole_and_streamed(served):

@@ -22,6 +22,8 @@ from duo.llama.errors import ModelError
 # message's text in a user message instead where a 400 names this beta and the anthropic-beta header, or says that
 # role system is not supported (claude-code 2.1.197, on its fallback "mid-conv-system").
 MID_CONVERSATION_BETA = "mid-conversation-system-2026-04-07"
+# The code of a prompt that cannot fit the context (duo.api.serving.request.too_long).
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 
 
 class MessagesApi:
@@ -32,25 +34,26 @@ class MessagesApi:
 
     async def create(self, request: Request) -> Response:
         completions = self.answering.completions
-        body = await self.answering.read(request, MessagesBody)
-        chat = await asyncio.to_thread(chat_body, body)  # a loop over the client's messages and tools
-        functions = chat.callable_functions()
-        call_format = completions.call_format()
-        # Any model name is served (Claude Code names Claude's): the answer carries the one asked for.
-        output = MessagesFormat(self.answering.model_name(body.model), functions, call_format)
-        with system_turns_named(body):
-            return await self.answering.answer(chat, chat.to_request, request, output)
+        with too_long_in_anthropics_words():
+            body = await self.answering.read(request, MessagesBody)
+            chat = await asyncio.to_thread(chat_body, body)  # a loop over the client's messages and tools
+            functions = chat.callable_functions()
+            call_format = completions.call_format()
+            # Any model name is served (Claude Code names Claude's): the answer carries the one asked for.
+            output = MessagesFormat(self.answering.model_name(body.model), functions, call_format)
+            with system_turns_named(body):
+                return await self.answering.answer(chat, chat.to_request, request, output)
 
     async def count_tokens(self, request: Request) -> dict[str, int]:
         """{"input_tokens": n}: the prompt's tokens as /v1/messages would render them, nothing generated."""
         completions = self.answering.completions
-        body = await self.answering.read(request, CountTokensBody)
-        wanted = await asyncio.to_thread(self._checked_request, body)  # loops over the client's blocks and tools
-        # The generation's own preparation, so that the count is the prompt's exactly (template, tools, BOS).
-        with system_turns_named(body):
-            prepared = (await completions.tokenizing(completions.prepare, wanted))[0]
+        with too_long_in_anthropics_words():
+            body = await self.answering.read(request, CountTokensBody)
+            wanted = await asyncio.to_thread(self._checked_request, body)  # loops over the client's blocks and tools
+            # The generation's own preparation, so that the count is the prompt's exactly (template, tools, BOS).
+            with system_turns_named(body):
+                prepared = (await completions.tokenizing(completions.prepare, wanted))[0]
         return {"input_tokens": len(prepared.prompt_tokens)}
-
 
     def _checked_request(self, body: CountTokensBody) -> CompletionRequest:
         """The chat request `body` would make, refused where it cannot fit the context (off the event loop)."""
@@ -75,6 +78,20 @@ def system_turns_named(body: CountTokensBody) -> Iterator[None]:
                          f"the conversation's start ({error}); send its text in `system` or in a user message, and "
                          f"leave {MID_CONVERSATION_BETA} out of the anthropic-beta header",
                          param=f"messages[{system}].role") from error
+
+
+@contextmanager
+def too_long_in_anthropics_words() -> Iterator[None]:
+    """A prompt that cannot fit the context, refused in Anthropic's words first ("prompt is too long: N tokens > M
+    maximum"), which Claude Code looks for to tell its user, or to compact the conversation and send it again."""
+    try:
+        yield
+    except BadRequest as error:
+        if error.code != CONTEXT_LENGTH_EXCEEDED:
+            raise
+        sizes = error.details
+        raise BadRequest(f"prompt is too long: {sizes['n_prompt_tokens']} tokens > {sizes['n_ctx']} maximum ({error})",
+                         param=error.param, code=error.code, details=sizes) from error
 
 
 def template_refused(error: BadRequest) -> bool:
