@@ -22,7 +22,7 @@ from duo.llama.backends import gpu_layers_for
 from duo.llama.model import MAX_SEQUENCES, Model, ModelError
 from duo.models.hub import (CATALOG, CPU_DRAFT, DEFAULT_DRAFT, HubError, default_draft, is_present, pull,
                             resolve_model)
-from duo.cli.process import add_process_arguments, check_can_listen, host_port, is_loopback, metrics_server, model_options, run_async, run_server, setup_logging
+from duo.cli.process import add_process_arguments, check_can_listen, flash_attention, host_port, is_loopback, metrics_server, model_options, run_async, run_server, setup_logging
 from duo.llama.worker import ModelWorker
 from duo.net.listening import HttpServer
 from duo.net.options import grpc_server_options
@@ -177,7 +177,7 @@ async def serve(args: argparse.Namespace, model: Model, metrics: DraftMetrics,
     """Serve targets on --listen and join the --join targets (over TLS with `join`), until SIGINT/SIGTERM."""
     drafter = Drafter(model, ModelWorker(), session_context(args, model), args.top_k_cap, observer=metrics,
                       max_branches=args.max_branches, branch_len=args.branch_len, max_sessions=args.max_sessions,
-                      cells=args.kv_cells)
+                      cells=args.kv_cells, flash_attn=flash_attention(args))
     try:
         await drafter.start()  # the shared KV cache, allocated once for all sessions
     except ModelError as error:

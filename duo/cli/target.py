@@ -24,7 +24,7 @@ from duo.llama.backends import on_native_abort
 from duo.constraint import build_tokenizer_in_background
 from duo.llama.model import MAX_SEQUENCES, N_BATCH, Model, ModelError
 from duo.models.hub import CATALOG, DEFAULT_TARGET, HubError, resolve_model
-from duo.cli.process import add_process_arguments, check_can_listen, metrics_server, model_options, run_async, run_server, setup_logging
+from duo.cli.process import add_process_arguments, check_can_listen, flash_attention, metrics_server, model_options, run_async, run_server, setup_logging
 from duo.llama.worker import ModelWorker
 from duo.net.listening import listen_socket
 from duo.net.timeouts import WRITE_TIMEOUT_S
@@ -227,7 +227,7 @@ async def serve(args: argparse.Namespace, path: Path, settings: SpecSettings, op
             lost.loop, lost.worker = asyncio.get_running_loop(), worker
         n_ctx = request_context(args, model)
         target = Target(model, worker, drafts=wants_drafts(args), n_ctx=n_ctx, settings=settings, parallel=args.parallel,
-                        prompt_cache=not args.no_prompt_cache)
+                        prompt_cache=not args.no_prompt_cache, flash_attn=flash_attention(args))
         target.observers.append(metrics)
         target.call_observers.append(metrics)
         await target.batcher()  # the shared context: a size that does not fit fails here, not at a request

@@ -67,9 +67,10 @@ class Drafter:
 
     def __init__(self, model: Model, worker: ModelWorker, n_ctx: int, top_k_cap: int,
                  observer: DraftObserver | None = None, *, max_branches: int = 0, branch_len: int = 0,
-                 max_sessions: int = 16, cells: int | None = None) -> None:
+                 max_sessions: int = 16, cells: int | None = None, flash_attn: bool | None = None) -> None:
         """`n_ctx`: positions per session; `cells`: KV cells shared by all sessions (default default_cells(n_ctx));
-        `max_sessions`: the slots of sequences in the cache."""
+        `max_sessions`: the slots of sequences in the cache; `flash_attn`: llama.cpp's flash attention on or off
+        (None: its own choice)."""
         self.model = model
         self.max_branches = max_branches
         self.branch_len = branch_len
@@ -77,6 +78,7 @@ class Drafter:
         self.n_ctx = min(n_ctx, model.n_ctx_train)  # what a sequence gets (duo.llama.model.Context caps it so)
         self.cells = max(cells or default_cells(self.n_ctx), self.n_ctx)  # as duo.llama.model.Context makes it
         self.max_sessions = max_sessions
+        self.flash_attn = flash_attn
         self.n_vocab = model.n_vocab
         self.top_k_cap = top_k_cap
         self.observer = observer
@@ -103,7 +105,8 @@ class Drafter:
 
     def _new_cache(self) -> DraftCache:
         per_session = 2 if self.max_branches else 1  # the chain's sequence, and the branches'
-        context = self.model.new_context(self.n_ctx, n_seq=self.max_sessions * per_session, cells=self.cells)
+        context = self.model.new_context(self.n_ctx, n_seq=self.max_sessions * per_session, cells=self.cells,
+                                         flash_attn=self.flash_attn)
         return DraftCache(context, self.cells, self.max_sessions, branches=bool(self.max_branches))
 
     async def stop(self) -> None:

@@ -186,8 +186,9 @@ class Model:
         context.decode([self.vocab().eos], 0)
         context.close()
 
-    def new_context(self, n_ctx: int, *, n_batch: int = N_BATCH, n_seq: int = 1, cells: int | None = None) -> "Context":
-        return Context(self, n_ctx=n_ctx, n_batch=n_batch, n_seq=n_seq, cells=cells)
+    def new_context(self, n_ctx: int, *, n_batch: int = N_BATCH, n_seq: int = 1, cells: int | None = None,
+                    flash_attn: bool | None = None) -> "Context":
+        return Context(self, n_ctx=n_ctx, n_batch=n_batch, n_seq=n_seq, cells=cells, flash_attn=flash_attn)
 
     def close(self) -> None:
         self._model.close()
@@ -217,7 +218,12 @@ class Context:
     from sequence 0's prefix at no cost (llama.cpp tags the same cache cells with both ids).
     """
 
-    def __init__(self, model: Model, *, n_ctx: int, n_batch: int, n_seq: int = 1, cells: int | None = None) -> None:
+    def __init__(self, model: Model, *, n_ctx: int, n_batch: int, n_seq: int = 1, cells: int | None = None,
+                 flash_attn: bool | None = None) -> None:
+        """`flash_attn`: llama.cpp's flash attention on or off; None: off on a CPU, where its kernel reads the whole
+        cache once per query row and runs slower than the plain attention (scripts/measure_context.py: at 2k tokens
+        of context the Q4_0 draft took 217 against 127 ms a token, 821 against 477 ms a step of 8), llama.cpp's
+        choice on a GPU (as llama-server's -fa auto)."""
         n_ctx = min(n_ctx, model.n_ctx_train)
         params = llama()._internals.LlamaContext.default_params()
         params.n_ctx = max(cells or n_ctx, n_ctx)
@@ -228,6 +234,11 @@ class Context:
         # and cuts a batch whose sequences hold different numbers of tokens into one call per sequence
         # (measured: 4 sequences of 5, 1, 3, 1 tokens cost 6.3 single steps split, 3.5 unified).
         params.kv_unified = True
+        if flash_attn is None and not model.on_gpu:
+            flash_attn = False
+        if flash_attn is not None:
+            params.flash_attn_type = (llama().LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
+                                      else llama().LLAMA_FLASH_ATTN_TYPE_DISABLED)
         params.n_threads = model.threads
         params.n_threads_batch = model.threads
         params.no_perf = True
@@ -242,6 +253,7 @@ class Context:
             raise ModelError(f"cannot create a context of {params.n_ctx} tokens: {error}") from error
         self.n_ctx = n_ctx
         self.n_seq = n_seq
+        self.flash_attn = flash_attn  # as asked of llama.cpp (None: its choice)
         # llama.cpp pads the cache to a multiple of 256 but caps a batch at the context size asked for.
         self.n_batch = llama().llama_n_batch(self._ctx.ctx)
         self._held: list[list[int]] = [[] for _ in range(n_seq)]  # the tokens in sequence s's cache, by position

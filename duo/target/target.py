@@ -45,10 +45,12 @@ class Target:
 
     def __init__(self, model: Model, worker: ModelWorker, link: DraftConnection | None = None, *,
                  drafts: bool = False, n_ctx: int, settings: SpecSettings, parallel: int = 1,
-                 prompt_cache: bool = True) -> None:
+                 prompt_cache: bool = True, flash_attn: bool | None = None) -> None:
+        """`flash_attn`: llama.cpp's flash attention on or off for the shared context (None: llama.cpp's choice)."""
         self.model = model
         self.worker = worker
         self.n_ctx = n_ctx
+        self.flash_attn = flash_attn
         self.parallel = parallel  # generations at once: one sequence each in the shared context
         self.prompt_cache = prompt_cache  # requests may start from prompt prefixes others left
         self.settings = settings
@@ -69,7 +71,8 @@ class Target:
             if self._batcher is None:
                 n_ctx = min(self.n_ctx, self.model.n_ctx_train)
                 context = await self.worker.create(partial(self.model.new_context, n_seq=self.parallel,
-                                                           cells=n_ctx * self.parallel), n_ctx)
+                                                           cells=n_ctx * self.parallel, flash_attn=self.flash_attn),
+                                                   n_ctx)
                 self._batcher = StepBatcher(self.worker, context, self.control.costs, self.control.any_speculating)
                 self._batcher.observers = self.call_observers
                 self.control.observe_alone(await self.worker.run(one_token_seconds, context))
