@@ -60,6 +60,11 @@ alone's speedup. The chart of aggregate tok/s against clients goes to bench-conc
 MT-bench's as two-turn chats, and adds a table per task group and overall (duo/bench/groups.py), in
 bench.json as summary[T]["groups"][group].
 
+--prompts agent sends the first request of Codex CLI, Claude Code and Qwen Code (8.6k, 18.8k and 14.6k tokens
+once rendered by Qwen2.5-Coder's template; duo/bench/agents.py), one at a time, every server with the model's
+whole context, and adds a table per agent: context, time to first token, decode rate against llama-server
+alone (bench.json summary["agents"]).
+
 Example (2 cores: draft on core 0, target on core 1; F32 target = a slow, memory-bound target):
   duo bench --target qwen2.5-coder-1.5b-instruct-f32 --draft qwen2.5-coder-0.5b-instruct \
       --draft-cores 0 --target-cores 1 --prompts code --temperatures 0 0.7 --reps 2 \
