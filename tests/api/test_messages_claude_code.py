@@ -6,20 +6,29 @@ answered by duo with its draft and read by the anthropic SDK's beta client, as C
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncGenerator, Iterator, Sequence
 from pathlib import Path
 
 import anthropic
 import httpx
+import httpx2
 import pytest
 
+from duo.api.anthropic import answer
 from duo.api.anthropic.body import CountTokensBody, MessagesBody
 from duo.api.anthropic.translate import chat_body
-from duo.api.serving.request import BadRequest
+from duo.api.http import create_app
+from duo.api.serving.admit import Admission
+from duo.api.serving.generate import Completion, Completions, Piece
+from duo.api.serving.metrics import Metrics
+from duo.api.serving.request import BadRequest, CompletionRequest
+from duo.api.tools import HERMES, CallFormat
+from duo.target.request import GenerationStats
 from helpers.http import post
 from helpers.processes import Process, start
 from helpers.tiny_models import write_tiny_model
@@ -292,6 +301,79 @@ def test_the_title_request_answers_json_that_matches_its_schema_whole_and_stream
         title = json.loads(block.text)
         assert set(title) == {"title"} and len(title["title"]) <= 12, block.text
         assert message.stop_reason == "end_turn"
+
+
+# --- a slow target: pings keep the stream alive ---------------------------------------------------------------------
+
+class Released:
+    """A completion's running place, as the scripted completions hold none."""
+
+    def release(self) -> None:
+        pass
+
+
+class SlowCompletions(Completions):
+    """Completions whose model reads its prompt for `prompt_s` seconds, then writes `pieces` one every `piece_s`
+    seconds, in Hermes' call format."""
+
+    def __init__(self, pieces: list[str], prompt_s: float, piece_s: float) -> None:
+        super().__init__(Admission(1, 1), Metrics(), ["slow"])
+        self.pieces, self.prompt_s, self.piece_s = pieces, prompt_s, piece_s
+
+    def call_format(self) -> CallFormat | None:
+        return HERMES
+
+    async def start_choices(self, requests: Sequence[CompletionRequest]) -> list[Completion]:
+        return [Completion(self._written(), Released())]
+
+    async def _written(self) -> AsyncGenerator[Piece, None]:
+        await asyncio.sleep(self.prompt_s)
+        for i, text in enumerate(self.pieces):
+            if i:
+                await asyncio.sleep(self.piece_s)
+            last = i == len(self.pieces) - 1
+            yield Piece(text, [], "stop" if last else None, GenerationStats(prompt_tokens=5, generated_tokens=i + 1),
+                        False)
+
+
+# A call whose arguments take a while to write: no event tells of them until the call ends.
+SLOW_CALL = (["Writing.", "\n<tool_call>\n", '{"name": "Write", "arguments": '] + ['{"file_path": "/h.py", '] +
+             ['"content": "'] + ["print(1)\\n"] * 8 + ['"}}', "\n</tool_call>"])
+
+
+def slow_stream(pieces: list[str], prompt_s: float, piece_s: float) -> tuple[list[str], anthropic.types.Message]:
+    """The event names of the slow model's streamed answer to FIRST_TURN, and the message the SDK assembles."""
+    app = create_app(SlowCompletions(pieces, prompt_s, piece_s), Metrics(), None)
+
+    async def streamed() -> tuple[list[str], anthropic.types.Message]:
+        http = httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://duo")
+        raw = await http.post("/v1/messages?beta=true", json={**FIRST_TURN, "stream": True})
+        client = anthropic.AsyncAnthropic(base_url="http://duo", api_key="none", max_retries=0, http_client=http)
+        async with client.beta.messages.stream(**FIRST_TURN, betas=BETAS) as stream:
+            message = await stream.get_final_message()
+        return [name for name, _ in sse_events(raw.text)], message
+    return asyncio.run(streamed())
+
+
+def test_while_the_prompt_is_read_and_while_a_call_is_written_the_stream_pings(monkeypatch):
+    monkeypatch.setattr(answer, "PING_INTERVAL_S", 0.05)
+    names, message = slow_stream(SLOW_CALL, prompt_s=0.5, piece_s=0.06)
+    assert names[0] == "message_start"  # at once: its usage is message_delta's
+    first_block = names.index("content_block_start")
+    assert names[1:first_block] == ["ping"] * (first_block - 1) and first_block >= 5  # the prompt read for 0.5 s
+    call_start = names.index("content_block_start", first_block + 1)
+    call_input = names.index("content_block_delta", call_start)
+    assert names[call_start + 1:call_input] == ["ping"] * (call_input - call_start - 1)
+    assert call_input - call_start - 1 >= 4  # its arguments written in 0.6 s
+    [text, call] = message.content
+    assert text.text == "Writing.\n" and call.input == {"file_path": "/h.py", "content": "print(1)\n" * 8}
+    assert message.stop_reason == "tool_use" and message.usage.input_tokens == 5
+
+
+def test_a_stream_that_never_waits_long_has_no_more_pings_than_its_first():
+    names, message = slow_stream(SLOW_CALL, prompt_s=0, piece_s=0)
+    assert names.count("ping") == 1 and names[:2] == ["message_start", "ping"]
+    assert message.content[1].input["file_path"] == "/h.py"
 
 
 # --- a template that takes a system message first only -------------------------------------------------------------

@@ -3,9 +3,12 @@ server-sent events (message_start, content_block_start / _delta / _stop per bloc
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Sequence
+from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
 from duo.api.openai.errors import api_error, generation_error
@@ -21,6 +24,11 @@ if TYPE_CHECKING:  # as duo.api.output.deltas names them: the tools package buil
     from duo.api.tools import CallFormat, FunctionBody
 
 Event = dict[str, Any]  # one server-sent event's data; its "type" names the event
+# How often a stream says that it is alive (a ping) when it has nothing else to send: while the prompt is read, and
+# while a call is written (its input is sent whole at its end). Claude Code drops a stream silent for 5 minutes
+# (CLAUDE_STREAM_IDLE_TIMEOUT_MS) and sends it again: an agent's long prompt read on one core, or a long file written
+# in a call, outlasts that.
+PING_INTERVAL_S = 10.0
 
 
 def tool_input(arguments: str) -> str:
@@ -140,31 +148,44 @@ class MessagesFormat:
                 "duo_stats": last.stats.fields(last.draft_connected)}
 
     async def events(self, choice: AsyncIterable[Piece], include_usage: bool) -> AsyncIterator[str]:
-        """The answer's events as it streams; `include_usage` does not apply (usage comes with message_start and
-        message_delta, as Anthropic sends it). A failure ends the stream with an error event."""
+        """The answer's events as it streams; `include_usage` does not apply (usage comes with message_delta, as
+        Anthropic sends it). message_start comes at once, before the prompt is read, and a ping whenever
+        PING_INTERVAL_S passed with no other event. A failure ends the stream with an error event."""
         blocks = ContentBlocks()
         splitter: AnswerSplitter | None = None
         pieces: list[Piece] = []
+        yield sse({"type": "message_start", "message": self._message([], GenerationStats())})
+        yield sse({"type": "ping"})
+        said = time.monotonic()  # when the last event was sent
         try:
-            async for piece in choice:
-                if splitter is None:  # the prompt is read: its tokens are known, and whether it opened reasoning
-                    splitter = answer_splitter(self.functions, self.call_format, reasoning=piece.reasoning)
-                    yield sse({"type": "message_start", "message": self._message([], piece.stats)})
-                    yield sse({"type": "ping"})
-                pieces.append(piece)
-                for event in blocks.feed(splitter.feed(piece.text)):
-                    yield sse(event)
-                if piece.finish_reason:
-                    for event in blocks.feed(splitter.finish()) + blocks.close():
+            async with aclosing(beating(choice, PING_INTERVAL_S)) as beats:
+                async for piece in beats:
+                    events: list[Event] = []
+                    if piece is not None:
+                        if splitter is None:  # the prompt is read: whether it opened reasoning is known
+                            splitter = answer_splitter(self.functions, self.call_format, reasoning=piece.reasoning)
+                        pieces.append(piece)
+                        events = blocks.feed(splitter.feed(piece.text))
+                        if piece.finish_reason:
+                            events += self._ending(blocks, splitter, pieces)
+                    if not events and time.monotonic() - said >= PING_INTERVAL_S:
+                        events = [{"type": "ping"}]
+                    for event in events:
                         yield sse(event)
-                    yield sse({"type": "message_delta", "delta": self._stop(pieces, blocks.calls),
-                               "usage": usage(piece.stats), "duo_stats": piece.stats.fields(piece.draft_connected)})
-                    yield sse({"type": "message_stop"})
+                    said = time.monotonic() if events else said
         except ShuttingDown as error:
             yield _error_event(api_error(error).status, str(error))
         except Exception as error:  # this request's own failure: an error event ends the stream
             failure = generation_error(error)
             yield _error_event(failure.status, str(failure))
+
+    def _ending(self, blocks: ContentBlocks, splitter: AnswerSplitter, pieces: list[Piece]) -> list[Event]:
+        """The last blocks' events, then message_delta (the stop, the whole usage) and message_stop."""
+        last = pieces[-1]
+        events = blocks.feed(splitter.finish()) + blocks.close()
+        return events + [{"type": "message_delta", "delta": self._stop(pieces, blocks.calls),
+                          "usage": usage(last.stats), "duo_stats": last.stats.fields(last.draft_connected)},
+                         {"type": "message_stop"}]
 
     def _message(self, content: list[dict[str, Any]], stats: GenerationStats) -> dict[str, Any]:
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": content,
@@ -181,6 +202,32 @@ class MessagesFormat:
         if last.stop_word:
             return {"stop_reason": "stop_sequence", "stop_sequence": last.stop_word}
         return {"stop_reason": "end_turn", "stop_sequence": None}
+
+
+async def beating(pieces: AsyncIterable[Piece], interval: float) -> AsyncIterator[Piece | None]:
+    """`pieces` as they come, and None each time `interval` seconds pass without one (while the prompt is read).
+    The next piece is awaited in a task of its own, so that waiting for it can time out without cancelling it; on
+    leaving, that task is cancelled and awaited, so that the pieces can be closed after."""
+    iterator = aiter(pieces)
+    waiting: asyncio.Future[Piece] | None = None
+    try:
+        while True:
+            if waiting is None:
+                waiting = asyncio.ensure_future(anext(iterator))
+            done, _ = await asyncio.wait({waiting}, timeout=interval)
+            if not done:
+                yield None
+                continue
+            try:
+                piece = waiting.result()
+            except StopAsyncIteration:
+                return
+            waiting = None
+            yield piece
+    finally:
+        if waiting is not None:
+            waiting.cancel()
+            await asyncio.gather(waiting, return_exceptions=True)
 
 
 def sse(data: Event) -> str:
