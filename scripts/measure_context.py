@@ -1,7 +1,7 @@
 """What speculation costs as the context grows: each model's verify step T(k) and prefill rate per context length.
 
 For the target and the draft in turn (one at a time, each on --threads cores, so the two never share a core), with
-llama.cpp's flash attention as each of --flash-attn says, a
+llama.cpp's flash attention as each of --flash-attn says (a context each, their calls timed in turn), a
 code prompt (duo's own sources) is read into one context up to each length of --contexts, and at each length:
   prefill   tokens per second reading the stretch from the previous length to this one (chunks of 512, as served)
   T(k)      the median seconds of a call of k tokens after the context (k = 1..--max-k; rolled back after each):
@@ -38,36 +38,47 @@ def code_tokens(model: Model, count: int) -> list[int]:
     return tokens[:count]
 
 
-def call_seconds(context, pos: int, tokens: list[int], reps: int) -> float:
-    """Median seconds of decoding `tokens` at `pos` with a row for each (a verify step's shape), rolled back after."""
-    times = []
-    for _ in range(reps):
-        began = time.perf_counter()
-        context.decode(tokens, pos, logits_for=list(range(len(tokens))))
-        times.append(time.perf_counter() - began)
-        context.rollback(pos)
-    return statistics.median(times)
+def time_call(context, pos: int, tokens: list[int]) -> float:
+    """Seconds of decoding `tokens` at `pos` with a row for each (a verify step's shape), rolled back after."""
+    began = time.perf_counter()
+    context.decode(tokens, pos, logits_for=list(range(len(tokens))))
+    seconds = time.perf_counter() - began
+    context.rollback(pos)
+    return seconds
 
 
 def measure_model(path: str, contexts: list[int], max_k: int, reps: int, threads: int,
-                  flash_attn: bool | None = None) -> list[dict]:
-    """Per context length: the prefill rate of the stretch before it, and T(k) for k = 1..max_k (llama.cpp's flash
-    attention as `flash_attn` says, None: its own choice)."""
+                  modes: list[bool | None]) -> dict[str, list[dict]]:
+    """Per flash-attention mode (FLASH), per context length: the prefill rate of the stretch before it, and T(k) for
+    k = 1..max_k. One context per mode, read alike; the calls of every mode are timed in turn, repetition by
+    repetition, so that the machine's noise (other processes on the core) hits all modes alike."""
     model = Model(path, threads=threads)
-    context = model.new_context(max(contexts) + max_k + 8, flash_attn=flash_attn)
+    held = {mode: model.new_context(max(contexts) + max_k + 8, flash_attn=mode) for mode in modes}
     tokens = code_tokens(model, max(contexts) + max_k)
-    rows, pos = [], 0
+    rows: dict[str, list[dict]] = {FLASH[mode]: [] for mode in modes}
+    pos = 0
     for length in sorted(contexts):
-        began = time.perf_counter()
-        context.decode(tokens[pos:length], pos)
-        prefill_s = time.perf_counter() - began
-        rows.append({"context": length, "prefill_tok_s": (length - pos) / prefill_s, "prefill_s": prefill_s,
-                     "t_ms": {k: 1000 * call_seconds(context, length, tokens[length:length + k], reps)
-                              for k in range(1, max_k + 1)}})
+        prefill = {}
+        for mode, context in held.items():
+            began = time.perf_counter()
+            context.decode(tokens[pos:length], pos)
+            prefill[mode] = time.perf_counter() - began
+        times: dict[tuple[bool | None, int], list[float]] = {(mode, k): [] for mode in modes
+                                                              for k in range(1, max_k + 1)}
+        for _ in range(reps):
+            for k in range(1, max_k + 1):
+                for mode, context in held.items():
+                    times[mode, k].append(time_call(context, length, tokens[length:length + k]))
+        for mode in modes:
+            t_ms = {k: 1000 * statistics.median(times[mode, k]) for k in range(1, max_k + 1)}
+            rows[FLASH[mode]].append({"context": length, "prefill_tok_s": (length - pos) / prefill[mode],
+                                      "prefill_s": prefill[mode], "t_ms": t_ms})
+            print(f"  {Path(path).name}, flash attention {FLASH[mode]}, @ {length}: prefill "
+                  f"{(length - pos) / prefill[mode]:.0f} tok/s, T(1) {t_ms[1]:.1f} ms, T({max_k}) {t_ms[max_k]:.1f} ms",
+                  flush=True)
         pos = length
-        print(f"  {Path(path).name} (flash attention {FLASH[flash_attn]}) @ {length}: prefill {rows[-1]['prefill_tok_s']:.0f} tok/s, "
-              f"T(1) {rows[-1]['t_ms'][1]:.1f} ms, T({max_k}) {rows[-1]['t_ms'][max_k]:.1f} ms", flush=True)
-    context.close()
+    for context in held.values():
+        context.close()
     model.close()
     return rows
 
@@ -119,18 +130,17 @@ def main() -> None:
                              "on a CPU; default: %(default)s)")
     parser.add_argument("--json", type=Path, default=None, help="also write the measurements here")
     args = parser.parse_args()
-    results = {}
-    for mode in args.flash_attn:
-        flash_attn = {"auto": None, "on": True, "off": False}[mode]
-        print(f"target, flash attention {mode}:", flush=True)
-        targets = measure_model(args.target, args.contexts, args.max_k, args.reps, args.threads, flash_attn)
-        print(f"draft, flash attention {mode}:", flush=True)
-        drafts = measure_model(args.draft, args.contexts, args.max_k, args.reps, args.threads, flash_attn)
-        results[mode] = {"targets": targets, "drafts": drafts}
-        print(f"flash attention {mode}:\n{table(targets, drafts, args.alpha, args.max_k)}", flush=True)
+    modes = [{"auto": None, "on": True, "off": False}[mode] for mode in args.flash_attn]
+    print("target:", flush=True)
+    targets = measure_model(args.target, args.contexts, args.max_k, args.reps, args.threads, modes)
+    print("draft:", flush=True)
+    drafts = measure_model(args.draft, args.contexts, args.max_k, args.reps, args.threads, modes)
+    for mode in targets:
+        print(f"flash attention {mode}:\n{table(targets[mode], drafts[mode], args.alpha, args.max_k)}")
     if args.json:
         args.json.write_text(json.dumps({"target": args.target, "draft": args.draft, "threads": args.threads,
-                                         "alpha": args.alpha, "by_flash_attn": results}, indent=1))
+                                         "alpha": args.alpha, "reps": args.reps, "targets": targets,
+                                         "drafts": drafts}, indent=1))
 
 
 if __name__ == "__main__":
