@@ -22,9 +22,9 @@ class Agent:
     # Read-only tools of its default set, in order of preference, that the proxy may force the first call to
     # (arguments are sampled from the schema by a random model: never a shell or a write tool).
     harmless_tools: tuple[str, ...]
-    # Whether it reaches 127.0.0.1 directly while HTTP(S)_PROXY is set with NO_PROXY=127.0.0.1: those that do
-    # run with the proxy variables pointed at a trap, so that any other destination is seen and fails.
-    honours_no_proxy: bool
+    # How a connection beyond 127.0.0.1 is caught: "proxy", HTTP(S)_PROXY pointed at a trap (with NO_PROXY=127.0.0.1,
+    # for a client that honours it), or "node", a guard preloaded into a client that runs on Node.
+    guard: str
 
     def executable(self) -> Path:
         return installed(self.package, self.version, self.binary)
@@ -92,11 +92,12 @@ def qwen_code(agent: Agent, home: Path, proxy_url: str) -> tuple[list[str], dict
 CONFIGURE = {"codex": codex, "claude-code": claude_code, "qwen-code": qwen_code}
 
 AGENTS = (
-    Agent("codex", "@openai/codex", "0.171.0", "codex", "/v1/responses", ("get_goal", "view_image"), True),
+    Agent("codex", "@openai/codex", "0.171.0", "codex", "/v1/responses", ("get_goal", "view_image"), "proxy"),
+    # Claude Code's npm package is a native executable: no Node guard can be preloaded into it.
     Agent("claude-code", "@anthropic-ai/claude-code", "2.1.197", "claude", "/v1/messages",
-          ("TaskList", "Read", "Glob"), True),
+          ("TaskList", "Read", "Glob"), "proxy"),
     # Qwen Code sends every request through HTTPS_PROXY when it is set, 127.0.0.1 included (its OpenAI client
-    # takes a ProxyAgent without NO_PROXY): it runs without the trap, on its own settings alone.
+    # takes a ProxyAgent that reads no NO_PROXY): a trap would catch duo's traffic too.
     Agent("qwen-code", "@qwen-code/qwen-code", "0.15.10", "qwen", "/v1/chat/completions",
-          ("list_directory", "glob", "read_file"), False),
+          ("list_directory", "glob", "read_file"), "node"),
 )

@@ -67,13 +67,14 @@ def force(path: str, body: dict, name: str) -> None:
 
 
 def answer_briefly(path: str, body: dict) -> None:
-    if path.endswith("/responses"):
+    """Hold the answer to ANSWER, unless the client asked for a format of its own (Claude Code's session title)."""
+    if path.endswith("/responses") and not (body.get("text") or {}).get("format"):
         body["text"] = {**(body.get("text") or {}),
                         "format": {"type": "json_schema", "name": "done", "schema": ANSWER}}
-    elif path.endswith("/messages"):
+    elif path.endswith("/messages") and not (body.get("output_config") or {}).get("format"):
         body["output_config"] = {**(body.get("output_config") or {}),
                                  "format": {"type": "json_schema", "schema": ANSWER}}
-    else:
+    elif path.endswith("/chat/completions") and not body.get("response_format"):
         body["response_format"] = {"type": "json_schema", "json_schema": {"name": "done", "schema": ANSWER}}
 
 

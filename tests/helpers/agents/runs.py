@@ -13,7 +13,8 @@ from helpers.agents.forcing import FirstCallForcer
 from helpers.agents.proxy import Exchange, LoggingProxy
 from helpers.agents.trap import ProxyTrap
 
-TIMEOUT = 120  # seconds for one run; the tiny models answer each call in seconds
+TIMEOUT = 240  # seconds for one run: the tiny models read a 19k-token prompt in a minute on a loaded core
+NODE_GUARD = Path(__file__).with_name("node_guard.cjs")
 
 
 @dataclass
@@ -23,7 +24,7 @@ class AgentRun:
     output: str  # stdout and stderr together
     exchanges: list[Exchange]
     forced: FirstCallForcer
-    attempts: list[str]  # connections the trap refused: anything headed beyond 127.0.0.1
+    attempts: list[str]  # connections refused (by the trap or the Node guard): anything headed beyond 127.0.0.1
     seconds: float
 
     def model_calls(self) -> list[Exchange]:
@@ -34,7 +35,7 @@ class AgentRun:
                  f" forced {self.forced.forced!r}"]
         lines += [f"  {e.summary()} {e.answer[:300]!r}" if e.status >= 300 else f"  {e.summary()}"
                   for e in self.exchanges]
-        lines += [f"  trapped: {a}" for a in self.attempts]
+        lines += [f"  refused: {a}" for a in self.attempts]
         return "\n".join(lines + ["--- output (tail) ---", self.output[-3000:]])
 
 
@@ -46,10 +47,9 @@ def run_agent(agent: Agent, upstream: str, tmp: Path) -> AgentRun:
     forcer = FirstCallForcer(agent)
     with LoggingProxy(upstream, forcer) as proxy, ProxyTrap() as trap:
         argv, variables = agent.command(home, proxy.url)
-        env = {**isolated_environment(home), **variables}
-        if agent.honours_no_proxy:
-            env |= {"HTTPS_PROXY": trap.url, "HTTP_PROXY": trap.url, "ALL_PROXY": trap.url,
-                    "NO_PROXY": "127.0.0.1,localhost"}
+        guard_log = tmp / "node-guard.log"
+        guard_log.touch()
+        env = {**isolated_environment(home), **variables, **guarded(agent, trap, guard_log)}
         started = time.monotonic()
         try:
             done = subprocess.run(argv, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -59,7 +59,15 @@ def run_agent(agent: Agent, upstream: str, tmp: Path) -> AgentRun:
             returncode, output = -1, (expired.stdout or b"").decode(errors="replace") + f"\n(killed after {TIMEOUT}s)"
         seconds = time.monotonic() - started
         wait_for_answers(proxy)
-    return AgentRun(agent, returncode, output, list(proxy.exchanges), forcer, list(trap.attempts), seconds)
+    attempts = trap.attempts + guard_log.read_text().splitlines()
+    return AgentRun(agent, returncode, output, list(proxy.exchanges), forcer, attempts, seconds)
+
+
+def guarded(agent: Agent, trap: ProxyTrap, guard_log: Path) -> dict[str, str]:
+    """The environment variables that catch `agent`'s connections beyond 127.0.0.1."""
+    if agent.guard == "node":
+        return {"NODE_OPTIONS": f"--require {NODE_GUARD}", "DUO_NODE_GUARD_LOG": str(guard_log)}
+    return {"HTTPS_PROXY": trap.url, "HTTP_PROXY": trap.url, "ALL_PROXY": trap.url, "NO_PROXY": "127.0.0.1,localhost"}
 
 
 def isolated_environment(home: Path) -> dict[str, str]:
