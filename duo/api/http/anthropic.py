@@ -82,7 +82,7 @@ def system_turns_named(body: CountTokensBody) -> Iterator[None]:
 
 @contextmanager
 def too_long_in_anthropics_words() -> Iterator[None]:
-    """A prompt that cannot fit the context, refused in Anthropic's words first ("prompt is too long: N tokens > M
+    """A prompt that cannot fit the context, refused in Anthropic's words too ("prompt is too long: N tokens > M
     maximum"), which Claude Code looks for to tell its user, or to compact the conversation and send it again."""
     try:
         yield
@@ -90,7 +90,7 @@ def too_long_in_anthropics_words() -> Iterator[None]:
         if error.code != CONTEXT_LENGTH_EXCEEDED:
             raise
         sizes = error.details
-        raise BadRequest(f"prompt is too long: {sizes['n_prompt_tokens']} tokens > {sizes['n_ctx']} maximum ({error})",
+        raise BadRequest(f"{error} (prompt is too long: {sizes['n_prompt_tokens']} tokens > {sizes['n_ctx']} maximum)",
                          param=error.param, code=error.code, details=sizes) from error
 
 
