@@ -2,7 +2,9 @@
 against a recording server: a system message in the middle of `messages`, adaptive thinking, context_management,
 output_config, metadata, cache_control on system blocks and the last message, `?beta=true` and its anthropic-beta
 list on every path, a title request whose output_config.format is a JSON schema) translated without a model, then
-answered by duo with its draft and read by the anthropic SDK's beta client, as Claude Code reads them."""
+answered by duo with its draft and read by the anthropic SDK's beta client, as Claude Code reads them; the errors
+Claude Code acts on (a system message the template refuses, a prompt too long) in the words it looks for; and a
+slow model's stream kept alive by pings for Claude Code's idle watchdog."""
 
 from __future__ import annotations
 
