@@ -24,6 +24,7 @@ from duo.api.serving.request import BadRequest
 from duo.api.responses.body import ResponsesBody
 from duo.api.http.responses import ResponsesApi
 from duo.api.responses.store import ResponseStore, characters
+from duo.api.responses.tools import ResponsesTools
 from helpers.scripted import scripted
 from helpers.http import post
 
@@ -114,7 +115,7 @@ def test_a_conversation_held_and_continued_with_more_messages_than_the_context_h
     held = tuple([USER] * (CONTEXT // 2))  # each turn fit; together they cannot
     body = ResponsesBody.model_validate({"input": [USER] * (CONTEXT // 2), "previous_response_id": "resp_1"})
     with pytest.raises(BadRequest) as refused:
-        ResponsesApi(answering=None)._translated(body, held, CONTEXT)  # type: ignore[arg-type]
+        ResponsesApi(answering=None)._translated(body, held, ResponsesTools(()), CONTEXT)  # type: ignore[arg-type]
     assert refused.value.param == "input" and refused.value.details["n_prompt_tokens"] == CONTEXT
 
 
