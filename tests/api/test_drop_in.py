@@ -82,6 +82,17 @@ def test_health_and_the_model_list_stay_public_with_a_key():
     assert asgi_call(app, "GET", "/props").status_code == 401
 
 
+def test_head_is_answered_as_get_without_a_body_as_llama_servers_http_server_answers_it():
+    app = an_app()  # Claude Code's first request: HEAD of its base URL, public as the page is
+    for path in ("/", "/v1/models"):
+        got, head = asgi_call(app, "GET", path), asgi_call(app, "HEAD", path)
+        assert head.status_code == got.status_code == 200, path
+        assert head.headers["content-type"] == got.headers["content-type"] and head.content == b"", path
+    assert asgi_call(app, "HEAD", "/slots").status_code == 401  # the key still guards what GET guards
+    key = {"Authorization": "Bearer sekrit"}
+    assert asgi_call(app, "HEAD", "/v1/chat/completions", key).status_code == 405  # POST routes take no HEAD
+
+
 def test_cors_origin_narrows_the_origins_answered():
     app = an_app(origins=["http://allowed.example"])
     allowed = asgi_call(app, "GET", "/v1/models", {"Origin": "http://allowed.example"})

@@ -8,6 +8,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp
 
@@ -61,8 +62,17 @@ def create_app(completions: Completions, metrics: Metrics, api_key: str | None, 
     add_responses_routes(app, answering)
     add_messages_routes(app, answering)
     add_page_routes(app)  # the chat page at /, as llama-server's
+    answer_head_as_get(app)
     add_error_handlers(app)
     return Cors(Gate(app, completions.max_body_bytes, api_key), cors_origins, keyed=bool(api_key))
+
+
+def answer_head_as_get(app: FastAPI) -> None:
+    """HEAD on every GET route, as llama-server's HTTP server answers it (the headers of the GET, no body): Claude
+    Code's first request is a HEAD of its base URL, to warm the connection."""
+    for route in app.routes:
+        if isinstance(route, APIRoute) and "GET" in route.methods:
+            route.methods.add("HEAD")
 
 
 def add_error_handlers(app: FastAPI) -> None:
