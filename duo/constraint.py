@@ -256,6 +256,9 @@ class Compiler:
     async def compile(self, model: VocabModel, grammar: str) -> Cursor:
         if self.running >= self.most:
             raise CompilerBusy(f"{self.running} grammars are compiling; retry in a few seconds")
+        # The vocabulary is built once per process, from its start (build_tokenizer_in_background: seconds on a
+        # loaded core): waiting for it is the process starting, not this grammar's cost, so it is not budgeted.
+        await asyncio.to_thread(tokenizer_for, model)
         loop = asyncio.get_running_loop()
         done: asyncio.Future[Cursor] = loop.create_future()
         self.running += 1

@@ -17,6 +17,7 @@ from duo.api.http import create_app
 from duo.api.serving.limits import MAX_JSON_DEPTH
 from duo.api.serving.metrics import Metrics
 from duo.api.serving.request import CompletionRequest
+from duo import constraint
 from duo.constraint import Compiler, GrammarTooCostly, checked_cursor, grammar_of
 from duo.draft.metrics import DraftMetrics
 from duo.draft.service import Connection, SessionLimits
@@ -150,6 +151,22 @@ def test_a_slow_compile_answers_within_its_budget_and_never_stalls_the_event_loo
 
     answered, worst_gap = asyncio.run(run())
     assert answered < 0.5 and worst_gap < 0.1
+
+
+def test_waiting_for_the_vocabulary_still_being_built_at_start_is_not_charged_to_the_grammars_budget(
+        target_model, monkeypatch):
+    built = constraint.tokenizer_for(target_model)
+    building = {"left": 1}
+
+    def slow_first_build(model):  # the process's first grammar comes while the vocabulary is still being built
+        if building["left"]:
+            building["left"] -= 1
+            time.sleep(0.5)
+        return built
+
+    monkeypatch.setattr(constraint, "tokenizer_for", slow_first_build)
+    cursor = asyncio.run(Compiler(budget_s=0.3).compile(target_model, grammar_of("regex", "(yes|no)")))
+    assert cursor.allowed().any() and not building["left"]
 
 
 def test_a_costly_grammar_over_http_is_a_400_naming_its_field_and_the_place_comes_back(served_alone):
