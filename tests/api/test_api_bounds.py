@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from duo.api.serving import bodies
 from duo.api.openai.bodies import ChatBody
 from duo.api.http import create_app
-from duo.api.serving.limits import MAX_ID_LENGTH, MAX_NAME_LENGTH, BodyLimits
+from duo.api.serving.limits import MAX_ID_LENGTH, MAX_NAME_LENGTH, MAX_OBJECT_KEYS, BodyLimits
 from duo.api.serving.metrics import Metrics
 from duo.api.serving.read import check_shape, parse_body
 from duo.api.serving.prepare import Preparer
@@ -109,6 +109,20 @@ def test_lists_within_their_bounds_pass_the_shape_check():
     check_shape({"messages": [{"role": "assistant", "tool_calls": [call("c" * MAX_ID_LENGTH, "f" * MAX_NAME_LENGTH)]}],
                  "tools": [{"type": "function", "function": {"name": "f" * MAX_NAME_LENGTH}}]},
                 BodyLimits(CONTEXT, 10))
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"output_config": {"format": {"type": "json_schema", "schema": "WIDE"}}}, "output_config.format.schema"),
+    ({"output_format": {"type": "json_schema", "schema": "WIDE"}}, "output_format.schema"),
+    ({"tools": [{"type": "namespace", "name": "n", "tools": [{"type": "function", "name": "f", "parameters": "WIDE"}]}]},
+     "tools[0].tools[0].parameters"),
+])
+def test_the_schemas_messages_and_responses_take_are_bounded_at_their_top_before_validation(body, param):
+    wide = {"type": "object", "properties": {}, **{f"k{i}": 1 for i in range(MAX_OBJECT_KEYS + 1)}}
+    raw = json.loads(json.dumps(body).replace('"WIDE"', json.dumps(wide)))
+    with pytest.raises(BadRequest) as refused:
+        check_shape(raw, BodyLimits(CONTEXT, 10))
+    assert refused.value.param == param
 
 
 def test_a_conversation_held_and_continued_with_more_messages_than_the_context_holds_is_too_long():

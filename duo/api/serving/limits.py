@@ -25,7 +25,8 @@ MAX_INCLUDE = 64  # the Responses API's include: OpenAI knows a handful of value
 MAX_OBJECT_KEYS = 1024
 OBJECTS = ("json_schema", "response_format.schema", "response_format.json_schema.schema", "text.format.schema",
            "tools[*].parameters", "tools[*].function.parameters", "tools[*].input_schema", "chat_template_kwargs",
-           "metadata", "reasoning")
+           "metadata", "reasoning", "output_config.format.schema", "output_format.schema",
+           "tools[*].tools[*].parameters")
 # Names and ids, in characters. A function's name is rendered by the chat template (OpenAI allows 64 characters);
 # a call's id seldom is (OpenAI's are about 30 characters, Anthropic's about 30, Mistral's template takes 9), yet
 # both are checked for control tokens, copied into every later turn and held for previous_response_id: a
