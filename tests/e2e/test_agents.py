@@ -9,6 +9,7 @@ harmless tool of the client's own and holds the other answers to one word (helpe
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from helpers.agents.clients import AGENTS, Agent
+from helpers.agents.forcing import ANSWER
 from helpers.agents.runs import AgentRun, run_agent
 from helpers.agents.streams import called, malformations, returned_results
 from helpers.http import scrape
@@ -80,6 +82,8 @@ def test_every_stream_is_well_formed_and_the_agent_takes_it(run):
         assert malformations(exchange.path, exchange.answer) == [], f"{exchange.summary()}\n{done.report()}"
     assert done.returncode == 0, done.report()
     assert not CLIENT_ERRORS.search(done.output), done.report()
+    # The last answer, as the client printed it: the client read that stream to its end.
+    assert json.dumps(ANSWER["enum"][0]) in done.output, done.report()
 
 
 def test_the_forced_tool_call_goes_out_and_its_result_comes_back(run):

@@ -20,13 +20,13 @@ def installed(package: str, version: str, binary: str) -> Path:
     CACHE.mkdir(parents=True, exist_ok=True)
     # Installed beside the cache and renamed into place: an install cut short is never taken for a whole one.
     staging = Path(tempfile.mkdtemp(prefix=f"{prefix.name}.", dir=CACHE))
-    try:
-        subprocess.run(["npm", "install", "--prefix", str(staging), "--no-audit", "--no-fund", "--no-save",
-                        f"{package}@{version}"], check=True, capture_output=True, timeout=600)
-        staging.rename(prefix)
-    except (subprocess.CalledProcessError, OSError) as error:
+    done = subprocess.run(["npm", "install", "--prefix", str(staging), "--no-audit", "--no-fund", "--no-save",
+                           f"{package}@{version}"], capture_output=True, timeout=600)
+    if done.returncode != 0:
         shutil.rmtree(staging, ignore_errors=True)
-        if isinstance(error, OSError) and executable.exists():
-            return executable  # another run installed it meanwhile
-        raise
+        raise RuntimeError(f"npm install {package}@{version} failed:\n{done.stderr.decode(errors='replace')[-2000:]}")
+    try:
+        staging.rename(prefix)
+    except OSError:  # another run installed it meanwhile
+        shutil.rmtree(staging, ignore_errors=True)
     return executable
