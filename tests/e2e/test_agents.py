@@ -64,8 +64,9 @@ def run(request: pytest.FixtureRequest, agents_target: Process,
     agent.executable()  # installed (minutes, once) before the run's clock starts
     before = scrape(agents_target).get(ACCEPTED, 0.0)
     done = run_agent(agent, agents_target.http_url, tmp_path_factory.mktemp(agent.name))
-    print(done.report())
-    return done, scrape(agents_target).get(ACCEPTED, 0.0) - before
+    accepted = scrape(agents_target).get(ACCEPTED, 0.0) - before
+    print(f"{done.report()}\n  draft tokens accepted: {accepted:g}")  # shown with -s: the run as it went
+    return done, accepted
 
 
 def test_every_request_the_agent_sends_is_answered_2xx(run):

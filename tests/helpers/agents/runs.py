@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
 from dataclasses import dataclass
@@ -51,12 +52,7 @@ def run_agent(agent: Agent, upstream: str, tmp: Path) -> AgentRun:
         guard_log.touch()
         env = {**isolated_environment(home), **variables, **guarded(agent, trap, guard_log)}
         started = time.monotonic()
-        try:
-            done = subprocess.run(argv, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, timeout=TIMEOUT)
-            returncode, output = done.returncode, done.stdout.decode(errors="replace")
-        except subprocess.TimeoutExpired as expired:
-            returncode, output = -1, (expired.stdout or b"").decode(errors="replace") + f"\n(killed after {TIMEOUT}s)"
+        returncode, output = run_bounded(argv, work, env)
         seconds = time.monotonic() - started
         wait_for_answers(proxy)
     attempts = trap.attempts + guard_log.read_text().splitlines()
@@ -68,6 +64,21 @@ def guarded(agent: Agent, trap: ProxyTrap, guard_log: Path) -> dict[str, str]:
     if agent.guard == "node":
         return {"NODE_OPTIONS": f"--require {NODE_GUARD}", "DUO_NODE_GUARD_LOG": str(guard_log)}
     return {"HTTPS_PROXY": trap.url, "HTTP_PROXY": trap.url, "ALL_PROXY": trap.url, "NO_PROXY": "127.0.0.1,localhost"}
+
+
+def run_bounded(argv: list[str], cwd: Path, env: dict[str, str]) -> tuple[int, str]:
+    """Exit status (-1 when killed after TIMEOUT) and output of `argv`. It runs in a process group of its own, killed
+    whole at the timeout: Qwen Code relaunches itself in a child (relaunchAppInChildProcess, for a larger heap), which
+    would otherwise outlive it, holding the pipe open."""
+    with subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, start_new_session=True) as child:
+        try:
+            output, _ = child.communicate(timeout=TIMEOUT)
+            return child.returncode, output.decode(errors="replace")
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            output, _ = child.communicate()
+            return -1, output.decode(errors="replace") + f"\n(killed after {TIMEOUT}s)"
 
 
 def isolated_environment(home: Path) -> dict[str, str]:
