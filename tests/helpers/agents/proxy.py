@@ -19,8 +19,9 @@ from starlette.routing import Route
 from duo.net.listening import free_port
 
 # Headers that describe one hop's framing, not the message: httpx and uvicorn set their own.
-HOP_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection", "keep-alive",
-                         "content-encoding", "accept-encoding"})
+HOP_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection", "keep-alive"})
+# Not passed on either: answers come back uncompressed, so that the record of each is readable.
+NOT_FORWARDED = HOP_HEADERS | {"accept-encoding"}
 
 
 @dataclass
@@ -41,18 +42,7 @@ class Exchange:
     seconds: float = 0.0  # from the request's arrival to the answer's end
 
     def sent_json(self) -> dict | None:
-        try:
-            body = json.loads(self.sent)
-        except ValueError:
-            return None
-        return body if isinstance(body, dict) else None
-
-    def forwarded_json(self) -> dict | None:
-        try:
-            body = json.loads(self.forwarded)
-        except ValueError:
-            return None
-        return body if isinstance(body, dict) else None
+        return json_object(self.sent)
 
     def is_stream(self) -> bool:
         return self.response_headers.get("content-type", "").startswith("text/event-stream")
@@ -60,6 +50,15 @@ class Exchange:
     def summary(self) -> str:
         return (f"{self.method} {self.path}{'?' + self.query if self.query else ''} -> {self.status}"
                 f" in {self.seconds:.1f}s")
+
+
+def json_object(raw: bytes) -> dict | None:
+    """`raw` parsed, where it is a JSON object."""
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) else None
 
 
 # A rewrite takes the exchanges so far and the body the client sent, and returns the body to forward.
@@ -82,14 +81,15 @@ class LoggingProxy:
                                 lifespan="off")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="agent-proxy", daemon=True)
-        self.client: httpx.AsyncClient | None = None
+        # Agents wait minutes for nothing else: no read timeout, as a client of a slow server would set.
+        self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10))
 
     def __enter__(self) -> LoggingProxy:
         self.thread.start()
         for _ in range(200):
             if self.server.started:
                 return self
-            threading.Event().wait(0.02)
+            time.sleep(0.02)
         raise RuntimeError("the logging proxy did not start")
 
     def __exit__(self, *exc) -> None:
@@ -99,13 +99,10 @@ class LoggingProxy:
     async def forward(self, request: Request) -> Response:
         sent = await request.body()
         forwarded = self.rewritten(request.url.path, sent)
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in NOT_FORWARDED}
         exchange = Exchange(request.method, request.url.path, request.url.query, dict(request.headers), sent,
                             forwarded)
         self.exchanges.append(exchange)
-        if self.client is None:
-            # Agents wait minutes for nothing else: no read timeout, as a client of a slow server would set.
-            self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10))
         url = f"{self.upstream}{request.url.path}{'?' + request.url.query if request.url.query else ''}"
         upstream = await self.client.send(self.client.build_request(request.method, url, headers=headers,
                                                                     content=forwarded), stream=True)
@@ -116,15 +113,8 @@ class LoggingProxy:
                                  headers=answer_headers)
 
     def rewritten(self, path: str, sent: bytes) -> bytes:
-        if self.rewrite is None:
-            return sent
-        try:
-            body = json.loads(sent)
-        except ValueError:
-            return sent
-        if not isinstance(body, dict):
-            return sent
-        return json.dumps(self.rewrite(self.exchanges, path, body)).encode()
+        body = json_object(sent) if self.rewrite else None
+        return sent if body is None else json.dumps(self.rewrite(self.exchanges, path, body)).encode()
 
     @staticmethod
     async def relay(upstream: httpx.Response, exchange: Exchange) -> AsyncIterator[bytes]:
