@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up and run the test suite (no downloads: tests generate tiny models). Extra arguments go to pytest.
+# Set up and run the test suite (no model downloads: tests generate tiny models; tests/e2e/test_agents.py installs the
+# three coding agents it runs from npm into ~/.cache/duo/agents once). Extra arguments go to pytest.
 # pytest exits 5 when it collected no tests; with `set -e` that fails this script, as it should.
 set -euo pipefail
 cd "$(dirname "$0")/.."
