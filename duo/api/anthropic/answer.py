@@ -29,6 +29,9 @@ Event = dict[str, Any]  # one server-sent event's data; its "type" names the eve
 # (CLAUDE_STREAM_IDLE_TIMEOUT_MS) and sends it again: an agent's long prompt read on one core, or a long file written
 # in a call, outlasts that.
 PING_INTERVAL_S = 10.0
+# The places a cut call's input is tried at, from its end back (each a JSON parse of it): a cut in a string or a
+# number stops at the first; text that is no JSON is not tried all through.
+CUT_TRIES = 16
 
 
 def tool_input(arguments: str) -> str:
@@ -43,6 +46,67 @@ def tool_input(arguments: str) -> str:
     except (ValueError, RecursionError):  # UnicodeEncodeError (a lone surrogate) is a ValueError
         return "{}"
     return arguments if isinstance(value, dict) else "{}"
+
+
+def cut_input(arguments: str) -> str:
+    """The input of a call cut off (by max_tokens) as Anthropic streams one: what was written, incomplete, as far as
+    it is the start of a JSON object, which the SDK's partial reader completes; "{}" where it is none."""
+    head = arguments.lstrip()
+    for end in reversed(_value_ends(head)[-CUT_TRIES:]):
+        if tool_input(head[:end] + _closing(head[:end])) != "{}":
+            return head[:end]
+    return "{" if head.startswith("{") else "{}"
+
+
+def _value_ends(text: str) -> list[int]:
+    """Where a JSON object's text may stop and still be completed by closing what is open: after its opening
+    brace or bracket, a value, or inside a value's string (every place in it but an escape's middle), in order."""
+    ends, stack, in_string, escaped, key = [], [], False, False, False
+    for i, char in enumerate(text):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+                continue
+            elif char == '"':
+                in_string = False
+                if not key:
+                    ends.append(i + 1)
+                continue
+            if not key and not escaped:
+                ends.append(i + 1)  # a value's string cut here is closed by its quote
+        elif char == '"':
+            in_string, key = True, bool(stack) and stack[-1][0] == "{" and stack[-1][1]
+        elif char in "{[":
+            stack.append([char, char == "{"])  # an object expects a key first
+            ends.append(i + 1)
+        elif char in "}]" and stack:
+            stack.pop()
+            ends.append(i + 1)
+        elif char == ":" and stack:
+            stack[-1][1] = False
+        elif char == "," and stack:
+            stack[-1][1] = stack[-1][0] == "{"
+        elif not char.isspace():
+            ends.append(i + 1)  # a number or a literal, maybe whole: json.loads tells
+    return ends
+
+
+def _closing(text: str) -> str:
+    """What closes `text`: the string left open, then the brackets, innermost first."""
+    stack, in_string, escaped = [], False, False
+    for char in text:
+        if in_string:
+            escaped = not escaped and char == "\\"
+            in_string = escaped or char != '"'
+        elif char == '"':
+            in_string = True
+        elif char in "{[":
+            stack.append("}" if char == "{" else "]")
+        elif char in "}]" and stack:
+            stack.pop()
+    return ('"' if in_string else "") + "".join(reversed(stack))
 
 
 def _not_json(constant: str) -> None:
@@ -72,8 +136,8 @@ class ContentBlocks:
                 events += self._open({"type": "tool_use", "id": anthropic_id(delta.id), "name": delta.name,
                                       "input": {}})
             elif isinstance(delta, CallClosed):
-                events.append(self._delta({"type": "input_json_delta",
-                                           "partial_json": tool_input(delta.call.arguments)}))
+                arguments = cut_input(delta.call.arguments) if delta.cut else tool_input(delta.call.arguments)
+                events.append(self._delta({"type": "input_json_delta", "partial_json": arguments}))
                 events += self.close()
                 self.calls += 1
         return events
@@ -192,13 +256,14 @@ class MessagesFormat:
                 "stop_reason": None, "stop_sequence": None, "usage": usage(stats)}
 
     def _stop(self, pieces: list[Piece], calls: int) -> dict[str, Any]:
-        """stop_reason and stop_sequence: tool_use where the model called a tool, max_tokens where the answer ran
-        out of tokens (or context), stop_sequence where one of the request's ended it, else end_turn."""
+        """stop_reason and stop_sequence: max_tokens where the answer ran out of tokens (or context), as Anthropic
+        and llama-server say whatever it wrote; else tool_use where the model called a tool, stop_sequence where one
+        of the request's ended it, else end_turn."""
         last = pieces[-1]
+        if last.finish_reason == "length":  # first: a call the tokens ran out in is no finished tool_use
+            return {"stop_reason": "max_tokens", "stop_sequence": None}
         if calls:
             return {"stop_reason": "tool_use", "stop_sequence": None}
-        if last.finish_reason == "length":
-            return {"stop_reason": "max_tokens", "stop_sequence": None}
         if last.stop_word:
             return {"stop_reason": "stop_sequence", "stop_sequence": last.stop_word}
         return {"stop_reason": "end_turn", "stop_sequence": None}

@@ -145,7 +145,7 @@ class CompletionFormat(OpenAIFormat):
 class ChatFormat(OpenAIFormat):
     """Chat answers, split into content, reasoning_content and tool_calls (duo.api.output.deltas): whole, or streamed as
     llama-server streams them, each chunk's delta one of content, reasoning_content or one call's entry (its id and
-    name first, then pieces of its arguments); finish_reason "tool_calls" where the model called any."""
+    name first, then pieces of its arguments); finish_reason "tool_calls" where the model called any (`called`)."""
 
     object_name = "chat.completion"
     chunk_object_name = "chat.completion.chunk"
@@ -179,7 +179,7 @@ class ChatFormat(OpenAIFormat):
         if calls:
             message["tool_calls"] = calls
         return {"index": 0, "message": message, "logprobs": None,
-                "finish_reason": "tool_calls" if calls and finish_reason else finish_reason}
+                "finish_reason": called(finish_reason, bool(calls))}
 
     def chunk_choices(self, text: str, finish_reason: str | None) -> list[dict[str, Any]]:
         if self.splitter is None:
@@ -187,7 +187,7 @@ class ChatFormat(OpenAIFormat):
         deltas = self.splitter.feed(text) + (self.splitter.finish() if finish_reason else [])
         choices = [self._choice(delta) for delta in _joined(deltas) if not isinstance(delta, CallClosed)]
         if finish_reason:
-            finish_reason = "tool_calls" if self.calls else finish_reason
+            finish_reason = called(finish_reason, bool(self.calls))
             if choices:
                 choices[-1]["finish_reason"] = finish_reason
             else:
@@ -219,6 +219,12 @@ class ChatFormat(OpenAIFormat):
             assert isinstance(delta, CallArguments)
             shown = {"tool_calls": [{"index": delta.index, "function": {"arguments": delta.text}}]}
         return {**self.empty_choice(None), "delta": shown}
+
+
+def called(finish_reason: str | None, calls: bool) -> str | None:
+    """The finish of an answer with `calls` or none: "tool_calls" where it called and ended on its own, as
+    llama-server says; an answer cut by max_tokens is "length" whatever it wrote, its last call perhaps unfinished."""
+    return "tool_calls" if calls and finish_reason and finish_reason != "length" else finish_reason
 
 
 def _joined(deltas: list[Delta]) -> list[Delta]:

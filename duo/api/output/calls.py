@@ -117,7 +117,7 @@ class CallSplitter:
         if reader.call is not None or self.format.at_start:  # (an at_start format's answer is then content)
             if reader.call is not None:
                 self.broken = True
-                out.append(reader.closed())
+                out.append(reader.closed(cut=True))
             self.content(out, self.opener + self.buffer)
             self.buffer = ""
             return True
@@ -398,11 +398,11 @@ class CallReader:
             yield from text.expect(self.format.call_close)
         self._commit()
 
-    def closed(self) -> CallClosed:
+    def closed(self, cut: bool = False) -> CallClosed:
         call, self.call = self.call, None
         self.splitter.after_call = True
         assert call is not None
-        return CallClosed(call.index, ToolCall(call.id, call.name, "".join(self.arguments)))
+        return CallClosed(call.index, ToolCall(call.id, call.name, "".join(self.arguments)), cut)
 
     def _commit(self) -> None:
         """What was read is the calls': the buffer keeps what comes after it."""

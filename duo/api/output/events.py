@@ -42,10 +42,12 @@ class CallArguments:
 
 @dataclass(frozen=True)
 class CallClosed:
-    """Call `index` is whole."""
+    """Call `index` ends. `cut`: its text ended before the call did (the answer ran out of tokens, or the call
+    turned out malformed): its arguments are what was written, no finished call."""
 
     index: int
     call: ToolCall
+    cut: bool = False
 
 
 Delta = Union[TextDelta, ReasoningDelta, CallOpened, CallArguments, CallClosed]

@@ -103,7 +103,7 @@ class OutputItems:
         item["arguments"] = closed.call.arguments  # the whole call's, as parsed: the pieces' sum
         events = [self._at({"type": "response.function_call_arguments.done", "arguments": item["arguments"],
                             "name": item["name"]})]
-        return events + self._close("completed")
+        return events + self._close(_status(closed))
 
     def _custom_call_done(self, closed: CallClosed) -> list[Event]:
         item = self.open
@@ -111,7 +111,7 @@ class OutputItems:
         item["input"] = custom_input(closed.call.arguments)
         events = [self._at({"type": "response.custom_tool_call_input.delta", "delta": item["input"]}),
                   self._at({"type": "response.custom_tool_call_input.done", "input": item["input"]})]
-        return events + self._close("completed")
+        return events + self._close(_status(closed))
 
     def _add(self, item: dict[str, Any]) -> list[Event]:
         self.items.append(item)
@@ -140,6 +140,12 @@ class OutputItems:
         """`event` on the open item: its id and output index."""
         assert self.open is not None
         return {**event, "item_id": self.open["id"], "output_index": len(self.items) - 1}
+
+
+def _status(closed: CallClosed) -> str:
+    """A call item's status: incomplete where its text was cut off (as OpenAI marks the items of an incomplete
+    response), never a finished call of arguments the model did not finish."""
+    return "incomplete" if closed.cut else "completed"
 
 
 def _part(kind: str, text: str) -> dict[str, Any]:
