@@ -13,7 +13,7 @@ import copy
 import json
 import re
 import time
-from collections.abc import AsyncGenerator, Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 import anthropic
@@ -25,13 +25,10 @@ from duo.api.anthropic import answer
 from duo.api.anthropic.body import CountTokensBody, MessagesBody
 from duo.api.anthropic.translate import chat_body
 from duo.api.http import create_app
-from duo.api.serving.admit import Admission
-from duo.api.serving.generate import Completion, Completions, Piece
 from duo.api.serving.metrics import Metrics
-from duo.api.serving.request import BadRequest, CompletionRequest
-from duo.api.tools import HERMES, CallFormat
-from duo.target.request import GenerationStats
+from duo.api.serving.request import BadRequest
 from helpers.http import post
+from helpers.slow_model import SlowCompletions
 from helpers.processes import Process, start
 from helpers.tiny_models import write_tiny_model
 from helpers.waiting import until
@@ -306,37 +303,6 @@ def test_the_title_request_answers_json_that_matches_its_schema_whole_and_stream
 
 
 # --- a slow target: pings keep the stream alive ---------------------------------------------------------------------
-
-class Released:
-    """A completion's running place, as the scripted completions hold none."""
-
-    def release(self) -> None:
-        pass
-
-
-class SlowCompletions(Completions):
-    """Completions whose model reads its prompt for `prompt_s` seconds, then writes `pieces` one every `piece_s`
-    seconds, in Hermes' call format."""
-
-    def __init__(self, pieces: list[str], prompt_s: float, piece_s: float) -> None:
-        super().__init__(Admission(1, 1), Metrics(), ["slow"])
-        self.pieces, self.prompt_s, self.piece_s = pieces, prompt_s, piece_s
-
-    def call_format(self) -> CallFormat | None:
-        return HERMES
-
-    async def start_choices(self, requests: Sequence[CompletionRequest]) -> list[Completion]:
-        return [Completion(self._written(), Released())]
-
-    async def _written(self) -> AsyncGenerator[Piece, None]:
-        await asyncio.sleep(self.prompt_s)
-        for i, text in enumerate(self.pieces):
-            if i:
-                await asyncio.sleep(self.piece_s)
-            last = i == len(self.pieces) - 1
-            yield Piece(text, [], "stop" if last else None, GenerationStats(prompt_tokens=5, generated_tokens=i + 1),
-                        False)
-
 
 # A call whose arguments take a while to write: no event tells of them until the call ends.
 SLOW_CALL = (["Writing.", "\n<tool_call>\n", '{"name": "Write", "arguments": '] + ['{"file_path": "/h.py", '] +

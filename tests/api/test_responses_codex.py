@@ -5,6 +5,7 @@ such as apply_patch, and the items it sends back on the next turn, served by duo
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import re
@@ -14,15 +15,19 @@ import httpx
 import openai
 import pytest
 
+from duo.api.http import create_app
 from duo.api.output.deltas import CallArguments, CallClosed, CallOpened
+from duo.api.responses import answer
 from duo.api.responses.answer import output_messages
 from duo.api.responses.body import ResponsesBody
 from duo.api.responses.items import OutputItems
 from duo.api.responses.tools import ResponsesTools, flat_name
 from duo.api.responses.translate import chat_body, input_messages
+from duo.api.serving.metrics import Metrics
 from duo.api.serving.request import BadRequest
 from duo.api.tools import ToolCall
 from helpers.processes import start, wait_for_draft
+from helpers.slow_model import SlowCompletions
 from helpers.tiny_models import DRAFT_NOISE, DRAFT_SEED, TARGET_SEED, write_tiny_model
 from helpers.waiting import until
 
@@ -301,3 +306,33 @@ def test_the_openai_sdk_reads_a_namespaced_call_whole_and_streamed_alike(codex_s
     [call], [same] = ([item for item in response.output if item.type == kind] for response in (whole, streamed))
     assert (call.namespace, call.name) == (same.namespace, same.name) == ("ns", choice["name"])
     assert getattr(call, read) == getattr(same, read) and whole.status == streamed.status == "completed"
+
+
+# --- a slow target: the stream says it is alive while the prompt is read --------------------------------------------
+
+def slow_response_events(prompt_s: float) -> list[dict]:
+    """The events of a streamed response from a model that reads its prompt for `prompt_s` seconds."""
+    app = create_app(SlowCompletions(["Hel", "lo."], prompt_s, 0.0), Metrics(), None)
+
+    async def streamed() -> list[dict]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://duo") as http:
+            raw = await http.post("/v1/responses", json={"model": "m", "input": "hi", "stream": True})
+        return [json.loads(line[len("data: "):]) for line in raw.text.splitlines() if line.startswith("data: ")]
+    return asyncio.run(streamed())
+
+
+def test_while_the_prompt_is_read_the_stream_says_it_is_in_progress_so_codexs_idle_timeout_does_not_fire(
+        monkeypatch):
+    monkeypatch.setattr(answer, "KEEPALIVE_S", 0.05)
+    events = slow_response_events(prompt_s=0.5)
+    kinds = [event["type"] for event in events]
+    first_item = kinds.index("response.output_item.added")
+    assert kinds[0] == "response.created" and first_item >= 6, kinds  # in progress, then again while read for 0.5 s
+    assert set(kinds[1:first_item]) == {"response.in_progress"}, kinds
+    assert kinds[-1] == "response.completed" and events[-1]["response"]["output"][0]["content"][0]["text"] == "Hello."
+    assert [event["sequence_number"] for event in events] == list(range(len(events)))
+
+
+def test_a_stream_that_never_waits_long_says_in_progress_once():
+    kinds = [event["type"] for event in slow_response_events(prompt_s=0)]
+    assert kinds.count("response.in_progress") == 1 and kinds[:2] == ["response.created", "response.in_progress"]

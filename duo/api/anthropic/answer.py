@@ -3,7 +3,6 @@ server-sent events (message_start, content_block_start / _delta / _stop per bloc
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import uuid
@@ -18,6 +17,7 @@ from duo.api.output.deltas import (AnswerSplitter, CallClosed, CallOpened, Delta
 from duo.api.anthropic.errors import error_body
 from duo.api.anthropic.translate import anthropic_id
 from duo.api.serving.request import ShuttingDown
+from duo.api.output.beats import beating
 from duo.target.request import GenerationStats
 
 if TYPE_CHECKING:  # as duo.api.output.deltas names them: the tools package builds on these events
@@ -267,32 +267,6 @@ class MessagesFormat:
         if last.stop_word:
             return {"stop_reason": "stop_sequence", "stop_sequence": last.stop_word}
         return {"stop_reason": "end_turn", "stop_sequence": None}
-
-
-async def beating(pieces: AsyncIterable[Piece], interval: float) -> AsyncIterator[Piece | None]:
-    """`pieces` as they come, and None each time `interval` seconds pass without one (while the prompt is read).
-    The next piece is awaited in a task of its own, so that waiting for it can time out without cancelling it; on
-    leaving, that task is cancelled and awaited, so that the pieces can be closed after."""
-    iterator = aiter(pieces)
-    waiting: asyncio.Future[Piece] | None = None
-    try:
-        while True:
-            if waiting is None:
-                waiting = asyncio.ensure_future(anext(iterator))
-            done, _ = await asyncio.wait({waiting}, timeout=interval)
-            if not done:
-                yield None
-                continue
-            try:
-                piece = waiting.result()
-            except StopAsyncIteration:
-                return
-            waiting = None
-            yield piece
-    finally:
-        if waiting is not None:
-            waiting.cancel()
-            await asyncio.gather(waiting, return_exceptions=True)
 
 
 def sse(data: Event) -> str:

@@ -5,16 +5,21 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
+from contextlib import aclosing
 from typing import Any
 
 from duo.api.openai.errors import ApiError, api_error, generation_error
 from duo.api.serving.generate import Piece
 from duo.api.output.deltas import AnswerSplitter, answer_splitter, whole_answer
 from duo.api.serving.request import ShuttingDown
+from duo.api.output.beats import beating
 from duo.api.responses.items import Event, OutputItems, new_id
 from duo.api.responses.tools import ResponsesTools, chat_call
 from duo.api.tools import CallFormat, FunctionBody
 
+# While nothing else is sent (the prompt read), a response.in_progress this often: Codex drops a stream silent for
+# 5 minutes (stream_idle_timeout_ms) and sends it again, and an agent's prompt read on one core outlasts that.
+KEEPALIVE_S = 10.0
 # Keeps a finished response's conversation for previous_response_id: (response id, its output as chat messages).
 Keep = Callable[[str, list[dict[str, Any]]], None]
 
@@ -48,26 +53,37 @@ class ResponsesFormat:
     async def events(self, choice: AsyncIterable[Piece], include_usage: bool) -> AsyncIterator[str]:
         """The stream: response.created and .in_progress, each item's events, then response.completed (or
         .incomplete where the length ran out) with the whole response; a failure is an `error` event and
-        response.failed. `include_usage` does not apply: the last event carries the usage."""
+        response.failed. While nothing else is sent (the prompt read) a response.in_progress goes out every
+        KEEPALIVE_S. `include_usage` does not apply: the last event carries the usage."""
         for kind in ("response.created", "response.in_progress"):
             yield self._sse({"type": kind, "response": self._response("in_progress", [])})
+        said = time.monotonic()  # when the last event was sent
         try:
-            async for piece in choice:
-                if self.splitter is None:
-                    self.splitter = answer_splitter(self.functions, self.call_format, reasoning=piece.reasoning)
-                for event in self.items.feed(self.splitter.feed(piece.text)):
-                    yield self._sse(event)
-                if piece.finish_reason:
-                    for event in self._finish(piece):
+            async with aclosing(beating(choice, KEEPALIVE_S)) as beats:
+                async for piece in beats:
+                    events = [] if piece is None else self._events_of(piece)
+                    if not events and time.monotonic() - said >= KEEPALIVE_S:
+                        events = [{"type": "response.in_progress", "response": self._response("in_progress", [])}]
+                    for event in events:
                         yield self._sse(event)
-                    final = self._final(piece)
-                    yield self._sse({"type": f"response.{final['status']}", "response": final})
+                    said = time.monotonic() if events else said
         except ShuttingDown as error:
             for event in self._failed(api_error(error)):
                 yield event
         except Exception as error:  # this request's own failure: it alone ends, with OpenAI's failure events
             for event in self._failed(generation_error(error)):
                 yield event
+
+    def _events_of(self, piece: Piece) -> list[Event]:
+        """What one piece adds to the stream: its items' events, and the response's end where it is the last."""
+        if self.splitter is None:  # the prompt is read: whether it opened reasoning is known
+            self.splitter = answer_splitter(self.functions, self.call_format, reasoning=piece.reasoning)
+        events = self.items.feed(self.splitter.feed(piece.text))
+        if piece.finish_reason:
+            events += self._finish(piece)
+            final = self._final(piece)
+            events.append({"type": f"response.{final['status']}", "response": final})
+        return events
 
     def _finish(self, last: Piece) -> list[Event]:
         """The stream's last deltas and the items' closing events; the response is held from now on where it is
