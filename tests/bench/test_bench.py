@@ -14,6 +14,7 @@ import pytest
 
 from duo.bench import cluster as bench_cluster
 from duo.bench import concurrency as bench_concurrency
+from duo.bench import machine as bench_machine
 from duo.bench import report as bench_report
 from duo.bench import run as bench
 from duo.bench.cluster import ROOT, Code, baseline_worktree, spawn
@@ -147,12 +148,12 @@ def test_wait_listening_waits_for_the_ports_and_stops_at_a_server_that_exits():
 
 
 def test_alone_rpc_without_an_rpc_build_stops_before_anything_starts(monkeypatch):
-    monkeypatch.setattr(bench, "rpc_supported", lambda: False)
+    monkeypatch.setattr(bench_machine, "rpc_supported", lambda: False)
     with pytest.raises(SystemExit, match="without RPC"):
-        bench.check_modes(["alone-tcores", "alone-rpc"])
-    bench.check_modes(["alone-tcores", "duo"])  # no RPC needed
-    monkeypatch.setattr(bench, "rpc_supported", lambda: True)
-    bench.check_modes(["alone-tcores", "alone-rpc"])
+        bench_machine.check_modes(["alone-tcores", "alone-rpc"])
+    bench_machine.check_modes(["alone-tcores", "duo"])  # no RPC needed
+    monkeypatch.setattr(bench_machine, "rpc_supported", lambda: True)
+    bench_machine.check_modes(["alone-tcores", "alone-rpc"])
 
 
 def test_rpc_split_compares_alone_rpc_with_alone_tcores_by_decode_rate(capsys):
