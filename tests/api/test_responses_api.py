@@ -8,7 +8,6 @@ import asyncio
 import json
 import uuid
 
-import httpx
 import openai
 import pytest
 
@@ -17,7 +16,7 @@ from duo.api.responses.answer import ResponsesFormat
 from duo.api.responses.body import ResponsesBody
 from duo.api.responses.items import OutputItems
 from duo.api.tools import ToolCall
-from helpers.http import client, model_name
+from helpers.http import client, model_name, responses_events
 from helpers.structured import Address, Person
 
 ASK = "What is the weather in Paris for the next 3 days?"
@@ -175,26 +174,10 @@ def codex_request(model: str, input_: list[dict], tool_choice: str) -> dict:
             "include": ["reasoning.encrypted_content"], "prompt_cache_key": str(uuid.uuid4())}
 
 
-def streamed_events(process, body: dict) -> list[dict]:
-    """A stream's events as Codex reads them: `event:` and `data:` lines, the event's type in both."""
-    events = []
-    with httpx.stream("POST", f"{process.http_url}/v1/responses", json=body, timeout=60) as response:
-        assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
-        kind = None
-        for line in response.iter_lines():
-            if line.startswith("event: "):
-                kind = line.removeprefix("event: ")
-            elif line.startswith("data: "):
-                event = json.loads(line.removeprefix("data: "))
-                assert event["type"] == kind
-                events.append(event)
-    return events
-
-
 def test_a_codex_turn_makes_a_call_and_answers_its_output(served_sync):
     model = model_name(served_sync)
     user = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "List the files."}]}]
-    first = streamed_events(served_sync, codex_request(model, user, "required"))
+    first = responses_events(served_sync, codex_request(model, user, "required"), timeout=60)
     [done] = [e["item"] for e in first if e["type"] == "response.output_item.done" and
               e["item"]["type"] == "function_call"]
     assert done["name"] == "shell" and isinstance(json.loads(done["arguments"])["command"], list)
@@ -202,8 +185,8 @@ def test_a_codex_turn_makes_a_call_and_answers_its_output(served_sync):
     # Codex keeps no response on the server (store false): it sends the call and its output back as input items.
     call = {"type": "function_call", "name": done["name"], "arguments": done["arguments"], "call_id": done["call_id"]}
     result = {"type": "function_call_output", "call_id": done["call_id"], "output": "README.md\nsetup.py"}
-    second = streamed_events(served_sync, {**codex_request(model, user + [call, result], "auto"),
-                                           "max_output_tokens": 16})
+    second = responses_events(served_sync, {**codex_request(model, user + [call, result], "auto"),
+                                            "max_output_tokens": 16}, timeout=60)
     final = second[-1]["response"]
     assert second[-1]["type"] in ("response.completed", "response.incomplete") and final["output"]
     assert final["usage"]["input_tokens"] > first[-1]["response"]["usage"]["input_tokens"]

@@ -26,6 +26,7 @@ from duo.api.responses.translate import chat_body, input_messages
 from duo.api.serving.metrics import Metrics
 from duo.api.serving.request import BadRequest
 from duo.api.tools import ToolCall
+from helpers.http import responses_events
 from helpers.processes import start, wait_for_draft
 from helpers.slow_model import SlowCompletions
 from helpers.tiny_models import DRAFT_NOISE, DRAFT_SEED, TARGET_SEED, write_tiny_model
@@ -202,22 +203,6 @@ def compiles_grammars(process) -> bool:
     return httpx.post(f"{process.http_url}/v1/responses", json=body, timeout=60).status_code == 200
 
 
-def stream(process, body: dict) -> list[dict]:
-    """A stream's events as codex-rs reads them (`event:` then `data:` lines, the type in both), after a 200."""
-    events, kind = [], None
-    with httpx.stream("POST", f"{process.http_url}/v1/responses", json=body, timeout=300) as response:
-        assert response.status_code == 200, response.read()
-        assert response.headers["content-type"].startswith("text/event-stream")
-        for line in response.iter_lines():
-            if line.startswith("event: "):
-                kind = line.removeprefix("event: ")
-            elif line.startswith("data: "):
-                event = json.loads(line.removeprefix("data: "))
-                assert event["type"] == kind
-                events.append(event)
-    return events
-
-
 def well_formed(events: list[dict]) -> dict:
     """The final response of a stream whose events are numbered in order, each item added before it is done, and
     which ends completed or incomplete (the length ran out); every done item as the final response holds it."""
@@ -249,14 +234,14 @@ def test_a_forced_call_of_a_namespaced_function_comes_back_as_codex_parses_it(co
     namespace = {**NAMESPACED["tools"][0], "tools": [{**NAMESPACED["tools"][0]["tools"][0], "parameters": closed}]}
     body = {**NAMESPACED, "tools": [namespace], "tool_choice": "required", "stream": True, "max_output_tokens": 40,
             "temperature": 0}
-    final = well_formed(stream(codex_served, body))
+    final = well_formed(responses_events(codex_served, body))
     [call] = [item for item in final["output"] if item["type"] == "function_call"]
     assert (call["name"], call["namespace"], json.loads(call["arguments"])) == ("f", "ns", {})
     assert final["status"] == "completed"
 
 
 def test_codexs_first_turn_as_it_sends_it_streams_a_well_formed_response_with_drafts_accepted(codex_served):
-    final = well_formed(stream(codex_served, {**FIRST_TURN, "max_output_tokens": 24}))
+    final = well_formed(responses_events(codex_served, {**FIRST_TURN, "max_output_tokens": 24}))
     assert final["store"] is False and final["tools"][4]["type"] == "namespace"
     assert final["usage"]["input_tokens"] > 4000 and drafts_accepted(final) > 0
 
@@ -264,11 +249,12 @@ def test_codexs_first_turn_as_it_sends_it_streams_a_well_formed_response_with_dr
 def test_codexs_second_turn_after_a_namespaced_call_is_answered(codex_served):
     first = {**FIRST_TURN, "tool_choice": "required", "max_output_tokens": 60, "temperature": 0}
     first["tools"] = [tool for tool in FIRST_TURN["tools"] if tool["type"] != "function"]  # the namespace's only
-    [call] = [item for item in well_formed(stream(codex_served, first))["output"] if item["type"] == "function_call"]
+    [call] = [item for item in well_formed(responses_events(codex_served, first))["output"]
+              if item["type"] == "function_call"]
     assert call["namespace"] == "multi_agent_v1"
     sent_back = {key: call[key] for key in ("type", "id", "status", "name", "namespace", "arguments", "call_id")}
     result = {"type": "function_call_output", "call_id": call["call_id"], "output": "no such agent"}
-    final = well_formed(stream(codex_served, {**later_turn(FIRST_TURN, sent_back, result),
+    final = well_formed(responses_events(codex_served, {**later_turn(FIRST_TURN, sent_back, result),
                                               "max_output_tokens": 16}))
     assert final["usage"]["input_tokens"] > 4000 and drafts_accepted(final) > 0
 
@@ -278,13 +264,13 @@ def test_a_custom_tool_call_round_trips(codex_served):
                                                                        "text": "Say a word."}]}],
             "tools": [WORD, {"type": "web_search", "external_web_access": False}], "tool_choice": "required",
             "store": False, "stream": True, "max_output_tokens": 60, "temperature": 0}
-    first = well_formed(stream(codex_served, body))
+    first = well_formed(responses_events(codex_served, body))
     [call] = [item for item in first["output"] if item["type"] == "custom_tool_call"]
     assert call["name"] == "say" and re.fullmatch("[a-z]{1,8}", call["input"])
     assert first["status"] == "completed" and drafts_accepted(first) > 0
     sent_back = {key: call[key] for key in ("type", "id", "status", "call_id", "name", "input")}
     result = {"type": "custom_tool_call_output", "call_id": call["call_id"], "output": "Said."}
-    second = well_formed(stream(codex_served, {**body, "input": [*body["input"], sent_back, result],
+    second = well_formed(responses_events(codex_served, {**body, "input": [*body["input"], sent_back, result],
                                                "tool_choice": "auto", "max_output_tokens": 8}))
     assert second["usage"]["input_tokens"] > first["usage"]["input_tokens"]
 

@@ -1,4 +1,5 @@
-"""HTTP calls to a served duo-target: post, the OpenAI client, its model's name, /health, /metrics, greedy text."""
+"""HTTP calls to a served duo-target: post, the OpenAI client, its model's name, /health, /metrics, greedy text, a
+streamed response's events."""
 
 from __future__ import annotations
 
@@ -74,3 +75,20 @@ def generated_tokens(process: Process) -> float:
 # The tiny model's context holds 2048 tokens: a whole answer to these requests is 2000-odd tokens,
 # seconds of work; a client that leaves after a few must stop the generation long before that.
 LEAVE_EARLY_TOKENS = 1000
+
+
+def responses_events(process: Process, body: dict, timeout: float = 300) -> list[dict]:
+    """A streamed /v1/responses answer's events as Codex reads them (`event:` then `data:` lines, the event's type in
+    both), after a 200."""
+    events, kind = [], None
+    with httpx.stream("POST", f"{process.http_url}/v1/responses", json=body, timeout=timeout) as response:
+        assert response.status_code == 200, response.read()
+        assert response.headers["content-type"].startswith("text/event-stream")
+        for line in response.iter_lines():
+            if line.startswith("event: "):
+                kind = line.removeprefix("event: ")
+            elif line.startswith("data: "):
+                event = json.loads(line.removeprefix("data: "))
+                assert event["type"] == kind
+                events.append(event)
+    return events
