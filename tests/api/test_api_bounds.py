@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from duo.api.serving import bodies
 from duo.api.openai.bodies import ChatBody
 from duo.api.http import create_app
-from duo.api.serving.limits import MAX_ID_LENGTH, MAX_NAME_LENGTH, MAX_OBJECT_KEYS, BodyLimits
+from duo.api.serving.limits import MAX_ID_LENGTH, MAX_NAME_LENGTH, MAX_OBJECT_KEYS, MAX_TOOLS, BodyLimits
 from duo.api.serving.metrics import Metrics
 from duo.api.serving.read import check_shape, parse_body
 from duo.api.serving.prepare import Preparer
@@ -114,7 +114,8 @@ def test_lists_within_their_bounds_pass_the_shape_check():
 @pytest.mark.parametrize("body,param", [
     ({"output_config": {"format": {"type": "json_schema", "schema": "WIDE"}}}, "output_config.format.schema"),
     ({"output_format": {"type": "json_schema", "schema": "WIDE"}}, "output_format.schema"),
-    ({"tools": [{"type": "namespace", "name": "n", "tools": [{"type": "function", "name": "f", "parameters": "WIDE"}]}]},
+    ({"tools": [{"type": "namespace", "name": "n",
+                 "tools": [{"type": "function", "name": "f", "parameters": "WIDE"}]}]},
      "tools[0].tools[0].parameters"),
 ])
 def test_the_schemas_messages_and_responses_take_are_bounded_at_their_top_before_validation(body, param):
@@ -122,6 +123,18 @@ def test_the_schemas_messages_and_responses_take_are_bounded_at_their_top_before
     raw = json.loads(json.dumps(body).replace('"WIDE"', json.dumps(wide)))
     with pytest.raises(BadRequest) as refused:
         check_shape(raw, BodyLimits(CONTEXT, 10))
+    assert refused.value.param == param
+
+
+@pytest.mark.parametrize("namespace,param", [
+    ({"type": "namespace", "name": "n", "tools": [{"type": "function", "name": "f"}] * (MAX_TOOLS + 1)},
+     "tools[0].tools"),
+    ({"type": "namespace", "name": "n", "tools": [{"type": "function", "name": "f" * (MAX_NAME_LENGTH + 1)}]},
+     "tools[0].tools[0].name"),
+])
+def test_a_responses_namespace_is_bounded_as_the_tools_list_is_before_validation(namespace, param):
+    with pytest.raises(BadRequest) as refused:
+        check_shape({"input": "hi", "tools": [namespace]}, BodyLimits(CONTEXT, 10))
     assert refused.value.param == param
 
 

@@ -53,7 +53,9 @@ PROMPT_LISTS = (
 NAMES = {"messages[*].name": "a participant's name", "messages[*].tool_calls[*].function.name": "a function's name",
          "messages[*].content[*].name": "a tool's name", "tools[*].name": "a tool's name",
          "tools[*].function.name": "a function's name", "tool_choice.name": "a tool's name",
-         "tool_choice.function.name": "a function's name", "input[*].name": "a function's name"}
+         "tool_choice.function.name": "a function's name", "input[*].name": "a function's name",
+         "tools[*].tools[*].name": "a tool's name", "tool_choice.namespace": "a namespace's name",
+         "input[*].namespace": "a namespace's name"}
 IDS = {"messages[*].tool_call_id": "a call's id", "messages[*].tool_calls[*].id": "a call's id",
        "messages[*].content[*].id": "a call's id", "messages[*].content[*].tool_use_id": "a call's id",
        "input[*].call_id": "a call's id", "previous_response_id": "a response's id", "user": "a user's id"}
@@ -65,6 +67,7 @@ FIXED_LISTS = {"stop": (MAX_STOP_STRINGS, "the most stop strings a request may h
                "response_fields": (MAX_RESPONSE_FIELDS, "the most fields an answer may be cut to"),
                "samplers": (MAX_SAMPLERS, "more than there are samplers"),
                "tools": (MAX_TOOLS, "the most tools a request may offer"),
+               "tools[*].tools": (MAX_TOOLS, "the most tools a request may offer"),  # a Responses namespace's
                "include": (MAX_INCLUDE, "more than there are values to include"),
                **{path: (MAX_OBJECT_KEYS, "the most keys an object of settings or a schema's top may have")
                   for path in OBJECTS}}
