@@ -1,13 +1,15 @@
 """`duo bench --prompts agent`: the coding agents' first requests, rendered as the target reads them, sent alike to duo
 and to llama-server.
 
-The bodies are the first request each agent sent with its default settings (duo/bench/agent_prompts/: Codex CLI's
-Responses body, Claude Code's Messages body, Qwen Code's chat body). Each is turned into the chat it stands for
-(messages and function tools, OpenAI's shape: to_chat) and rendered once by the target's own chat template, so
-that duo (a raw gRPC prompt) and llama-server (a raw /completion prompt) read the very same tokens: the agents'
-long prompts (6-18k tokens) make time to first token and the decode rate at long context the numbers that matter,
-reported per agent with the context length (agent_table). One request at a time, no prompt cache, greedy or
-sampled as --temperatures says; every answer is cut at --max-tokens.
+The bodies are the first request each agent sent with its default settings (duo/bench/agent_prompts/NAME.json: Codex
+CLI's Responses body, Claude Code's Messages body, Qwen Code's chat body). Beside each, NAME.chat.json holds the chat
+duo's API makes of it (the messages and tools its chat template is given), written by scripts/agent_chats.py through
+the API's own translation (the bench sits beside duo.api and does not import it; tests/bench/test_agent_chats.py
+keeps the two equal). Each chat is rendered once by the target's own chat template, so that duo (a raw gRPC prompt)
+and llama-server (a raw /completion prompt) read the very same tokens, the ones duo-target reads when the agent sends
+its body: the agents' long prompts (6-18k tokens) make time to first token and the decode rate at long context the
+numbers that matter, reported per agent with the context length (agent_table). One request at a time, no prompt
+cache, greedy or sampled as --temperatures says; every answer is cut at --max-tokens.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ Body = dict[str, Any]
 
 @dataclass(frozen=True)
 class AgentPrompt:
-    """An agent's first request as a chat: OpenAI's messages and function tools, and its text once rendered."""
+    """An agent's first request as a chat: the messages and function tools duo's template is given, and its text once
+    rendered."""
 
     agent: str
     messages: list[Body]
@@ -46,95 +49,16 @@ class AgentPrompt:
 
 
 def read_agent_prompts(folder: Path = AGENT_PROMPTS) -> list[AgentPrompt]:
-    """The agents' captured bodies as chats, in table order; SystemExit where one is missing."""
+    """The agents' chats, in table order; SystemExit where one is missing."""
     prompts = []
     for agent in AGENTS:
-        path = folder / f"{agent}.json"
+        path = folder / f"{agent}.chat.json"
         if not path.is_file():
-            raise SystemExit(f"bench: no captured body at {path} (--prompts agent needs all of {', '.join(AGENTS)})")
-        prompts.append(to_chat(agent, json.loads(path.read_text())))
+            raise SystemExit(f"bench: no agent chat at {path} (--prompts agent needs all of {', '.join(AGENTS)}; "
+                             "scripts/agent_chats.py writes them from the captured bodies)")
+        chat = json.loads(path.read_text())
+        prompts.append(AgentPrompt(agent, chat["messages"], chat["tools"]))
     return prompts
-
-
-def to_chat(agent: str, body: Body) -> AgentPrompt:
-    """The chat a body stands for, by its protocol's shape: Responses (input), Messages (tools with an
-    input_schema, or a top-level system), else chat completions."""
-    if "input" in body:
-        return AgentPrompt(agent, responses_messages(body), responses_tools(body.get("tools", [])))
-    if "system" in body or any("input_schema" in tool for tool in body.get("tools", [])):
-        return AgentPrompt(agent, anthropic_messages(body), anthropic_tools(body.get("tools", [])))
-    messages = [{**message, "content": text_of(message.get("content"))} if isinstance(message.get("content"), list)
-                else message for message in body["messages"]]
-    return AgentPrompt(agent, messages, list(body.get("tools", [])))
-
-
-def text_of(content: Any) -> str:
-    """The text of a message's content: a string, or the text of its parts (text, input_text, output_text)."""
-    if isinstance(content, str):
-        return content
-    return "".join(part.get("text", "") for part in content or [] if isinstance(part, dict))
-
-
-def responses_messages(body: Body) -> list[Body]:
-    """A Responses body's instructions and input items as chat messages (developer reads as system)."""
-    messages = [{"role": "system", "content": body["instructions"]}] if body.get("instructions") else []
-    items = body["input"] if isinstance(body["input"], list) else [{"role": "user", "content": body["input"]}]
-    for item in items:
-        kind = item.get("type", "message")
-        if kind == "message":
-            role = "system" if item["role"] == "developer" else item["role"]
-            messages.append({"role": role, "content": text_of(item.get("content"))})
-        elif kind == "function_call":
-            call = {"id": item["call_id"], "type": "function",
-                    "function": {"name": item["name"], "arguments": item["arguments"]}}
-            messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
-        elif kind == "function_call_output":
-            messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": text_of(item["output"])})
-    return messages
-
-
-def responses_tools(tools: Iterable[Body]) -> list[Body]:
-    """A Responses body's function tools, those inside namespaces included, as chat tools; hosted tools (web
-    search) are the provider's, not the model's: none."""
-    chat = []
-    for tool in tools:
-        if tool.get("type") == "namespace":
-            chat += responses_tools(tool.get("tools", []))
-        elif tool.get("type") == "function":
-            chat.append(function_tool(tool["name"], tool.get("description", ""), tool.get("parameters")))
-    return chat
-
-
-def anthropic_messages(body: Body) -> list[Body]:
-    """A Messages body's system and messages as chat messages: text blocks joined, tool_use as tool calls,
-    tool_result as tool messages, a system message where it stands."""
-    system = text_of(body.get("system"))
-    messages = [{"role": "system", "content": system}] if system else []
-    for message in body["messages"]:
-        content = message["content"]
-        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
-        calls = [{"id": block["id"], "type": "function",
-                  "function": {"name": block["name"], "arguments": json.dumps(block.get("input", {}))}}
-                 for block in blocks if block.get("type") == "tool_use"]
-        for block in blocks:
-            if block.get("type") == "tool_result":
-                messages.append({"role": "tool", "tool_call_id": block["tool_use_id"],
-                                 "content": text_of(block.get("content"))})
-        text = text_of([block for block in blocks if block.get("type") == "text"])
-        if text or calls:
-            messages.append({"role": message["role"], "content": text, **({"tool_calls": calls} if calls else {})})
-    return messages
-
-
-def anthropic_tools(tools: Iterable[Body]) -> list[Body]:
-    """A Messages body's client tools as chat tools (server tools, which carry a type and no schema: none)."""
-    return [function_tool(tool["name"], tool.get("description", ""), tool["input_schema"])
-            for tool in tools if "input_schema" in tool]
-
-
-def function_tool(name: str, description: str, parameters: Body | None) -> Body:
-    return {"type": "function", "function": {"name": name, "description": description,
-                                             "parameters": parameters or {"type": "object", "properties": {}}}}
 
 
 def render(prompts: list[AgentPrompt], chat_prompt: Callable[[list[Body], list[Body]], str]) -> list[AgentPrompt]:

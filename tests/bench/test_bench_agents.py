@@ -1,6 +1,6 @@
-"""duo bench --prompts agent: each agent's captured body turned into the chat it stands for, the flags, the table
-per agent, without models; the last test sends one rendered prompt to duo-target and to llama-server on the tiny
-models, which read the same tokens."""
+"""duo bench --prompts agent: each agent's chat as the bench reads it (tests/bench/test_agent_chats.py: the API's
+translation of its captured body), the flags, the table per agent, without models; the last test sends one rendered
+prompt to duo-target and to llama-server on the tiny models, which read the same tokens."""
 
 from __future__ import annotations
 
@@ -12,14 +12,10 @@ import pytest
 from duo.bench import agents
 from duo.bench import llama_server as bench_llama
 from duo.bench import run as bench
-from duo.bench.agents import AgentPrompt, agent_summary, agent_table, read_agent_prompts, render, to_chat
+from duo.bench.agents import AgentPrompt, agent_summary, agent_table, read_agent_prompts, render
 from duo.bench.cluster import Cluster
 from duo.bench.report import Run, Variant
 from duo.net.listening import free_port
-
-
-def tool_names(prompt: AgentPrompt) -> list[str]:
-    return [tool["function"]["name"] for tool in prompt.tools]
 
 
 def test_the_three_agents_first_requests_are_read_as_chats_with_their_default_tools():
@@ -35,41 +31,9 @@ def test_the_three_agents_first_requests_are_read_as_chats_with_their_default_to
     assert len(claude_code.tools) == sum("input_schema" in tool for tool in body["tools"])
 
 
-def test_a_responses_body_reads_developer_as_system_and_namespaced_functions_as_tools():
-    body = {"instructions": "Be exact.", "input": [
-        {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Rules."}]},
-        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]},
-        {"type": "function_call", "call_id": "c1", "name": "shell", "arguments": "{\"cmd\": \"ls\"}"},
-        {"type": "function_call_output", "call_id": "c1", "output": "a.py"}],
-        "tools": [{"type": "function", "name": "shell", "parameters": {"type": "object"}},
-                  {"type": "namespace", "name": "ns", "tools": [{"type": "function", "name": "spawn"}]},
-                  {"type": "web_search"}]}
-    prompt = to_chat("codex", body)
-    assert [(m["role"], m["content"]) for m in prompt.messages] == [
-        ("system", "Be exact."), ("system", "Rules."), ("user", "hi"), ("assistant", ""), ("tool", "a.py")]
-    assert prompt.messages[3]["tool_calls"][0]["function"] == {"name": "shell", "arguments": "{\"cmd\": \"ls\"}"}
-    assert tool_names(prompt) == ["shell", "spawn"]
-
-
-def test_a_messages_body_keeps_a_mid_conversation_system_message_where_it_stands():
-    body = {"system": [{"type": "text", "text": "You are Claude Code."}], "messages": [
-        {"role": "user", "content": [{"type": "text", "text": "hi"}]},
-        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "Bash", "input": {"c": "ls"}}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "a.py"}]},
-        {"role": "system", "content": "Be brief."}],
-        "tools": [{"name": "Bash", "description": "run", "input_schema": {"type": "object"}},
-                  {"type": "web_search_20250305", "name": "web_search"}]}
-    prompt = to_chat("claude_code", body)
-    assert [m["role"] for m in prompt.messages] == ["system", "user", "assistant", "tool", "system"]
-    assert prompt.messages[2]["tool_calls"][0]["function"] == {"name": "Bash", "arguments": "{\"c\": \"ls\"}"}
-    assert prompt.messages[-1]["content"] == "Be brief." and tool_names(prompt) == ["Bash"]
-
-
-def test_a_chat_body_joins_its_content_parts():
-    prompt = to_chat("qwen_code", {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
-                                                                             {"type": "text", "text": "b"}]}],
-                                   "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]})
-    assert prompt.messages == [{"role": "user", "content": "ab"}] and tool_names(prompt) == ["f"]
+def test_a_missing_agent_chat_says_which_script_writes_it(tmp_path):
+    with pytest.raises(SystemExit, match="codex.chat.json.*scripts/agent_chats.py"):
+        read_agent_prompts(tmp_path)
 
 
 def test_prompts_agent_is_a_workload_of_one_request_at_a_time():
