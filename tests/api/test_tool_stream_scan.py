@@ -15,7 +15,7 @@ from duo.api.output.deltas import CallArguments, CallClosed, CallOpened, Delta, 
 from duo.api.tools import (COMMAND_R7B, DEEPSEEK_R1, DEEPSEEK_V3_1, FIREFUNCTION_V2, FORMATS, FUNCTIONARY_V3_1,
                            FUNCTIONARY_V3_2, GENERIC, GPT_OSS, GRANITE, HERMES, KIMI_K2, LLAMA3, MISTRAL, QWEN3_CODER,
                            CallFormat, FunctionBody)
-from duo.api.output.calls import CallSplitter
+from duo.api.output.calls.splitter import CallSplitter
 
 FUNCTIONS = [FunctionBody(name="get_weather", parameters={"type": "object", "properties": {
     "city": {"type": "string"}, "days": {"type": "integer"}, "where": {"type": "object"}}}),

@@ -12,7 +12,7 @@ from typing import Literal, Protocol, Sequence
 
 from duo.api.output.events import CallArguments, CallClosed, CallOpened, Delta, ReasoningDelta, TextDelta
 from duo.api.tools import CallFormat, FunctionBody
-from duo.api.output.calls import CallSplitter
+from duo.api.output.calls.splitter import CallSplitter
 from duo.api.output.scanning import partial_suffix
 
 __all__ = ["CallArguments", "CallClosed", "CallOpened", "Delta", "ReasoningDelta", "TextDelta", "AnswerSplitter",
