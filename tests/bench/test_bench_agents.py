@@ -31,6 +31,25 @@ def test_the_three_agents_first_requests_are_read_as_chats_with_their_default_to
     assert len(claude_code.tools) == sum("input_schema" in tool for tool in body["tools"])
 
 
+def prose(value: object) -> list[str]:
+    """Every string in a JSON value."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [text for item in value.values() for text in prose(item)]
+    return [text for item in value for text in prose(item)] if isinstance(value, list) else []
+
+
+def test_claude_codes_body_keeps_its_shape_but_none_of_anthropics_prose():
+    """Claude Code is Anthropic's, all rights reserved: its system prompt, reminders and tool descriptions are
+    replaced by neutral text of about the same length; its structure, tool names and schemas' shape are kept."""
+    body = json.loads((agents.AGENT_PROMPTS / "claude_code.json").read_text())
+    texts = prose({key: body[key] for key in ("system", "messages", "tools")})
+    assert not [text for text in texts if "Anthropic" in text or "Claude" in text]
+    assert len(body["tools"]) == 24 and all(tool["input_schema"]["type"] == "object" for tool in body["tools"])
+    assert "<system-reminder>" in body["messages"][0]["content"][0]["text"]
+
+
 def test_a_missing_agent_chat_says_which_script_writes_it(tmp_path):
     with pytest.raises(SystemExit, match="codex.chat.json.*scripts/agent_chats.py"):
         read_agent_prompts(tmp_path)
