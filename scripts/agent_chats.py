@@ -2,8 +2,9 @@
 
 `duo bench --prompts agent` renders these chats with the target's template and sends the same text to duo and to
 llama-server; the bench may not import duo.api (tests/house/test_layout.py), so the translation is done here, by
-the API's own functions, and stored: {"messages": [...], "tools": [...]}, exactly what the route hands the chat
-template (OpenAI's chat shape; an earlier call's arguments as an object, as templates take them). Each body goes
+the API's own functions, and stored: {"messages": [...], "tools": [...], "variables": {...}}, exactly what the route
+hands the chat template (OpenAI's chat shape; an earlier call's arguments as an object, as templates take them; the
+template variables the body sets, as Claude Code's thinking sets enable_thinking). Each body goes
 through its protocol's route: Codex's Responses body through duo.api.responses, Claude Code's Messages body through
 duo.api.anthropic, Qwen Code's chat body as /v1/chat/completions reads it. tests/bench/test_agent_chats.py checks
 that the stored chats are what this makes of the bodies today. Run it after a change of the translation:
@@ -42,9 +43,11 @@ def chat_of(body: Body) -> ChatBody:
 
 
 def template_chat(body: Body) -> Body:
-    """The messages and tools duo's chat template is given for `body` (duo.api.serving.prepare renders them)."""
+    """The messages, tools and variables duo's chat template is given for `body` (duo.api.serving.prepare renders
+    them)."""
     request = chat_of(body).to_request()
-    return {"messages": list(request.messages), "tools": request.tool_use.offered if request.tool_use else []}
+    return {"messages": list(request.messages), "tools": request.tool_use.offered if request.tool_use else [],
+            "variables": dict(request.chat_template_kwargs or {})}
 
 
 def chat_path(agent: str, folder: Path = AGENT_PROMPTS) -> Path:

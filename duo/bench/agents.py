@@ -17,7 +17,7 @@ from __future__ import annotations
 import http.client
 import json
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -39,12 +39,13 @@ Body = dict[str, Any]
 
 @dataclass(frozen=True)
 class AgentPrompt:
-    """An agent's first request as a chat: the messages and function tools duo's template is given, and its text once
-    rendered."""
+    """An agent's first request as a chat: the messages, function tools and variables duo's template is given, and its
+    text once rendered."""
 
     agent: str
     messages: list[Body]
     tools: list[Body]
+    variables: Body = field(default_factory=dict)  # the template's, as the body sets them ({"enable_thinking": true})
     text: str = ""  # rendered by the target's chat template (render)
 
 
@@ -57,13 +58,15 @@ def read_agent_prompts(folder: Path = AGENT_PROMPTS) -> list[AgentPrompt]:
             raise SystemExit(f"bench: no agent chat at {path} (--prompts agent needs all of {', '.join(AGENTS)}; "
                              "scripts/agent_chats.py writes them from the captured bodies)")
         chat = json.loads(path.read_text())
-        prompts.append(AgentPrompt(agent, chat["messages"], chat["tools"]))
+        prompts.append(AgentPrompt(agent, chat["messages"], chat["tools"], chat["variables"]))
     return prompts
 
 
-def render(prompts: list[AgentPrompt], chat_prompt: Callable[[list[Body], list[Body]], str]) -> list[AgentPrompt]:
-    """Each prompt with its text as `chat_prompt(messages, tools)` renders it (the target's template)."""
-    return [replace(prompt, text=chat_prompt(prompt.messages, prompt.tools)) for prompt in prompts]
+def render(prompts: list[AgentPrompt], chat_prompt: Callable[[list[Body], list[Body], Body | None], str]
+           ) -> list[AgentPrompt]:
+    """Each prompt with its text as `chat_prompt(messages, tools, variables)` renders it (the target's template)."""
+    return [replace(prompt, text=chat_prompt(prompt.messages, prompt.tools, prompt.variables or None))
+            for prompt in prompts]
 
 
 def render_with_model(prompts: list[AgentPrompt], target: Path) -> list[AgentPrompt]:

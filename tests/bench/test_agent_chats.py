@@ -31,7 +31,8 @@ def test_each_stored_chat_is_what_duos_api_makes_of_the_captured_body_today(agen
 def test_the_bench_reads_the_stored_chats_as_they_are():
     for prompt in read_agent_prompts():
         stored = json.loads(agent_chats.chat_path(prompt.agent).read_text())
-        assert (prompt.messages, prompt.tools) == (stored["messages"], stored["tools"])
+        assert (prompt.messages, prompt.tools, prompt.variables) == (stored["messages"], stored["tools"],
+                                                                     stored["variables"])
 
 
 def test_codex_namespace_functions_reach_the_template_under_the_names_duo_parses_back():
@@ -51,10 +52,14 @@ def test_claude_codes_mid_conversation_system_message_stays_where_it_stands():
     assert [message["role"] for message in claude_code.messages] == ["system", "user", "system"]
 
 
+def test_claude_codes_thinking_reaches_the_template_as_enable_thinking():
+    assert captured("claude_code")["thinking"]["type"] != "disabled"
+    assert read_agent_prompts()[1].variables == {"enable_thinking": True}
+
+
 def test_the_script_writes_one_chat_beside_each_captured_body(tmp_path):
     for agent in AGENTS:
         (tmp_path / f"{agent}.json").write_text(json.dumps(captured(agent)))
     written = agent_chats.write_chats(tmp_path)
     assert [path.name for path in written] == [f"{agent}.chat.json" for agent in AGENTS]
-    assert [(p.messages, p.tools) for p in read_agent_prompts(tmp_path)] == \
-        [(p.messages, p.tools) for p in read_agent_prompts()]
+    assert read_agent_prompts(tmp_path) == read_agent_prompts()

@@ -108,6 +108,6 @@ def test_duo_and_llama_server_read_the_same_rendered_agent_prompt_on_the_tiny_mo
 
 
 def test_render_gives_each_prompt_its_templates_text():
-    [prompt] = render([AgentPrompt("codex", [{"role": "user", "content": "hi"}], [])],
-                      lambda messages, tools: f"<{messages[0]['content']}|{len(tools)}>")
-    assert prompt.text == "<hi|0>"
+    [prompt] = render([AgentPrompt("claude_code", [{"role": "user", "content": "hi"}], [], {"enable_thinking": True})],
+                      lambda messages, tools, variables: f"<{messages[0]['content']}|{len(tools)}|{variables}>")
+    assert prompt.text == "<hi|0|{'enable_thinking': True}>"
