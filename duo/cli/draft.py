@@ -14,10 +14,11 @@ import grpc
 from duo.net import wire
 from duo.net._proto import duo_pb2_grpc as pb_grpc
 from duo.constraint import build_tokenizer_in_background
-from duo.draft.drafter import KV_CELLS_PER_CONTEXT, SESSION_CELLS, Drafter, default_cells
+from duo.draft.drafter import KV_CELLS_PER_CONTEXT, SESSION_CELLS, Drafter
 from duo.draft.joining import Joiner, join_all
 from duo.draft.metrics import DraftMetrics
 from duo.draft.service import DraftServicer, SessionLimits
+from duo.draft.window import DEFAULT_SINK, DEFAULT_WINDOW, Window
 from duo.llama.backends import gpu_layers_for
 from duo.llama.model import MAX_SEQUENCES, Model, ModelError
 from duo.models.hub import (CATALOG, CPU_DRAFT, DEFAULT_DRAFT, HubError, default_draft, is_present, pull,
@@ -40,12 +41,13 @@ def session_context(args: argparse.Namespace, model: Model) -> int:
     return min(args.ctx_size or model.n_ctx_train, model.n_ctx_train)
 
 
-def describe_placement(model: Model, args: argparse.Namespace) -> str:
+def describe_placement(model: Model, drafter: Drafter, args: argparse.Namespace) -> str:
     """The model, where it runs, and what it holds, for the start-up line."""
-    n_ctx = session_context(args, model)
-    cells = max(args.kv_cells or default_cells(n_ctx), n_ctx)
-    return (f"{model.path.name} ({model.placement()}; context {n_ctx} per session, up to "
-            f"{args.max_sessions} sessions in {cells} KV cells)")
+    window = drafter.window
+    reach = (f"a window of the last {window.size} tokens after the first {window.sink} per session"
+             if window.size else f"context {drafter.n_ctx} per session")
+    return (f"{model.path.name} ({model.placement()}; {reach}, up to "
+            f"{args.max_sessions} sessions in {drafter.cells} KV cells)")
 
 
 def draft_model(args: argparse.Namespace) -> Path:
@@ -86,9 +88,21 @@ def build_parser() -> argparse.ArgumentParser:
                              "shared KV cache (--kv-cells); beyond, a target decodes alone for the new one")
     parser.add_argument("--kv-cells", type=int, default=None, metavar="N",
                         help="KV cache cells shared by all sessions, allocated at start (default: "
-                             f"{KV_CELLS_PER_CONTEXT} x --ctx-size up to {SESSION_CELLS}, at least --ctx-size); a session that finds no room decodes alone")
+                             f"{KV_CELLS_PER_CONTEXT} x --ctx-size up to {SESSION_CELLS}, at least --ctx-size; with "
+                             f"--window, {KV_CELLS_PER_CONTEXT} x the window and a batch); a session that finds no room "
+                             "decodes alone")
     parser.add_argument("--max-sessions-per-target", type=int, default=limits.per_target, metavar="N",
                         help="sessions drafted at once for one target connection")
+    parser.add_argument("--window", type=int, default=DEFAULT_WINDOW, metavar="N",
+                        help="keep only a session's last N tokens (after its first --window-sink) in the draft's KV "
+                             "cache, 0: all of them. Trades a little acceptance far into long prompts for a prompt "
+                             "read of at most N tokens, a per-token time that stays at the short-context level, and "
+                             "sessions as long as the target's context whatever --ctx-size says (the output stays "
+                             "the target's: it verifies every token); a window no shorter than --ctx-size is none "
+                             "(default: %(default)s)")
+    parser.add_argument("--window-sink", type=int, default=DEFAULT_SINK, metavar="N",
+                        help="with --window, also keep a session's first N tokens, the start of its system prompt "
+                             "(default: %(default)s)")
     parser.add_argument("--max-branches", type=int, default=MAX_BRANCHES, metavar="N",
                         help="in spare time, draft up to N branches per chain: continuations for the target "
                              "committing the draft's next-best token where it was least sure (0: none)")
@@ -152,6 +166,8 @@ def check_settings(args: argparse.Namespace) -> None:
     if args.max_sessions * per_session > MAX_SEQUENCES:
         raise ValueError(f"--max-sessions {args.max_sessions} needs {args.max_sessions * per_session} sequences "
                          f"({per_session} per session), beyond llama.cpp's {MAX_SEQUENCES} per context")
+    if args.window < 0 or args.window_sink < 0:
+        raise ValueError("--window and --window-sink must be >= 0 (--window 0: the whole session)")
     if args.ctx_size < 0:
         raise ValueError("--ctx-size must be >= 0 (0: the model's training context)")
     if args.kv_cells is not None and args.ctx_size and args.kv_cells < args.ctx_size:
@@ -177,7 +193,8 @@ async def serve(args: argparse.Namespace, model: Model, metrics: DraftMetrics,
     """Serve targets on --listen and join the --join targets (over TLS with `join`), until SIGINT/SIGTERM."""
     drafter = Drafter(model, ModelWorker(), session_context(args, model), args.top_k_cap, observer=metrics,
                       max_branches=args.max_branches, branch_len=args.branch_len, max_sessions=args.max_sessions,
-                      cells=args.kv_cells, flash_attn=flash_attention(args))
+                      cells=args.kv_cells, flash_attn=flash_attention(args),
+                      window=Window(args.window, args.window_sink if args.window else 0))
     try:
         await drafter.start()  # the shared KV cache, allocated once for all sessions
     except ModelError as error:
@@ -193,7 +210,7 @@ async def serve(args: argparse.Namespace, model: Model, metrics: DraftMetrics,
     joining = [Joiner(servicer, address, join) for address in args.join]
     if joining:
         security += f"; joining {', '.join(args.join)}" + (" over TLS" if args.join_tls_ca else "")
-    banner = f"duo-draft serving {describe_placement(model, args)} {endpoints}{security}"
+    banner = f"duo-draft serving {describe_placement(model, drafter, args)} {endpoints}{security}"
     try:
         await run_server(server, args.listen, banner, credentials=credentials, http=[http] if http else [],
                          stopping=servicer.stop, draining=servicer.drain, background=(lambda: join_all(joining)) if joining else None)

@@ -100,6 +100,7 @@ class DraftCache:
         self.free = [Slot(i * per_slot, i * per_slot + 1 if branches else None) for i in reversed(range(slots))]
         self.cells_used = 0
         self._held: dict[int, int] = {}  # a slot's chain sequence -> cells its session holds
+        self._left: dict[int, int] = {}   # a chain sequence whose closed session's cells stay -> its window's offset
 
     def take_slot(self) -> Slot:
         if not self.free:
@@ -112,11 +113,22 @@ class DraftCache:
         self.free.append(slot)
 
     def release(self, session: DraftSession) -> None:
-        """Forget a closed session's sequences, freeing their cells (model thread)."""
-        for seq in (session.slot.chain, session.slot.branch):
-            if seq is not None:
-                self.context.clear(seq)
+        """Forget a closed session's branches (model thread). Its chain's cells stay, no longer counted as used, for
+        the next turn of its conversation, whose prompt extends the sequence (adopt_prefix in _prepare), until
+        another session needs their room (_fit)."""
+        if session.slot.branch is not None:
+            self.context.clear(session.slot.branch)
         self.cells_used -= self._held.pop(session.slot.chain, 0)
+        self._left[session.slot.chain] = session.offset
+
+    def _cells_left(self) -> int:
+        return sum(self.context.past(seq) for seq in self._left)
+
+    def _forget_left(self) -> None:
+        """Free the cells closed sessions left (model thread)."""
+        for seq in self._left:
+            self.context.clear(seq)
+        self._left.clear()
 
     def close(self) -> None:
         self.context.close()
@@ -145,21 +157,22 @@ class DraftCache:
         return steps, report
 
     def _prepare(self, work: Work) -> Part:
-        """Roll the work's sequence back to where it agrees with work.tokens, and return the part that
-        decodes the rest: at least the last token, for fresh logits.
+        """Roll the work's sequence back to where it agrees with work.tokens (as its window views them:
+        duo.draft.window), and return the part that decodes the rest: at least the last token, for fresh logits.
 
         A branch sequence that holds another branch first takes the chain's prefix up to the fork: no
         recompute, the cells are shared (duo.llama.model.Context.fork). A branch keeps what it decoded, so
         growing it decodes one token a round, as the chain does.
         """
-        session, want, seq = work.session, work.tokens, work.seq
+        session, seq = work.session, work.seq
         if work.fork is None and not session.kv_tokens:
-            # A new session starts from the longest prefix of its tokens that any sequence holds (another
-            # session's system prompt, say): no recompute. Its cells count as this session's own too, which
-            # errs on the safe side of --kv-cells.
-            session.kv_tokens = want[:self.context.adopt_prefix(seq, want[:-1])]
-        if work.fork is not None and common_prefix_length(session.branch_kv, want) < work.fork:
-            self.context.fork(seq, work.fork, source=session.slot.chain)
+            self._adopt(session, work)
+        self._left.pop(session.slot.chain, None)  # the slot's cells are its session's now
+        self._slide(session, work.chain_len)
+        want = session.window.view(work.tokens, session.offset)
+        fork = None if work.fork is None else session.window.kv_position(work.fork, session.offset)
+        if fork is not None and common_prefix_length(session.branch_kv, want) < fork:
+            self.context.fork(seq, fork, source=session.slot.chain)
             session.branch_kv = want[:self.context.past(seq)]
             session.branch_shared = len(session.branch_kv)
         cached = session.kv_tokens if work.fork is None else session.branch_kv
@@ -171,18 +184,60 @@ class DraftCache:
         self._account(session)
         if len(want) > self.context.n_ctx:
             raise ModelError(f"the session outgrew the draft's context of {self.context.n_ctx} tokens; start "
-                             "duo-draft with a larger --ctx-size")
+                             "duo-draft with a larger --ctx-size or a --window")
         return Part(seq, keep, want[keep:])
+
+    def _adopt(self, session: DraftSession, work: Work) -> None:
+        """Start a new session (or one whose window was forgotten) from the longest prefix of its tokens that any
+        sequence holds (another session's system prompt, say, or the previous turn's sequence): no recompute. Its
+        cells count as this session's own too, which errs on the safe side of --kv-cells.
+
+        A previous turn's cells hold its window as its offset placed it: the new session takes that offset where it
+        finds more there (its window then moves on by a shift, _slide) than under its own."""
+        window, held = session.window, self.context.held
+        offsets = {window.offset_for(work.chain_len), *(offset for offset in self._left.values()
+                                                         if offset <= window.offset_for(work.chain_len))}
+
+        def reach(offset: int) -> int:
+            view = window.view(work.tokens[:-1], offset)
+            found = max(common_prefix_length(held(seq), view) for seq in range(self.context.n_seq))
+            return window.chain_position(found, offset) if found > window.sink else found
+
+        session.offset = max(sorted(offsets, reverse=True), key=reach)  # among equals the latest: less to shift
+        session.kv_tokens = window.view(work.tokens, session.offset)
+        del session.kv_tokens[self.context.adopt_prefix(session.slot.chain, session.kv_tokens[:-1]):]
+        self._account(session)
+
+    def _slide(self, session: DraftSession, chain_len: int) -> None:
+        """Move the session's window to where a chain of `chain_len` tokens puts it (duo.draft.window): drop the
+        oldest grid steps after the sink and shift the rest down (llama.cpp's K-shift: no recompute), or, where the
+        cells cannot shift, forget them and read the window again (from any sequence that holds it, else anew).
+        Its branch sequence starts over from the chain (a fork: no recompute): a shift would move shared cells."""
+        offset = session.window.offset_for(chain_len, session.offset)
+        if offset == session.offset:
+            return
+        if session.slot.branch is not None:
+            self.context.clear(session.slot.branch)
+            session.branch_kv, session.branch_shared = [], 0
+        drop = offset - session.offset
+        if drop < 0 or not self.context.drop(session.slot.chain, session.window.sink, drop):
+            self.context.clear(session.slot.chain)
+        session.kv_tokens = list(self.context.held(session.slot.chain))
+        session.offset = offset
+        self._account(session)
 
     def _fit(self, works: Sequence[Work], parts: dict[int, Part], steps: list[Step]) -> dict[int, Part]:
         """The parts this round decodes, shortest first within n_batch tokens: a catch-up too long for
         what is left (a prompt, say) decodes its first tokens without logits and goes on next round, so
         it never holds back the others' tokens. A session whose tokens do not fit the free cells fails.
         A work's guess rides along, whole, where it fits what is left."""
-        room, free = self.context.n_batch, self.cells - self.cells_used
+        room, free = self.context.n_batch, self.cells - self.cells_used - self._cells_left()
         fitted = {}
         for i, part in sorted(parts.items(), key=lambda item: len(item[1].tokens)):
             n = min(len(part.tokens), room)
+            if n > free and self._left:
+                free += self._cells_left()
+                self._forget_left()
             if n > free:
                 steps[i] = Step(error=ModelError(
                     f"the draft's KV cache is full ({self.cells} cells shared by all sessions, {free} free, "

@@ -16,8 +16,9 @@ from duo.draft.branches import Branch, Doubt, branch_length
 from duo.draft.guess import GuessRate, guess_length, shared_guess_rate
 from duo.draft.session import DraftSession, Drawn
 from duo.draft.value import RoundCost, with_riders
+from duo.draft.window import Window
 from duo.lookup import ContextLookup
-from duo.llama.model import Model, ModelError
+from duo.llama.model import N_BATCH, Model, ModelError
 from duo.llama.worker import ModelWorker
 from duo.sampling.distributions import SparseDist
 from duo.sampling.ops.penalties import Penalties
@@ -29,6 +30,8 @@ from duo.sampling.params import SamplingParams
 # times the model's context would take gigabytes for sessions that agents' prompts (6-18k tokens) never fill.
 KV_CELLS_PER_CONTEXT = 4
 SESSION_CELLS = 8192
+# How far a windowed session reaches: as far as its target lets it (the target's context bounds it).
+UNBOUNDED = 1 << 62
 
 
 def default_cells(n_ctx: int) -> int:
@@ -67,15 +70,22 @@ class Drafter:
 
     def __init__(self, model: Model, worker: ModelWorker, n_ctx: int, top_k_cap: int,
                  observer: DraftObserver | None = None, *, max_branches: int = 0, branch_len: int = 0,
-                 max_sessions: int = 16, cells: int | None = None, flash_attn: bool | None = None) -> None:
+                 max_sessions: int = 16, cells: int | None = None, flash_attn: bool | None = None,
+                 window: Window = Window()) -> None:
         """`n_ctx`: positions per session; `cells`: KV cells shared by all sessions (default default_cells(n_ctx));
         `max_sessions`: the slots of sequences in the cache; `flash_attn`: llama.cpp's flash attention on or off
-        (None: its own choice)."""
+        (None: its own choice); `window`: how much of each session the KV holds (duo.draft.window; its size 0: all of
+        it, up to n_ctx positions). With a window shorter than n_ctx a session reaches as far as its target lets it,
+        and a sequence holds window.cells positions and a batch of guessed or branch tokens after them."""
         self.model = model
         self.max_branches = max_branches
         self.branch_len = branch_len
         self.worker = worker
-        self.n_ctx = min(n_ctx, model.n_ctx_train)  # what a sequence gets (duo.llama.model.Context caps it so)
+        n_ctx = min(n_ctx, model.n_ctx_train)
+        # A window no shorter than the context buys nothing: sessions then reach n_ctx, as without one.
+        self.window = window if window.size and window.cells + N_BATCH < n_ctx else Window()
+        self.n_ctx = self.window.cells + N_BATCH if self.window.size else n_ctx  # what a sequence gets
+        self.reach = UNBOUNDED if window.size else self.n_ctx  # the positions a session may reach
         self.cells = max(cells or default_cells(self.n_ctx), self.n_ctx)  # as duo.llama.model.Context makes it
         self.max_sessions = max_sessions
         self.flash_attn = flash_attn
@@ -147,7 +157,7 @@ class Drafter:
             session_id=message.session_id, chain=list(message.committed), committed=len(message.committed),
             params=params if coupled else self.draft_params(params),
             rng=np.random.default_rng(None if seed is None else [seed, 1]),  # not the target's
-            max_ahead=message.max_ahead, p_min=message.p_min, slot=slot, n_ctx=self.n_ctx,
+            max_ahead=message.max_ahead, p_min=message.p_min, slot=slot, n_ctx=self.reach, window=self.window,
             coupled_seed=seed if coupled else None, max_branches=self.max_branches, branch_len=self.branch_len,
             cursor=cursor, output_start=message.output_start, penalties=penalties, lookup=lookup,
             guess_rate=GuessRate(self.guess_rate), committed_mu=_opening_mu(message, params))
@@ -169,7 +179,7 @@ class Drafter:
         if not message.committed:
             raise InvalidEvent("a session needs at least one committed token (the prompt)")
         self._check_tokens(message.committed)
-        if len(message.committed) >= self.n_ctx:
+        if len(message.committed) >= self.reach:
             raise ModelError(f"the prompt ({len(message.committed)} tokens) does not fit the draft's context "
                              f"of {self.n_ctx}; start duo-draft with a larger --ctx-size")
         if not 0 <= message.p_min <= 1:
@@ -199,7 +209,7 @@ class Drafter:
             raise InvalidEvent(f"a commit at position {start}, but {session.committed} tokens are committed: "
                                "a commit must continue the committed sequence")
         self._check_tokens(tokens)
-        if start + len(tokens) >= self.n_ctx:
+        if start + len(tokens) >= self.reach:
             raise ModelError(f"the session outgrew the draft's context of {self.n_ctx} tokens; start duo-draft "
                              "with a larger --ctx-size")
         session.apply_commit(start, tokens, _checked_mu(mu) if session.params.mirostat else None)

@@ -11,6 +11,7 @@ from duo.constraint import Cursor
 from duo.draft.branches import Branch, Doubt, branch_length, doubt_of
 from duo.draft.guess import GuessRate
 from duo.draft.value import Calibration, Horizon, Round, ranked_rounds
+from duo.draft.window import Window
 from duo.lookup import ContextLookup
 from duo.llama.model import common_prefix_length
 from duo.sampling import rows
@@ -45,7 +46,7 @@ class DraftSession:
     max_ahead: int
     p_min: float
     slot: Slot
-    n_ctx: int  # positions it may reach (duo-draft --ctx-size)
+    n_ctx: int  # positions it may reach (duo-draft --ctx-size; unbounded with a window: the target bounds it)
     coupled_seed: int | None = None  # COUPLED sessions: propose the coupled sample with this seed's noise
     epoch: int = 0
     paused: bool = False  # after a doubtful position (p_min) or an end of generation, until the next commit
@@ -59,9 +60,13 @@ class DraftSession:
     calibration: Calibration = field(default_factory=Calibration)  # what commits showed of its drafts
     # What the KV cache holds, model thread only: the chain's sequence, the branch sequence, and how
     # many of the branch's first positions are the chain's own cells (a fork copies no cell).
+    # With a window (duo.draft.window) both hold the window's view: the chain's positions from sink + offset on sit
+    # `offset` KV positions lower.
     kv_tokens: list[int] = field(default_factory=list)
     branch_kv: list[int] = field(default_factory=list)
     branch_shared: int = 0
+    window: Window = Window()
+    offset: int = 0
     # The output starts at position output_start. Its grammar (duo.constraint): what the chain draws is masked with
     # `cursor`, what branches draw with a copy of it (each walks its own sequence; model thread only). Its
     # penalties transform what it draws from, after the output before each position (duo.sampling.ops.penalties).
@@ -95,10 +100,15 @@ class DraftSession:
             return []
         branching = bool(self.max_branches)
         horizon = Horizon(chain_open=self.wants_to_draft(),
-                          fork_limit=common_prefix_length(self.kv_tokens, self.chain) + 1 if branching else 0,
+                          fork_limit=self.chain_held() + 1 if branching else 0,
                           branch_cap=branch_length(self.max_ahead, self.branch_len) if branching else 0,
                           new_branches=self.max_branches - len(self.branches))
         return ranked_rounds(self.committed, len(self.chain), self.doubts, self.branches, horizon, self.calibration)
+
+    def chain_held(self) -> int:
+        """The chain's positions up to which the KV holds it (the window's dropped ones count as held)."""
+        held = common_prefix_length(self.kv_tokens, self.window.view(self.chain, self.offset))
+        return self.window.chain_position(held, self.offset) if held > self.window.sink else held
 
     def take(self, rounds: list[Round]) -> None:
         """Note that `rounds` go into the next decode: a new branch takes over the branch sequence, so the

@@ -376,6 +376,22 @@ class Context:
             self.fork(seq, n, source)
         return n
 
+    def drop(self, seq: int, start: int, n: int) -> bool:
+        """Forget positions [start, start + n) of sequence `seq` and move the later ones n positions down, as
+        llama.cpp's context shift does (its K-shift re-rotates their keys at the next decode: no recompute); False,
+        and nothing done, where that is not possible: a model whose memory cannot shift, or cells past start + n
+        that another sequence shares (a shift moves a cell for every sequence that holds it)."""
+        held = self._held[seq]
+        if n <= 0 or start + n >= len(held) or not llama().llama_memory_can_shift(self._ctx.memory):
+            return False
+        if any(common_prefix_length(self._held[other], held) > start + n
+               for other in range(self.n_seq) if other != seq):
+            return False
+        self._ctx.kv_cache_seq_rm(seq, start, start + n)
+        self._ctx.kv_cache_seq_shift(seq, start + n, -1, -n)
+        del held[start:start + n]
+        return True
+
     def clear(self, seq: int) -> None:
         """Forget all of sequence `seq`, freeing its cells for the other sequences."""
         self._ctx.kv_cache_seq_rm(seq, 0, -1)

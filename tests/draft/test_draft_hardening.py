@@ -378,8 +378,7 @@ def test_a_close_waiting_behind_a_round_runs_even_if_the_stream_is_cancelled(dra
         await stream.until(lambda: not servicer.sessions_open())  # the close is queued
         stream.task.cancel()
         await asyncio.gather(stream.task, return_exceptions=True)
-        cache = servicer.drafter.cache
-        freed = await holds_nothing(servicer.drafter) and cache.context.past(0) == 0
+        freed = await holds_nothing(servicer.drafter)  # the release counts the cells free (it keeps them for a next turn)
         await servicer.drafter.stop()
         return freed
 
