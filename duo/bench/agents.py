@@ -49,10 +49,10 @@ class AgentPrompt:
     text: str = ""  # rendered by the target's chat template (render)
 
 
-def read_agent_prompts(folder: Path = AGENT_PROMPTS) -> list[AgentPrompt]:
-    """The agents' chats, in table order; SystemExit where one is missing."""
+def read_agent_prompts(folder: Path = AGENT_PROMPTS, agents: Iterable[str] = AGENTS) -> list[AgentPrompt]:
+    """The chats of `agents` (duo bench --agents), in table order; SystemExit where one is missing."""
     prompts = []
-    for agent in AGENTS:
+    for agent in (agent for agent in AGENTS if agent in agents):
         path = folder / f"{agent}.chat.json"
         if not path.is_file():
             raise SystemExit(f"bench: no agent chat at {path} (--prompts agent needs all of {', '.join(AGENTS)}; "

@@ -108,7 +108,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from duo.bench.agents import AGENT_CONTEXT, agent_summary, agent_table, measure_agents, read_agent_prompts
+from duo.bench.agents import AGENT_CONTEXT, AGENTS, agent_summary, agent_table, measure_agents, read_agent_prompts
 from duo.bench.agents import render_with_model
 from duo.bench.cluster import (
     ROOT,
@@ -273,6 +273,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                         default="all", help="all: code and chat; structured: JSON-schema answers, beside the same "
                         "prompts unconstrained (the workload's own baseline); spec-bench: Spec-Bench's questions; "
                         "agent: the first request of Codex CLI, Claude Code and Qwen Code (6-18k tokens)")
+    parser.add_argument("--agents", nargs="+", choices=AGENTS, default=list(AGENTS),
+                        help="with --prompts agent: whose first requests to send (default: all; each takes minutes "
+                        "of prompt reading per server on a CPU core)")
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7])
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--reps", type=int, default=2)
@@ -351,7 +354,7 @@ def measure_workload(clusters: list[Cluster | PeerServer], args: argparse.Namesp
     """The runs of --prompts: Spec-Bench's conversations, the agents' first requests (rendered by `target`'s
     template), or the bench's own prompts (all: code and chat)."""
     if args.prompts == "agent":
-        prompts = render_with_model(read_agent_prompts(), target)
+        prompts = render_with_model(read_agent_prompts(agents=args.agents), target)
         warm_up(clusters, PROMPTS["code"][0])
         return measure_agents(clusters, prompts, args.temperatures, args.reps, args.max_tokens, show_run)
     if args.prompts == "spec-bench":

@@ -50,6 +50,13 @@ def test_claude_codes_body_keeps_its_shape_but_none_of_anthropics_prose():
     assert "<system-reminder>" in body["messages"][0]["content"][0]["text"]
 
 
+def test_agents_picks_whose_requests_are_sent_in_table_order():
+    """A CPU core reads each agent's prompt for minutes per server: --agents runs some of them."""
+    args = bench.parse_args(["--prompts", "agent", "--agents", "qwen_code", "codex"])
+    assert [prompt.agent for prompt in read_agent_prompts(agents=args.agents)] == ["codex", "qwen_code"]
+    assert bench.parse_args(["--prompts", "agent"]).agents == ["codex", "claude_code", "qwen_code"]
+
+
 def test_a_missing_agent_chat_says_which_script_writes_it(tmp_path):
     with pytest.raises(SystemExit, match="codex.chat.json.*scripts/agent_chats.py"):
         read_agent_prompts(tmp_path)
