@@ -39,8 +39,12 @@ from duo.bench.structured import response_format, split
 from duo.bench.cluster import ROOT, Message, released_together
 from duo.bench.report import Run, Variant
 
-PEER_MODES = ("llama-server", "llama-server-all", "llama-server-spec", "llama-server-spec-all", "llama-server-ngram-mod",
-              "llama-server-ngram-simple", "llama-server-ngram-mod-spec")
+PEER_MODES = ("llama-server", "llama-server-fa-off", "llama-server-all", "llama-server-spec", "llama-server-spec-all",
+              "llama-server-ngram-mod", "llama-server-ngram-simple", "llama-server-ngram-mod-spec")
+# llama-server alone with flash attention off (-fa off): its default (auto) turns it on for a CPU, where llama.cpp's
+# kernel reads prompts at half the pace at 4k tokens of context (scripts/bench-results/epyc-context-f16.json) and duo
+# turns it off; this is llama-server at its best on a CPU, beside its defaults.
+FLASH_OFF = "llama-server-fa-off"
 # The n-gram modes: the context's repeats as drafts (llama.cpp's --spec-type ngram-*, its own defaults), alone on the
 # target's cores, or ngram-mod first and the draft model where it finds nothing (llama.cpp tries the types in order).
 NGRAM_TYPES = {"llama-server-ngram-mod": "ngram-mod", "llama-server-ngram-simple": "ngram-simple",
@@ -81,6 +85,8 @@ def server_args(mode: str, models: tuple[Path, Path], cores: tuple[set[int], set
     with_draft = mode.startswith(SPEC_PINNED) or mode.endswith("-spec")
     if mode in NGRAM_TYPES:
         args += ["--spec-type", NGRAM_TYPES[mode]]
+    if mode == FLASH_OFF:
+        args += ["--flash-attn", "off"]
     if with_draft:
         spec_cores = all_cores if spread else draft_cores
         args += ["--spec-draft-model", str(draft), *([] if mode in NGRAM_TYPES else ["--spec-type", "draft-simple"]),

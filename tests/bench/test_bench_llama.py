@@ -26,14 +26,14 @@ def flag(args: list[str], name: str) -> str | None:
 
 def test_peers_add_llama_servers_modes_and_the_pinned_speculative_one_runs_per_draft_length():
     args = bench.parse_args(["--modes", "alone-tcores", "duo", "--peers", "--spec-n-max", "4", "8"])
-    assert args.modes == ["alone-tcores", "duo", "llama-server", "llama-server-all", "llama-server-spec-n4",
-                          "llama-server-spec-n8", "llama-server-spec-all", "llama-server-ngram-mod",
+    assert args.modes == ["alone-tcores", "duo", "llama-server", "llama-server-fa-off", "llama-server-all",
+                          "llama-server-spec-n4", "llama-server-spec-n8", "llama-server-spec-all", "llama-server-ngram-mod",
                           "llama-server-ngram-simple", "llama-server-ngram-mod-spec"]
     assert expand_modes(["llama-server-spec"], [16]) == ["llama-server-spec-n16"]
     # llama-server has no link to delay: it runs once, with the modes that run once
     variants = bench.plan_variants(args.modes, [0, 5], None)
-    assert [v.label for v in variants] == ["alone-tcores", "llama-server", "llama-server-all", "llama-server-spec-n4",
-                                           "llama-server-spec-n8", "llama-server-spec-all", "llama-server-ngram-mod",
+    assert [v.label for v in variants] == ["alone-tcores", "llama-server", "llama-server-fa-off", "llama-server-all",
+                                           "llama-server-spec-n4", "llama-server-spec-n8", "llama-server-spec-all", "llama-server-ngram-mod",
                                            "llama-server-ngram-simple", "llama-server-ngram-mod-spec", "duo",
                                            "duo +5ms"]
 
@@ -45,6 +45,14 @@ def test_the_ngram_modes_ask_llama_server_for_its_context_drafts_alone_or_before
     args, allowed = server_args("llama-server-ngram-mod-spec", MODELS, ({2, 3}, {0}), 8080, 1)
     assert flag(args, "--spec-type") == "ngram-mod,draft-simple" and args.count("--spec-type") == 1
     assert flag(args, "--spec-draft-cpu-mask") == "0x1" and allowed == {0, 2, 3}
+
+
+def test_llama_server_with_flash_attention_off_is_alone_on_the_target_cores(monkeypatch):
+    """On a CPU llama-server's default turns flash attention on, duo's off: both are compared."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    args, allowed = server_args("llama-server-fa-off", MODELS, ({2, 3}, {0}), 8080, 1)
+    assert flag(args, "--flash-attn") == "off" and "--spec-draft-model" not in args and allowed == {2, 3}
+    assert "--flash-attn" not in server_args("llama-server", MODELS, ({2, 3}, {0}), 8080, 1)[0]
 
 
 def test_without_peers_the_bench_builds_and_runs_no_llama_server():
