@@ -175,11 +175,12 @@ def test_a_second_turn_reuses_the_cells_of_the_first(draft_model, new_tokens):
 def test_greedy_output_through_duo_with_a_windowed_draft_is_the_targets_own(tiny_target, tiny_draft, target_model,
                                                                           process_logs):
     """A prompt of 1500 tokens, 12 times the window and longer than the draft's --ctx-size: the draft serves it
-    (its drafts are accepted) and the output is the target's greedy continuation."""
+    (its drafts are accepted; the target's own context lookup is off, so that every draft is the draft's) and the
+    output is the target's greedy continuation."""
     draft = start("duo.cli.draft", ["--model", str(tiny_draft), "--ctx-size", str(CTX_SIZE), "--window", "128"],
                   process_logs)
     target = start("duo.cli.target", ["--model", str(tiny_target), "--ctx-size", "2048", "--peer", draft.address,
-                                      "--sync", "4"], process_logs)
+                                      "--sync", "4", "--no-lookup"], process_logs)
     try:
         wait_for_draft(target.address)
         prompt = target_model.detokenize(code_tokens(target_model, 1500)).decode()
