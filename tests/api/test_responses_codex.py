@@ -38,11 +38,11 @@ FIRST_TURN = json.loads((Path(__file__).parents[1] / "data" / "agents" / "codex-
 # The issue's minimal body: one namespace of one function.
 NAMESPACED = {"input": "hi", "tools": [{"type": "namespace", "name": "ns", "description": "d", "tools": [
     {"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}]}]}
-# apply_patch as Codex offers it to the models it knows (gpt-5.5): a custom tool whose input follows a Lark grammar.
+# apply_patch as Codex offers it to the models it knows (gpt-5.5): a custom tool whose input follows a Lark grammar,
+# codex-rs' tool_apply_patch.lark.
 APPLY_PATCH = {"type": "custom", "name": "apply_patch", "description": "Use the `apply_patch` tool to edit files.",
-               "format": {"type": "grammar", "syntax": "lark",
-                          "definition": 'start: begin_patch hunk+ end_patch\nbegin_patch: "*** Begin Patch" LF\n'
-                                        'end_patch: "*** End Patch" LF?\n%import common.LF\n'}}
+               "format": {"type": "grammar", "syntax": "lark", "definition": (
+                   Path(__file__).parents[1] / "data" / "agents" / "codex-tool_apply_patch.lark").read_text()}}
 PATCH = '*** Begin Patch\n*** Add File: hello.py\n+print("hello")\n*** End Patch\n'
 # A custom tool whose input follows a regular expression: a constrained call matches it whole.
 WORD = {"type": "custom", "name": "say", "description": "Says one word.",
@@ -97,7 +97,8 @@ def test_a_custom_tool_is_a_function_of_one_string_and_its_call_a_custom_tool_ca
     tools = ResponsesTools(ResponsesBody.model_validate({"input": "hi", "tools": [APPLY_PATCH]}).tools)
     [offered] = tools.chat
     assert offered["function"]["parameters"]["required"] == ["input"]
-    # A Lark grammar cannot mask a string inside JSON: the model is told it; a regular expression is the pattern.
+    # A Lark grammar is told the model in the description (a required call is written under it:
+    # test_responses_custom_lark.py); a regular expression is the pattern.
     assert "lark grammar" in offered["function"]["description"] and "*** Begin Patch" in offered["function"][
         "description"] and "pattern" not in offered["function"]["parameters"]["properties"]["input"]
     [word] = ResponsesTools(ResponsesBody.model_validate({"input": "hi", "tools": [WORD]}).tools).chat

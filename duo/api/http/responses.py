@@ -30,8 +30,9 @@ class ResponsesApi:
         body = await self.answering.read(request, ResponsesBody)
         body.check_supported()
         history = self.store.conversation(body.previous_response_id) if body.previous_response_id else ()
-        # On a worker thread, as the chat endpoint's: a loop over the client's items and tools (and the held ones).
-        tools = ResponsesTools(body.tools or [])
+        # On a worker thread, as the chat endpoint's: a loop over the client's items and tools (and the held ones),
+        # and its custom tools' Lark grammars read (tens of ms each).
+        tools = await asyncio.to_thread(ResponsesTools, body.tools or [])
         conversation, size, chat = await asyncio.to_thread(self._translated, body, history, tools,
                                                          completions.body_limits().items)
         functions = chat.callable_functions()

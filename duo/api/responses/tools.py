@@ -11,9 +11,14 @@ from typing import Any
 
 from duo.api.serving.request import BadRequest
 from duo.api.responses.body import Tool
+from duo.api.tools import ToolBody
+from duo.api.tools.lark_json import InputGrammar, Unsupported, escaped_lark
 
 # What a custom tool's call takes, as the one string argument of the function it is offered as.
 CUSTOM_ARGUMENT = "input"
+# The Lark grammars of one request's custom tools, in characters together: reading them is pure Python on a loaded
+# core (Codex's apply_patch, 626 characters: ~25 ms; 68k characters of rules: 2 s).
+MAX_LARK_CHARS = 32_768
 
 
 @dataclass(frozen=True)
@@ -41,24 +46,38 @@ class ResponsesTools:
     def __init__(self, tools: Sequence[Tool]) -> None:
         self.chat: list[dict[str, Any]] = []
         self.origins: dict[str, Origin] = {}
-        for tool in tools:
+        self.input_grammars: dict[str, InputGrammar] = {}  # by chat name: custom tools whose input follows Lark
+        for i, tool in enumerate(tools):
             if tool.type == "function":
-                self._offer(tool, Origin(tool.name or ""))
+                self._offer(tool, Origin(tool.name or ""), f"tools[{i}]")
             elif tool.type == "namespace":
-                for member in tool.tools or []:
-                    self._offer(member, Origin(member.name or "", tool.name, custom=member.type == "custom"))
+                for j, member in enumerate(tool.tools or []):
+                    self._offer(member, Origin(member.name or "", tool.name, custom=member.type == "custom"),
+                                f"tools[{i}].tools[{j}]")
             elif tool.type == "custom":
-                self._offer(tool, Origin(tool.name or "", custom=True))
+                self._offer(tool, Origin(tool.name or "", custom=True), f"tools[{i}]")
 
-    def _offer(self, tool: Tool, origin: Origin) -> None:
+    def _offer(self, tool: Tool, origin: Origin, where: str) -> None:
         name = flat_name(origin.namespace, origin.name)
         if name in self.origins:
             raise BadRequest(f"two tools are named {name!r}: a chat template tells the model's calls apart by name "
                              "alone", param="tools")
         self.origins[name] = origin
+        if origin.custom and (grammar := lark_input(tool, f"{where}.format", self._lark_chars_left())):
+            self.input_grammars[name] = grammar
         function = custom_function(tool) if origin.custom else tool.model_dump(exclude_none=True,
                                                                                exclude={"type", "tools", "format"})
         self.chat.append({"type": "function", "function": {**function, "name": name}})
+
+    def _lark_chars_left(self) -> int:
+        return MAX_LARK_CHARS - sum(grammar.source_chars for grammar in self.input_grammars.values())
+
+    def constrain(self, tools: Sequence[ToolBody]) -> None:
+        """Give the chat functions of custom tools whose input follows a Lark grammar that grammar, which a required
+        call's grammar writes their input under (duo.api.tools.grammars)."""
+        for tool in tools:
+            if tool.function.name in self.input_grammars:
+                tool.function.constrain_input(self.input_grammars[tool.function.name])
 
     def item(self, call_id: str, name: str) -> dict[str, Any]:
         """The model's call of chat function `name` as a Responses output item, before its arguments or input are
@@ -71,11 +90,28 @@ class ResponsesTools:
         return item
 
 
+def lark_input(tool: Tool, param: str, most_chars: int) -> InputGrammar | None:
+    """A custom tool's Lark format as the grammar its input is written under, JSON-escaped inside its call
+    (duo.api.tools.lark_json); None for other formats; BadRequest naming `param` for a grammar duo cannot enforce
+    exactly, or one longer than `most_chars`."""
+    format_ = tool.format or {}
+    if format_.get("type") != "grammar" or format_.get("syntax") != "lark":
+        return None
+    definition = format_.get("definition") or ""
+    if len(definition) > most_chars:
+        raise BadRequest(f"{param}: the request's Lark grammars may hold {MAX_LARK_CHARS} characters together; "
+                         f"this one has {len(definition)} of the {max(most_chars, 0)} left", param=param)
+    try:
+        return InputGrammar(CUSTOM_ARGUMENT, escaped_lark(definition), param, len(definition))
+    except Unsupported as error:
+        raise BadRequest(f"{param}: {error}", param=param) from None
+
+
 def custom_function(tool: Tool) -> dict[str, Any]:
-    """A custom tool as a function of one string. A regex format becomes the string's pattern, which a constrained
-    call (tool_choice required or naming the tool) matches whole; a Lark grammar has no JSON schema form (the input
-    sits inside a JSON string), so it is told in the description and not masked: llama-server offers no custom tools
-    at all, and the tool's owner checks its input as it does any model's."""
+    """A custom tool as a function of one string. Where a call is constrained (tool_choice required or naming the
+    tool) its input matches the format whole: a regex as the string's pattern, a Lark grammar written out in the
+    call's grammar (ResponsesTools.constrain). Both are told the model: a pattern by the schema, a Lark grammar in the
+    description; under tool_choice auto neither is masked, as no function's parameters are."""
     format_ = tool.format or {}
     grammar = format_.get("definition") if format_.get("type") == "grammar" else None
     text: dict[str, Any] = {"type": "string"}
@@ -95,9 +131,24 @@ def custom_input(arguments: str) -> str:
     try:
         value = json.loads(arguments)
     except ValueError:
-        return arguments
+        return _cut_input(arguments)
     text = value.get(CUSTOM_ARGUMENT) if isinstance(value, dict) else None
     return text if isinstance(text, str) else arguments
+
+
+def _cut_input(arguments: str) -> str:
+    """The input written so far of a call cut short (by the token limit) inside its string, where the arguments open
+    as a constrained call writes them; else the arguments as they are."""
+    opening = "{" + json.dumps(CUSTOM_ARGUMENT) + ': "'
+    if not arguments.startswith(opening):
+        return arguments
+    written = arguments[len(opening):]
+    for end in range(len(written), max(len(written) - len("\\u0000"), -1), -1):  # an escape cut short is left out
+        try:
+            return json.loads(f'"{written[:end]}"')
+        except ValueError:
+            continue
+    return arguments
 
 
 def chat_call(item: dict[str, Any]) -> dict[str, Any]:

@@ -111,9 +111,11 @@ def chat_body(body: ResponsesBody, messages: list[dict[str, Any]], tools: Respon
             "type": "json_schema", "json_schema": {"name": text_format.name, "schema": text_format.schema_,
                                                    "strict": text_format.strict}}
     try:
-        return ChatBody.model_validate(fields)
+        chat = ChatBody.model_validate(fields)
     except ValidationError as error:  # what the chat body checks beyond this one (its bounds on sampling fields)
         first = error.errors()[0]
         where = ".".join(str(part) for part in first.get("loc", ()))
         raise BadRequest(f"{where}: {first.get('msg', 'invalid value')}", param=where) from None
+    tools.constrain(chat.tools or [])
+    return chat
 

@@ -162,8 +162,11 @@ class Preparer:
         if request.grammar:  # the generic format's every answer is written by its grammar
             raise BadRequest("a required tool call (or tools on a template with no tool syntax) and a response format "
                              "cannot both hold: send one", param="tool_choice")
-        return GrammarSpec("lark", call_grammar(use.callable, use.parallel, format_, self._token_of, use.required),
-                           "tools")
+        try:
+            grammar = call_grammar(use.callable, use.parallel, format_, self._token_of, use.required)
+        except ToolError as error:  # a custom tool's Lark grammar, in a format that writes its input raw
+            raise BadRequest(str(error), param=error.param) from error
+        return GrammarSpec("lark", grammar, "tools")
 
     def _token_of(self, text: str) -> int | None:
         """The id of the model's one token for `text`, if it has one (a call format's markers)."""

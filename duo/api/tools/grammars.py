@@ -8,7 +8,8 @@ import re
 from typing import Any, Callable, Sequence
 
 from duo.api.tools.formats import CallFormat
-from duo.api.tools.messages import FunctionBody
+from duo.api.tools.lark_json import InputGrammar
+from duo.api.tools.messages import FunctionBody, ToolError
 from duo.constraint import JSON_OPTIONS
 
 # The markup that may be one token of the model's (its control tokens): written by id where it is.
@@ -26,18 +27,22 @@ def call_grammar(functions: Sequence[FunctionBody], parallel: bool, format_: Cal
     def text(markup: str) -> str:
         return " ".join(_piece(piece, token_of) for piece in MARKUP.split(markup) if piece) or '""'
 
+    freeform = any(function.input_grammar for function in functions)
     if format_.naming == "generic":
+        if freeform:
+            return f"start: {_generic_calls(functions, parallel, required)}\n"
         return f"start: %json {json.dumps(_generic_schema(functions, parallel, required))}\n"
     if format_.naming == "json" and (format_.listed or format_.at_start):
         call = _envelopes(functions, format_)
         if format_.at_start:
-            return f"start: %json {json.dumps(call)}\n"
+            return f"start: {_call_object(functions, format_)}\n" if freeform else f"start: %json {json.dumps(call)}\n"
         calls = {"type": "array", "items": call, "minItems": 1, **({} if parallel else {"maxItems": 1}),
                  "x-guidance": JSON_OPTIONS}
-        return f'start: {text(format_.section)} " "? %json {json.dumps(calls)} {text(format_.section_end)}\n'
+        listed = _listed(_call_object(functions, format_), parallel) if freeform else f"%json {json.dumps(calls)}"
+        return f'start: {text(format_.section)} " "? {listed} {text(format_.section_end)}\n'
     return (f'start: {text(format_.section)} call{"+" if parallel else ""} {text(format_.section_end)}\n'
             f"call: {' | '.join(f'call_{i}' for i in range(len(functions)))}\n"
-            + "".join(f"call_{i}: {text(format_.call_open)} {_called(function, format_, text)} "
+            + "".join(f"call_{i}: {text(format_.call_open)} {_called(function, format_, text, freeform)} "
                       f"{text(format_.call_close)} \"\\n\"?\n" for i, function in enumerate(functions)))
 
 
@@ -46,14 +51,22 @@ def _piece(piece: str, token_of: Callable[[str], int | None]) -> str:
     return f"<[{token}]>" if token is not None else json.dumps(piece)
 
 
-def _called(function: FunctionBody, format_: CallFormat, text: Callable[[str], str]) -> str:
-    """The grammar of one call of `function` between the format's call_open and call_close."""
+def _called(function: FunctionBody, format_: CallFormat, text: Callable[[str], str], freeform: bool) -> str:
+    """The grammar of one call of `function` between the format's call_open and call_close (`freeform`: where a
+    custom tool's call is among those the model may make, _call_object)."""
     parameters = function.parameters or ANY_OBJECT
     if format_.naming == "json":
-        return f'"\\n" %json {json.dumps(_envelopes([function], format_))} "\\n"'
+        call = _call_object([function], format_) if freeform else f"%json {json.dumps(_envelopes([function], format_))}"
+        return f'"\\n" {call} "\\n"'
     if format_.naming == "header":
-        return (f"{text(format_.header_prefix + function.name + format_.header_end)} "
-                f"%json {json.dumps({**parameters, 'x-guidance': JSON_OPTIONS})} \"\\n\"?")
+        arguments = _freeform_arguments(function.input_grammar) if function.input_grammar else \
+            f"%json {json.dumps({**parameters, 'x-guidance': JSON_OPTIONS})}"
+        return f"{text(format_.header_prefix + function.name + format_.header_end)} {arguments} \"\\n\"?"
+    if function.input_grammar:  # the value is the raw text, read up to the first </parameter>: no grammar of it can
+        # be held to stop short of that without intersecting the two
+        raise ToolError(f"{function.input_grammar.param}: a Lark grammar cannot be enforced in this model's call "
+                        f"format ({format_.name}, which writes a string argument raw); send a regex or text format",
+                        function.input_grammar.param)
     return f'"\\n<function={function.name}>\\n" {_xml_parameters(parameters)} "</function>\\n"'
 
 
@@ -70,6 +83,43 @@ def _xml_parameters(parameters: dict[str, Any]) -> str:
             value = f"%json {json.dumps({**schema, 'x-guidance': JSON_OPTIONS})}"
         parts.append(f'"<parameter={key}>\\n" {value} "\\n</parameter>\\n"')
     return " ".join(parts) or '""'
+
+
+def _call_object(functions: Sequence[FunctionBody], format_: CallFormat) -> str:
+    """A JSON call of one of `functions`, among which is a custom tool whose input follows a Lark grammar: each
+    written out, {"name": "...", "arguments": ...}, its arguments under %json or, the custom tool's, its input
+    JSON-escaped under that grammar. Not one %json of them all: llguidance follows a nested grammar (%json, %lark)
+    beside another that starts where it does, or beside a literal, down one of them only."""
+    options = []
+    for function in functions:
+        named = f"{{{json.dumps(format_.name_key)}: {json.dumps(function.name)}, {json.dumps(format_.arguments)}: "
+        arguments = _freeform_arguments(function.input_grammar) if function.input_grammar else \
+            f"%json {json.dumps({**(function.parameters or ANY_OBJECT), 'x-guidance': JSON_OPTIONS})}"
+        options.append(f"{json.dumps(named)} {arguments} {json.dumps('}')}")
+    return options[0] if len(options) == 1 else f"({' | '.join(options)})"
+
+
+def _freeform_arguments(grammar: InputGrammar) -> str:
+    """A custom tool's arguments, {"input": "..."}, the string's text under its grammar, which is nested whole (its
+    rule names and %ignore do not meet the call's)."""
+    opening, closing = "{" + json.dumps(grammar.key) + ': "', '"}'
+    return f"{json.dumps(opening)} %lark {{\n{grammar.lark}\n}} {json.dumps(closing)}"
+
+
+def _listed(call: str, parallel: bool) -> str:
+    """A JSON array of one call, or of one or more with `parallel`."""
+    return f'"[" {call} (", " {call})* "]"' if parallel else f'"[" {call} "]"'
+
+
+def _generic_calls(functions: Sequence[FunctionBody], parallel: bool, required: bool) -> str:
+    """_generic_schema's answer where a custom tool's input follows a Lark grammar: written out, not one schema."""
+    call = _call_object(functions, CallFormat("", (), "json"))
+    key, calls = ("tool_calls", _listed(call, True)) if parallel else ("tool_call", call)
+    answer = f"{json.dumps('{' + json.dumps(key) + ': ')} {calls} {json.dumps('}')}"
+    if required:
+        return answer
+    reply = f"{json.dumps('{' + json.dumps('response') + ': ')} %json {json.dumps({'type': 'string'})} {json.dumps('}')}"
+    return f"({answer} | {reply})"
 
 
 def _envelopes(functions: Sequence[FunctionBody], format_: CallFormat) -> dict[str, Any]:

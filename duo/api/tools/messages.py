@@ -6,9 +6,10 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal, Sequence
 
-from pydantic import BaseModel
+from pydantic import BaseModel, PrivateAttr
 
 from duo.api.serving.limits import MAX_JSON_DEPTH, nesting_depth
+from duo.api.tools.lark_json import InputGrammar
 
 # llama.cpp's words for a template with no tool syntax (common/chat.cpp's generic handler, and minja's polyfill that
 # describes the tools in the system message).
@@ -30,6 +31,16 @@ class FunctionBody(BaseModel):
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None  # either way a required call matches its parameters' schema
+    # A Responses custom tool's input grammar, set by duo (never by a body): a required call writes its one string
+    # argument under it.
+    _input_grammar: InputGrammar | None = PrivateAttr(default=None)
+
+    @property
+    def input_grammar(self) -> InputGrammar | None:
+        return self._input_grammar
+
+    def constrain_input(self, grammar: InputGrammar) -> None:
+        self._input_grammar = grammar
 
 
 class ToolBody(BaseModel):
