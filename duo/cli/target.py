@@ -10,7 +10,6 @@ import os
 import sys
 import time
 from pathlib import Path
-from collections.abc import Sequence
 from typing import Any
 
 from grpc_health.v1 import health
@@ -23,7 +22,7 @@ from duo.api.serving.metrics import Metrics
 from duo.llama.backends import on_native_abort
 from duo.constraint import build_tokenizer_in_background
 from duo.llama.model import MAX_SEQUENCES, N_BATCH, Model, ModelError
-from duo.models.hub import CATALOG, DEFAULT_TARGET, HubError, resolve_model
+from duo.models.hub import DEFAULT_TARGET, HubError, resolve_model
 from duo.cli.process import add_process_arguments, check_can_listen, flash_attention, metrics_server, model_options, run_async, run_server, setup_logging
 from duo.llama.worker import ModelWorker
 from duo.net.listening import listen_socket
@@ -31,6 +30,9 @@ from duo.net.timeouts import WRITE_TIMEOUT_S
 from duo.sampling.verification import COUPLED, RESIDUAL
 from duo.target.target import Target
 from duo.cli.target_drafts import add_draft_arguments, check_draft_flags, describe_drafts, serve_drafts, wants_drafts
+from duo.cli.llama_flags import add_llama_server_arguments, flags_table, ignored_lines, refusal
+from duo.cli.llama_launch import (chat_template, context_per_request, cors_origins, http_addresses, launch_settings,
+                                  served_names)
 from duo.target.request import SpecSettings
 from duo.net.tls import check_pair, server_credentials
 
@@ -46,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     defaults = SpecSettings()
     parser = argparse.ArgumentParser(
         prog="duo-target", description="Generate with the target model, verifying in batches the chain tokens "
-                                       "that duo-draft streams; serve clients over gRPC (and OpenAI-compatible HTTP).")
+                                       "that duo-draft streams; serve clients over gRPC (and OpenAI-compatible HTTP).",
+        epilog=flags_table(), formatter_class=argparse.RawDescriptionHelpFormatter)
     add_process_arguments(parser, model=DEFAULT_TARGET, listen="127.0.0.1:7071", serves="clients (gRPC and HTTP)", per="request")
     spec = parser.add_argument_group(
         "speculation", "By default the draft length is chosen adaptively every step from measured costs and "
@@ -79,9 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
                          help="also serve the HTTP API (OpenAI's chat, completions and responses, Anthropic's "
                               "messages, llama-server's native endpoints, /v1/models, /health, /metrics) here; HOST "
                               "defaults to 127.0.0.1")
-    clients.add_argument("--alias", action="append", default=[], metavar="NAME",
-                         help="one more name /v1/models lists for the model (repeatable); a request may name any "
-                              "model, as llama-server serving one model answers whatever `model` says")
+    clients.add_argument("--alias", action="append", default=[], metavar="NAMES",
+                         help="the model's names, comma-separated (repeatable; llama-server's -a): /v1/models lists "
+                              "the first in sorted order as its id, with all of them as its aliases; a request may "
+                              "name any model, as llama-server serving one model answers whatever `model` says")
     clients.add_argument("--cors-origin", action="append", default=None, metavar="ORIGIN",
                          help="answer browsers' cross-origin requests only from this origin, e.g. "
                               "http://localhost:3000 (repeatable; requests from other origins are refused with a "
@@ -106,9 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
                               "reflection, /v1/models and /metrics stay open "
                               "(default: $DUO_API_KEY, else no key). Visible to every user of this machine in "
                               "its process list: prefer --api-key-file or $DUO_API_KEY")
-    clients.add_argument("--metrics", default=None, metavar="[HOST:]PORT",
+    clients.add_argument("--metrics", nargs="?", default=None, const=None, metavar="[HOST:]PORT",
                          help="also serve Prometheus metrics at http://HOST:PORT/metrics (HOST: 127.0.0.1 unless "
-                              "given), as duo-draft --metrics does; --http serves them at /metrics too")
+                              "given), as duo-draft --metrics does; --http serves them at /metrics too (alone, as "
+                              "llama-server's --metrics: there only)")
     clients.add_argument("--no-prompt-cache", action="store_true",
                          help="share no prompt prefix between requests (by default a request starts from the "
                               "longest prefix of its prompt that the cache holds, whoever sent it; usage reports "
@@ -116,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     clients.add_argument("--api-key-file", default=None, metavar="FILE",
                          help="read the API key from the first line of FILE (kept out of the process list)")
     add_draft_arguments(parser)
+    add_llama_server_arguments(parser)
     return parser
 
 
@@ -159,7 +165,14 @@ def api_key_from(args: argparse.Namespace) -> str | None:
 
 def check_client_flags(args: argparse.Namespace) -> None:
     """Raise ValueError naming the flag that is wrong."""
+    refused = refusal(args)
+    if refused:
+        raise ValueError(refused)
     check_can_listen(args.listen)
+    http_addresses(args)
+    cors_origins(args)
+    chat_template(args)
+    launch_settings(args)
     api_key_from(args)
     check_draft_flags(args)
     if not 1 <= args.parallel <= MAX_SEQUENCES or args.queue_size < 0:
@@ -174,19 +187,11 @@ def check_client_flags(args: argparse.Namespace) -> None:
     check_pair(args.tls_cert, args.tls_key, "--tls-cert/--tls-key")
 
 
-def served_names(path: Path, name_or_path: str, aliases: Sequence[str] = ()) -> list[str]:
-    """The model file's stem, the catalog name it was started with when that differs, then --alias names."""
-    names = [path.stem]
-    for name in ([name_or_path] if name_or_path in CATALOG else []) + list(aliases):
-        if name not in names:
-            names.append(name)
-    return names
-
-
 def request_context(args: argparse.Namespace, model: Model) -> int:
     """Positions a request may reach: --ctx-size, or where it is 0 (the default) the model's training context, as
-    llama-server's default (-c 0) serves a prompt as long as the model reads (agents send 6-18k tokens)."""
-    return min(args.ctx_size or model.n_ctx_train, model.n_ctx_train)
+    llama-server's default (-c 0) serves a prompt as long as the model reads (agents send 6-18k tokens); with
+    --no-kv-unified the share of --parallel requests in it, as llama-server's."""
+    return context_per_request(args.ctx_size, model.n_ctx_train, args.parallel, args.kv_unified)
 
 
 def load_model(path: Path, args: argparse.Namespace, options: dict[str, Any]) -> Model:
@@ -211,11 +216,12 @@ async def serve(args: argparse.Namespace, path: Path, settings: SpecSettings, op
     await set_serving(health_servicer, False)
     server = client_server(completions, health_servicer, api_key, write_timeout=args.write_timeout)
     http = []
-    if args.http:
+    addresses = http_addresses(args)
+    if addresses:
         app = create_app(completions, metrics, api_key, write_timeout=args.write_timeout,
-                         cors_origins=args.cors_origin)
-        http.append((http_server(app, tls_cert=args.tls_cert, tls_key=args.tls_key, debug=args.log_level == "DEBUG"),
-                     listen_socket(args.http)))
+                         cors_origins=cors_origins(args), launch=launch_settings(args))
+        http.extend((http_server(app, tls_cert=args.tls_cert, tls_key=args.tls_key, debug=args.log_level == "DEBUG"),
+                     listen_socket(address)) for address in addresses)  # llama-server's --host a,b: one each
     if args.metrics:
         http.append(metrics_server(metrics.registry, args.metrics))
 
@@ -245,7 +251,7 @@ async def serve(args: argparse.Namespace, path: Path, settings: SpecSettings, op
         await set_serving(health_servicer, True)
         await serve_drafts(args, target, model, settings, metrics)
 
-    endpoints = ([f"gRPC on {args.listen}"] + ([f"HTTP on {args.http}"] if args.http else [])
+    endpoints = ([f"gRPC on {args.listen}"] + [f"HTTP on {address}" for address in addresses]
                  + ([f"metrics on {args.metrics}"] if args.metrics else []))
     security = " over TLS" if args.tls_cert else ""
     async def drain() -> None:
@@ -289,7 +295,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = settings_from(args)
         check_client_flags(args)
-        options = model_options(args)
+        options = model_options(args) | {"chat_template": chat_template(args)}
+        for line in ignored_lines(args):
+            log.info(line)
         lost = LostRpcServer(options["rpc"]) if options["rpc"] else None
         if lost:
             on_native_abort(lost.on_abort)

@@ -29,10 +29,11 @@ class Model:
 
     def __init__(self, path: str | os.PathLike, *, device: str = "cpu", n_gpu_layers: int | None = None,
                  threads: int | None = None, verbose: bool = False, rpc: Sequence[str] = (),
-                 tensor_split: Sequence[float] = ()) -> None:
+                 tensor_split: Sequence[float] = (), chat_template: str | None = None) -> None:
         """`rpc`: HOST:PORT of ggml RPC servers to split the layers over (llama.cpp's --rpc): all of them
         by default, else the last n_gpu_layers; `tensor_split`: their proportions per device (default:
-        by free memory)."""
+        by free memory); `chat_template`: a Jinja chat template used instead of the GGUF's (llama-server's
+        --chat-template)."""
         path = Path(path)
         if not path.is_file():
             raise ModelError(f"model file not found: {path}")
@@ -61,7 +62,7 @@ class Model:
             raise ModelError(f"cannot load {path}: {error} (is it a GGUF model file?)") from error
         self._vocab: Vocab | None = None
         self._chat_formatter: Any = None  # llama_cpp's Jinja2ChatFormatter
-        self._chat_template: str | None = None
+        self._chat_template: str | None = chat_template  # None: the GGUF's, read when first asked
         self._eog: tuple[int, ...] | None = None  # end_of_generation_ids, once walked
 
     @property

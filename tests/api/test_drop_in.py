@@ -15,7 +15,7 @@ from duo.api.serving.admit import Admission
 from duo.api.serving.generate import Completions
 from duo.api.http import create_app
 from duo.api.serving.metrics import Metrics
-from duo.cli.target import served_names
+from duo.cli.llama_launch import served_names
 from helpers.http import post
 
 ORIGIN = "http://page.example:3000"
@@ -106,11 +106,11 @@ def test_cors_origin_narrows_the_origins_answered():
 # --- model names ------------------------------------------------------------------------------------------
 
 
-def test_aliases_are_listed_after_the_models_own_names(tiny_target):
-    names = served_names(tiny_target, str(tiny_target), ["gpt-4o", "qwen", "gpt-4o"])
-    assert names == [tiny_target.stem, "gpt-4o", "qwen"]
+def test_the_model_is_listed_once_under_its_first_alias_as_llama_server_lists_it(tiny_target):
+    names = served_names(tiny_target, str(tiny_target), ["qwen,gpt-4o", "gpt-4o"])
+    assert names == ["gpt-4o", "qwen"]
     listed = asgi_call(an_app(None, names=names), "GET", "/v1/models").json()["data"]
-    assert [card["id"] for card in listed] == names
+    assert [card["id"] for card in listed] == ["gpt-4o"]
 
 
 def test_any_model_name_is_served_and_echoed(served_alone):

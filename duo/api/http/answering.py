@@ -19,6 +19,7 @@ from duo.api.openai.answers import OpenAIFormat, sse
 from duo.api.openai.errors import generation_error
 from duo.api.serving.bodies import GenerationBody
 from duo.api.serving.choices import Choices, choice_requests, merge
+from duo.api.serving.defaults import ServerDefaults
 from duo.api.serving.generate import Completions, Piece
 from duo.api.serving.metrics import Metrics
 from duo.api.serving.read import Body, parse_body
@@ -39,10 +40,12 @@ class Answering:
     """Answers a body translated to duo's request, in its protocol's `AnswerShape`, from the target's Completions;
     every protocol's route reads its body here and hands its generations here."""
 
-    def __init__(self, completions: Completions, metrics: Metrics, write_timeout: float) -> None:
+    def __init__(self, completions: Completions, metrics: Metrics, write_timeout: float,
+                 defaults: ServerDefaults = ServerDefaults()) -> None:
         self.completions = completions
         self.metrics = metrics
         self.write_timeout = write_timeout
+        self.defaults = defaults  # the launch line's sampling defaults, for the fields a body leaves out
 
     async def read(self, request: Request, kind: type[Body]) -> Body:
         """`request`'s body read as `kind`, its lists bounded by what the model can use (duo.api.serving.read)."""
@@ -55,6 +58,7 @@ class Answering:
     async def answer(self, body: GenerationBody, to_request: Callable[[], CompletionRequest], request: Request,
                      output: AnswerShape) -> Response:
         """The answer of `body`'s n choices (one, most often): a stream of events, or one JSON answer."""
+        self.defaults.fill(body)
         n = body.choice_count(self.completions.admission.parallel)
         formats = [output] + [copy.deepcopy(output) for _ in range(n - 1)]  # each choice's own, one answer's id
         wanted = await asyncio.to_thread(to_request)  # a loop over the client's biases, tools and messages

@@ -19,6 +19,7 @@ from duo.api.serving.generate import Completions, failure_message
 from duo.api.http.gate import Cors, Gate
 from duo.api.http.anthropic import add_messages_routes
 from duo.api.http.answering import Answering
+from duo.api.http.launch import LaunchSettings
 from duo.api.http.llama_server import add_llama_server_routes
 from duo.api.http.openai import add_openai_routes
 from duo.api.http.responses import add_responses_routes
@@ -49,16 +50,17 @@ def validation_message(error: RequestValidationError) -> ApiError:
 
 
 def create_app(completions: Completions, metrics: Metrics, api_key: str | None, *,
-               write_timeout: float = WRITE_TIMEOUT_S, cors_origins: Sequence[str] | None = None) -> ASGIApp:
+               write_timeout: float = WRITE_TIMEOUT_S, cors_origins: Sequence[str] | None = None,
+               launch: LaunchSettings = LaunchSettings()) -> ASGIApp:
     """The app: every route but the public ones (duo.api.http.gate) needs the key when one is set; CORS as
     llama-server's, narrowed to `cors_origins` where given (duo.api.http.gate.Cors: other origins refused, private
     network access only behind the list or the key). A streaming client that takes no event for `write_timeout`
-    seconds is dropped."""
-    answering = Answering(completions, metrics, write_timeout)
+    seconds is dropped. `launch`: what llama-server's launch flags set (duo.api.http.launch)."""
+    answering = Answering(completions, metrics, write_timeout, launch.defaults)
     # No /docs or /redoc: they load their scripts from a CDN. /openapi.json describes the API.
     app = FastAPI(title="duo-target", docs_url=None, redoc_url=None, strict_content_type=False)
-    add_llama_server_routes(app, answering)
-    add_openai_routes(app, answering)
+    add_llama_server_routes(app, answering, slots=launch.slots)
+    add_openai_routes(app, answering, aliases=launch.aliases, tags=launch.tags)
     add_responses_routes(app, answering)
     add_messages_routes(app, answering)
     add_page_routes(app)  # the chat page at /, as llama-server's

@@ -20,8 +20,9 @@ from duo.api.serving.read import document_bodies
 class LlamaServerApi:
     """llama-server's native endpoints over `answering`'s completions."""
 
-    def __init__(self, answering: Answering) -> None:
+    def __init__(self, answering: Answering, *, slots: bool = True) -> None:
         self.answering = answering
+        self.slots_shown = slots  # llama-server's --no-slots turns GET /slots off
         self.completions = answering.completions
         self.metrics = answering.metrics
 
@@ -40,7 +41,11 @@ class LlamaServerApi:
         return Response(self.metrics.render(), media_type=CONTENT_TYPE)
 
     def slots(self) -> list[dict[str, Any]]:
-        """llama-server's /slots, read-only: duo's running places (--parallel), those at work first."""
+        """llama-server's /slots, read-only: duo's running places (--parallel), those at work first; 501 after
+        --no-slots, in llama-server's words."""
+        if not self.slots_shown:
+            raise ApiError(501, "This server does not support slots endpoint. Start it with `--slots`",
+                           type="not_supported_error")
         completions = self.completions
         admission = completions.admission
         return [{"id": slot, "n_ctx": completions.context_size, "is_processing": slot < admission.running,
@@ -113,10 +118,10 @@ def _piece(text: bytes) -> str | list[int]:
         return list(text)
 
 
-def add_llama_server_routes(app: FastAPI, answering: Answering) -> LlamaServerApi:
+def add_llama_server_routes(app: FastAPI, answering: Answering, *, slots: bool = True) -> LlamaServerApi:
     """Register llama-server's native routes (/completions without /v1 is its native /completion, as there; /health
     with or without /v1) and describe their bodies in /openapi.json."""
-    api = LlamaServerApi(answering)
+    api = LlamaServerApi(answering, slots=slots)
     for prefix in ("", "/v1"):
         app.add_api_route(f"{prefix}/health", api.health, methods=["GET"])
     app.add_api_route("/metrics", api.metrics_text, methods=["GET"])

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -17,12 +18,15 @@ from duo.api.serving.read import document_bodies
 class OpenAIApi:
     """OpenAI's completions, chat and models over `answering`'s completions."""
 
-    def __init__(self, answering: Answering) -> None:
+    def __init__(self, answering: Answering, aliases: Sequence[str] = (), tags: Sequence[str] = ()) -> None:
         self.answering = answering
         self.completions = answering.completions
+        self.aliases, self.tags = list(aliases), list(tags)
 
     def models(self) -> dict[str, Any]:
-        return {"object": "list", "data": [self._model_card(name) for name in self.completions.names]}
+        """One model, as llama-server lists it: its name (the first alias, else the file's), its aliases and tags."""
+        card = self._model_card(self.completions.names[0])
+        return {"object": "list", "data": [card | {"aliases": self.aliases, "tags": self.tags}]}
 
     def model(self, model_id: str) -> dict[str, Any]:
         """Any name is this server's one model (as llama-server serves whatever `model` a request names)."""
@@ -49,10 +53,12 @@ class OpenAIApi:
                                                       self.completions.call_format(), sources=body.duo_sources))
 
 
-def add_openai_routes(app: FastAPI, answering: Answering) -> OpenAIApi:
+def add_openai_routes(app: FastAPI, answering: Answering, *, aliases: Sequence[str] = (),
+                      tags: Sequence[str] = ()) -> OpenAIApi:
     """Register OpenAI's routes, with or without /v1 as llama-server's (but /completions: llama-server's native
-    completion there, duo.api.http.llama_server), and describe their bodies in /openapi.json."""
-    api = OpenAIApi(answering)
+    completion there, duo.api.http.llama_server), and describe their bodies in /openapi.json. The model list
+    carries `aliases` and `tags` (llama-server's -a and --tags)."""
+    api = OpenAIApi(answering, aliases, tags)
     for prefix in ("", "/v1"):
         app.add_api_route(f"{prefix}/models", api.models, methods=["GET"])
         app.add_api_route(f"{prefix}/chat/completions", api.chat, methods=["POST"])
