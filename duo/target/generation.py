@@ -38,7 +38,8 @@ class Generation:
     """One request on the target: the committed sequence grows by whatever each verify step accepts."""
 
     def __init__(self, session_id: int, request: Request, model: Model, settings: SpecSettings,
-                 timing: DraftTiming | None = None) -> None:
+                 timing: DraftTiming | None = None, stats: GenerationStats | None = None) -> None:
+        """`stats`: the counters to fill (the caller's, which it reads whenever the request ends); else new ones."""
         self.session_id = session_id
         self.request = request
         self.model = model
@@ -49,9 +50,9 @@ class Generation:
         # Coupled: the output is a function of this seed; residual: it seeds the target's own numbers.
         self.seed = request.seed if request.seed is not None else secrets.randbits(63)
         self.rng = np.random.default_rng(self.seed)
-        self.stats = GenerationStats(prompt_tokens=len(request.prompt_tokens), arrived=request.arrived,
-                                     verification=self.verification,
-                                     seed=0 if self.verification == GREEDY else self.seed)
+        self.stats = (stats if stats is not None
+                      else GenerationStats(prompt_tokens=len(request.prompt_tokens), arrived=request.arrived))
+        self.stats.verification, self.stats.seed = self.verification, 0 if self.verification == GREEDY else self.seed
         self.max_ahead = settings.max_ahead  # as last told to the draft
         self.policy: AdaptivePolicy | None = None  # this request's adaptive draft length, if adaptive
         self.chunk_arrived = asyncio.Event()  # set when chain tokens arrive (waiting steps wait on it)

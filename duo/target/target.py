@@ -84,11 +84,14 @@ class Target:
             await self.worker.close(self._batcher.context)
             self._batcher = None
 
-    async def generate(self, request: Request) -> AsyncIterator[tuple[Step, GenerationStats]]:
-        """Yield the committed tokens step by step; the draft only ever changes the speed."""
+    async def generate(self, request: Request,
+                       stats: GenerationStats | None = None) -> AsyncIterator[tuple[Step, GenerationStats]]:
+        """Yield the committed tokens step by step; the draft only ever changes the speed. `stats`: the request's
+        counters to fill as it runs, which its caller reads even where it ends before its first step (a client that
+        left during the prompt read still counts the prefix it found in the cache)."""
         if not request.prompt_tokens:
             raise ModelError("the prompt is empty")
-        generation = Generation(next(self._ids), request, self.model, self.settings, self.control.draft_timing)
+        generation = Generation(next(self._ids), request, self.model, self.settings, self.control.draft_timing, stats)
         self.control.add(generation)
         batcher = await self.batcher()
         n_ctx = batcher.context.n_ctx
@@ -105,8 +108,7 @@ class Target:
             if generation.lookup is not None:  # the prompt indexed off the event loop: steps index only their commits
                 await generation.lookup.index_off_loop()  # (nothing extends the committed tokens before the first step)
             room = max(0, min(batcher.prompt_tail_room(), batcher.context.n_batch - self.settings.draft_max - 1))
-            cached, tail = await self._prefill(batcher, seq, request.prompt_tokens[:-1], shared, room)
-            generation.stats.cached_prompt_tokens = cached
+            tail = await self._prefill(batcher, seq, request.prompt_tokens[:-1], shared, room, generation.stats)
             while True:
                 step = await self._step(generation, batcher, seq, tail)
                 tail = ()
@@ -127,16 +129,20 @@ class Target:
             batcher.leave(seq, keep=request.cache_prompt and self.prompt_cache)
 
     @staticmethod
-    async def _prefill(batcher: StepBatcher, seq: int, tokens: list[int], shared: bool,
-                       tail_room: int) -> tuple[int, list[int]]:
+    async def _prefill(batcher: StepBatcher, seq: int, tokens: list[int], shared: bool, tail_room: int,
+                       stats: GenerationStats) -> list[int]:
         """Decode the prompt (but its last token, which the first step decodes) in chunks that ride along the
         running generations' steps, after the prefix some sequence already holds (`shared`; else from nothing),
         until at most `tail_room` tokens are left: the first step reads those (VerifyWork.prompt_tail). Return
-        the length of that prefix, and the tail."""
-        cached = pos = await batcher.adopt(seq, tokens if shared else [])
+        the tail.
+
+        The prefix found is counted before the read: a request cancelled during it says what it found. Cancelled,
+        the read stops after the chunk in flight, and every chunk decoded stays in the sequence's cells (leave keeps
+        them): the same prompt sent again (an agent's retry after its idle timeout) starts from them."""
+        stats.cached_prompt_tokens = pos = await batcher.adopt(seq, tokens if shared else [])
         while len(tokens) - pos > tail_room:
             pos += await batcher.run(PrefillWork(seq, pos, tokens[pos:len(tokens) - tail_room]))
-        return cached, tokens[pos:]
+        return tokens[pos:]
 
     async def _await_drafts(self, generation: Generation, want: int) -> None:
         """Synchronous mode: wait until `want` drafts are pending, the draft stopped, or it is gone."""

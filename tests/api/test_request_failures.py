@@ -32,8 +32,8 @@ class FailsOnce(ScriptedTarget):
         super().__init__(STEPS)
         self.error: Exception | None = error
 
-    async def generate(self, request: Request):
-        async for step in super().generate(request):
+    async def generate(self, request: Request, stats=None):
+        async for step in super().generate(request, stats):
             yield step
             if self.error is not None:
                 error, self.error = self.error, None

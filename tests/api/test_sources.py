@@ -70,8 +70,8 @@ class SourcedTarget:
     model: object = field(default_factory=ScriptedModel)
     pool: None = None  # no drafts
 
-    async def generate(self, request: Request):
-        stats = GenerationStats(prompt_tokens=len(request.prompt_tokens))
+    async def generate(self, request: Request, stats: GenerationStats | None = None):
+        stats = stats if stats is not None else GenerationStats(prompt_tokens=len(request.prompt_tokens))
         for i, (tokens, sources) in enumerate(self.steps):
             stats.generated_tokens += len(tokens)
             stats.verify_steps += 1

@@ -41,8 +41,8 @@ class ScriptedTarget:
     closed: int = 0
     generated: int = 0
 
-    async def generate(self, request: Request):
-        stats = GenerationStats(prompt_tokens=len(request.prompt_tokens))
+    async def generate(self, request: Request, stats: GenerationStats | None = None):
+        stats = stats if stats is not None else GenerationStats(prompt_tokens=len(request.prompt_tokens))
         try:
             for i, tokens in enumerate(self.steps):
                 stats.generated_tokens += len(tokens)

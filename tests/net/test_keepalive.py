@@ -33,9 +33,9 @@ STEPS = [[3], [4]]  # " the end"
 class SlowPrefill(ScriptedTarget):
     """A target whose prompt takes PREFILL_S before the first token (a 70B target's prefill takes minutes)."""
 
-    async def generate(self, request):
+    async def generate(self, request, stats=None):
         await asyncio.sleep(PREFILL_S)
-        async for step in super().generate(request):
+        async for step in super().generate(request, stats):
             yield step
 
 

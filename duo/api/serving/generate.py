@@ -228,11 +228,14 @@ class Completions:
                       preserved: frozenset[int]) -> AsyncGenerator[Piece, None]:
         # Characters may span tokens: the decoder holds back bytes until they complete a character.
         decoder = SourcedDecoder(target.model, preserved)
+        # Filled by the target as it runs: a request whose client left during the prompt read is logged and counted
+        # with the prefix it found in the cache, as one that finished.
         stats = GenerationStats(prompt_tokens=len(request.prompt_tokens), arrived=request.arrived)
         finish: str | None = None
         why_not = "client left"  # why a request ended without a finish reason
         try:
-            async with aclosing(target.generate(request)) as steps, aclosing(self._until_cut(steps)) as cuttable:
+            async with (aclosing(target.generate(request, stats)) as steps,
+                        aclosing(self._until_cut(steps)) as cuttable):
                 async for step, stats in cuttable:
                     ended = step.finish_reason is not None
                     text, stopped = stops.feed(decoder.decode(step, final=ended))
