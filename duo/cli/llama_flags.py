@@ -149,7 +149,8 @@ LLAMA_FLAGS: tuple[LlamaFlag, ...] = (
         ("-sm --split-mode", "MODE"), ("--threads-http", "N"), ("-cram --cache-ram", "N"), ("--cache-reuse", "N"),
         ("-ctxcp --ctx-checkpoints --swa-checkpoints", "N"), ("-fit --fit", "on|off"),
         ("-to --timeout", "N"), ("-ot --override-tensor", "PATTERN=BUFFER"), ("-lcs --lookup-cache-static", "FNAME"),
-        ("-lcd --lookup-cache-dynamic", "FNAME"), ("--sleep-idle-seconds", "N"))),
+        ("-lcd --lookup-cache-dynamic", "FNAME"), ("--sleep-idle-seconds", "N"), ("-sps --slot-prompt-similarity",
+                                                                                 "N"))),
     *(_flag(IGNORED, names, PERFORMANCE) for names in (
         "--mlock", "--no-mmap", "--mmap", "-kvo --kv-offload", "-nkvo --no-kv-offload", "--repack", "-nr --no-repack",
         "--no-host", "-cb --cont-batching", "-nocb --no-cont-batching", "--check-tensors", "--warmup", "--no-warmup",
@@ -162,6 +163,9 @@ LLAMA_FLAGS: tuple[LlamaFlag, ...] = (
     _flag(IGNORED, "--props", "POST /props is not served; GET /props is"),
     _flag(IGNORED, "--no-context-shift", "duo never shifts the context (llama-server's default)"),
     _flag(IGNORED, "--no-mmproj --offline", "duo reads text and local files only"),
+    _flag(IGNORED, "--no-skip-chat-parsing", "duo parses the chat answer (llama-server's default)"),
+    *(_flag(IGNORED, names, "duo's chat page at / is its own", value=value) for names, value in (
+        ("--path", "PATH"), ("--ui-config --webui-config", "JSON"), ("--ui-config-file --webui-config-file", "FNAME"))),
     _flag(REFUSED, "--lora", NO_LORA, value="FNAME"),
     _flag(REFUSED, "--lora-scaled", NO_LORA, value="FNAME SCALE", values=2),
     _flag(REFUSED, "--lora-init-without-apply", NO_LORA),
@@ -190,7 +194,13 @@ LLAMA_FLAGS: tuple[LlamaFlag, ...] = (
     _flag(REFUSED, "--dry-sequence-breaker", f"dry_sequence_breakers: {PER_REQUEST}", value="STRING"),
     _flag(REFUSED, "--reasoning-budget", "duo does not bound the reasoning's tokens", value="N"),
     _flag(REFUSED, "--slot-save-path", "duo saves no slots", value="PATH"),
-    _flag(REFUSED, "--models-dir --models-preset", "duo-target serves one model (no router mode)", value="PATH"),
+    _flag(REFUSED, "--models-dir --models-preset --models-max", "duo-target serves one model (no router mode)",
+          value="VALUE"),
+    _flag(REFUSED, "--api-prefix", "duo serves its routes at llama-server's default paths", value="PREFIX"),
+    _flag(REFUSED, "--media-path", "duo-target reads text only", value="PATH"),
+    _flag(REFUSED, "--tools --tools-runtime --mcp-servers-config --mcp-servers-json", "duo runs no server-side "
+          "tools: the client runs them", value="VALUE"),
+    _flag(REFUSED, "--skip-chat-parsing", "duo always parses the answer's reasoning and tool calls"),
     _flag(REFUSED, "-hf --hf-repo -hff --hf-file -mu --model-url", "duo downloads no model at start: --model takes "
           "a path or a name `duo models pull` fetched", value="REPO"),
     _flag(REFUSED, "--keep", "duo never shifts the context, so keeps no tokens through a shift", value="N"),
@@ -206,13 +216,17 @@ class _Record(argparse.Action):
 
 
 class _SetDefault(argparse.Action):
-    """Keeps a sampling default, under its body field, in the namespace dict `server_defaults`."""
+    """Keeps a sampling default, under its body field (its dest less DEFAULT_PREFIX), in the namespace dict
+    `server_defaults`; a switch keeps its const."""
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
         fields = dict(getattr(namespace, "server_defaults", None) or {})
-        fields[self.metavar_field] = self.const if values == [] or values is None else values  # type: ignore
+        fields[self.dest.removeprefix(DEFAULT_PREFIX)] = self.const if values == [] else values
         namespace.server_defaults = fields
+
+
+DEFAULT_PREFIX = "default_"
 
 
 def add_llama_server_arguments(parser: argparse.ArgumentParser) -> None:
@@ -227,10 +241,9 @@ def add_llama_server_arguments(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(*flag.names, dest=f"{flag.kind}_flags", action=_Record,
                                 nargs=flag.values if flag.value else 0, help=argparse.SUPPRESS)
         elif flag.kind == DEFAULT:
-            action = parser.add_argument(*flag.names, dest=f"default_{flag.dest}", action=_SetDefault,
-                                         nargs=None if flag.value else 0, type=flag.convert if flag.value else None,
-                                         const=flag.const, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-            action.metavar_field = flag.dest  # type: ignore[attr-defined]
+            parser.add_argument(*flag.names, dest=DEFAULT_PREFIX + flag.dest, action=_SetDefault,
+                                nargs=None if flag.value else 0, type=flag.convert if flag.value else None,
+                                const=flag.const, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         elif flag.value:
             parser.add_argument(*flag.names, dest=flag.dest, type=flag.convert, default=argparse.SUPPRESS,
                                 action="append" if flag.dest in ("alias", "tags") else "store",

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from conftest import CONTEXT_SIZE
+from duo.net.listening import free_port
 from helpers.http import greedy_text, post
 
 PROMPT = "def fibonacci(n):"
@@ -22,15 +23,17 @@ TEMPLATE = ("{% for message in messages %}[{{ message.role }}] {{ message.conten
 
 @pytest.fixture(scope="module")
 def launched(tiny_target: Path, process_logs: Path, tmp_path_factory: pytest.TempPathFactory):
-    """duo-target started as a llama-server launch line starts it (greedy by --temp 0)."""
+    """duo-target started as a llama-server launch line starts it (greedy by --temp 0; HTTP on --host and --port)."""
     from helpers.processes import start
 
     template = tmp_path_factory.mktemp("templates") / "bracketed.jinja"
     template.write_text(TEMPLATE)
+    port = free_port()
     process = start("duo.cli.target", ["-m", str(tiny_target), "-c", str(CONTEXT_SIZE), "--temp", "0", "--seed", "42",
                                        "-n", str(SERVER_LIMIT), "-a", "zeta,alpha", "--tags", "small,chat",
-                                       "--no-slots", "--chat-template-file", str(template), "-ub", "512", "--mlock"],
-                    process_logs, http=True)
+                                       "--no-slots", "--chat-template-file", str(template), "-ub", "512", "--mlock",
+                                       "--host", "127.0.0.1", "--port", str(port)], process_logs)
+    process.http_url = f"http://127.0.0.1:{port}"
     yield process
     process.stop()
 
