@@ -104,6 +104,19 @@ def test_a_regex_terminal_followed_by_an_escaped_character_ends_where_the_raw_on
     assert accepts(escaped_lark(grammar), json_escaped('print("a\\\\b")\n'))
 
 
+@pytest.mark.parametrize("grammar, text, taken, raw_taken", [
+    ('start: /[a-z]*x/', "abx", True, True), ('start: /[a-z]*/ "x"', "abx", False, False),
+    ('start: /[a-z]*/ "1"', "ab1", True, True), ('start: /[a-z"]+/ "\\""', 'a"b"', True, False)])
+def test_a_terminals_language_is_exact_and_a_repeat_ending_it_runs_as_llguidance_runs_the_raw_one(grammar, text, taken,
+                                                                                                   raw_taken):
+    """Within a terminal, its regex's language; where it ends, a repeated class takes what it writes as it is as far
+    as it goes, as llguidance's lexer takes the raw terminal (OpenAI's servers enforce custom tools' grammars with it):
+    /[a-z]*/ leaves no x. An escape is a lexeme of its own, so a quote may end the terminal or follow it: a text the
+    raw lexer, having taken the last quote, is stuck on is taken (it is in the grammar's language)."""
+    assert accepts(escaped_lark(grammar), json_escaped(text)) is taken
+    assert accepts(grammar, text) is raw_taken
+
+
 def test_ignored_terminals_stand_between_terminals_and_at_the_end_only():
     grammar = 'start: WORD+\nWORD: /[a-z]+/\n%import common.WS\n%ignore WS\n'
     escaped = escaped_lark(grammar)

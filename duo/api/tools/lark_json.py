@@ -59,13 +59,14 @@ def _escape(char: str) -> str:
 
 
 def escaped_lark(definition: str) -> str:
-    """An llguidance Lark grammar whose texts are the JSON-escaped forms of the texts of `definition` (a Lark grammar,
-    as lark reads it, its language the context-free one Lark defines). Escaping maps one character at a time, so each
-    rule keeps its shape and each terminal becomes a rule over escaped characters, one lexeme each: a JSON character
-    is one to three bytes of the raw text and up to six escaped, and a lexer that decided at a terminal's longest
-    match would see `\\` (which may begin `\\"`, allowed, or `\\n`, not) before it knows which. %ignore'd terminals
-    are written where Lark lets them stand: before each terminal and at the end. Unsupported where the grammar uses
-    what cannot be carried over exactly."""
+    """An llguidance Lark grammar whose texts are the JSON-escaped forms of texts of `definition` (a Lark grammar, as
+    lark reads it). Escaping maps one character at a time, so each rule keeps its shape and each terminal becomes a
+    rule of the same expression over escaped characters: its language exactly the escaped forms of the terminal's.
+    Not one regex lexeme a terminal: a JSON character is up to six bytes escaped, and a lexer that ends a terminal at
+    its longest match (llguidance's) would see the `\\` of `\\n` go on a /(.*)/ that takes `\\"` and be stuck at the
+    `n` a raw lexer never saw; so escapes are lexemes of their own, and where a terminal may end the model writes it
+    as llguidance writes the raw terminal (_item). %ignore'd terminals stand where Lark lets them: before each
+    terminal and at the end. Unsupported where the grammar uses what cannot be carried over exactly."""
     for module in IMPORT.findall(definition):
         if module.split(".")[0] not in IMPORTABLE:
             raise Unsupported(f"%import {module}: only lark's common terminals can be imported (common.X)")
@@ -125,32 +126,36 @@ def _terminal(terminal: TerminalDef) -> str:
     flags = tree.state.flags
     if flags & (re.IGNORECASE | re.LOCALE):
         raise Unsupported(f"the regex of {terminal.name}: case-insensitive and locale flags are not carried over")
-    return _sequence(tree, flags)
+    return _sequence(tree, flags, ending=True)
 
 
-def _sequence(items: Iterable[tuple], flags: int) -> str:
-    return " ".join(_item(op, av, flags) for op, av in items) or '""'
+def _sequence(items: Sequence[tuple], flags: int, ending: bool = False) -> str:
+    """`items` in order; `ending`: the last one ends the terminal."""
+    return " ".join(_item(op, av, flags, ending and i == len(items) - 1)
+                    for i, (op, av) in enumerate(items)) or '""'
 
 
-def _item(op: object, av: object, flags: int) -> str:
-    """One node of re._parser's tree as a rule's expression over escaped characters, one lexeme each."""
+def _item(op: object, av: object, flags: int, ending: bool = False) -> str:
+    """One node of re._parser's tree as a rule's expression over escaped characters, one lexeme each; but a repeated
+    class that ends the terminal (the /(.*)/ of most grammars) as runs of what JSON writes as it is, one lexeme a run,
+    and escapes, one lexeme each. A run is taken as far as it goes, as llguidance takes the raw terminal (OpenAI
+    enforces custom tools' grammars with it), and masks 70 times faster over a 152k-token vocabulary than a lexeme a
+    character (apply_patch: 0.3 against 23 ms a token)."""
     if op is sre.LITERAL:
         return json.dumps(_escape(chr(av)))
-    if op is sre.NOT_LITERAL:
-        return _one_of(_complement([(av, av)]))
-    if op is sre.ANY:
-        return _one_of(_complement([]) if flags & re.DOTALL else _complement([(10, 10)]))
-    if op is sre.IN:
-        return _one_of(_class(av, flags))
+    if op in CHARACTER_OPS:
+        return _one_of(_characters(op, av, flags))
     if op is sre.BRANCH:
-        return "(" + " | ".join(_sequence(branch, flags) for branch in av[1]) + ")"
+        return "(" + " | ".join(_sequence(branch, flags, ending) for branch in av[1]) + ")"
     if op is sre.SUBPATTERN:
         group, add_flags, del_flags, inner = av
         if add_flags or del_flags:
             raise Unsupported("inline flags on a group ((?i:...)) are not carried over")
-        return f"({_sequence(inner, flags)})"
+        return f"({_sequence(inner, flags, ending)})"
     if op in (sre.MAX_REPEAT, sre.MIN_REPEAT):  # lazy or greedy, a terminal's language is the same
         low, high, inner = av
+        if ending and low <= 1 and high == sre.MAXREPEAT and len(inner) == 1 and inner[0][0] in CHARACTER_OPS:
+            return f"({_runs(_characters(*inner[0], flags))}){_repeat(low, high)}"
         return f"({_sequence(inner, flags)}){_repeat(low, high)}"
     raise Unsupported(f"{str(op).lower()} in a regex (lookarounds, backreferences, anchors, possessive and atomic "
                       "groups) cannot be enforced")
@@ -160,6 +165,20 @@ def _repeat(low: int, high: int) -> str:
     if high == sre.MAXREPEAT:
         return {0: "*", 1: "+"}.get(low, f"{{{low},}}")
     return {(0, 1): "?"}.get((low, high), f"{{{low},{high}}}")
+
+
+CHARACTER_OPS = (sre.LITERAL, sre.NOT_LITERAL, sre.ANY, sre.IN)  # a node that matches one character
+
+
+def _characters(op: object, av: object, flags: int) -> Ranges:
+    """The characters one CHARACTER_OPS node matches."""
+    if op is sre.LITERAL:
+        return [(av, av)]
+    if op is sre.NOT_LITERAL:
+        return _complement([(av, av)])
+    if op is sre.ANY:
+        return _complement([]) if flags & re.DOTALL else _complement([(10, 10)])
+    return _class(av, flags)
 
 
 def _class(items: Sequence[tuple], flags: int) -> Ranges:
@@ -220,10 +239,27 @@ def _complement(ranges: Ranges) -> Ranges:
 def _one_of(ranges: Ranges) -> str:
     """A lexeme of one character of `ranges` escaped: a regex of those JSON writes as they are in one class, and of
     each one it escapes as its escape."""
+    plain, escaped = _split(ranges)
+    return _lexeme(([_char_class(plain)] if plain else []) + escaped)
+
+
+def _runs(ranges: Ranges) -> str:
+    """A run of the characters of `ranges` JSON writes as they are (one lexeme), or one it escapes (another)."""
+    plain, escaped = _split(ranges)
+    if not plain and not escaped:
+        raise Unsupported("a regex class that matches no character")
+    return " | ".join(([f"/{_char_class(plain)}+/"] if plain else []) + ([_lexeme(escaped)] if escaped else []))
+
+
+def _split(ranges: Ranges) -> tuple[Ranges, list[str]]:
+    """The characters of `ranges` JSON writes as they are, and the regexes of the escapes of the others."""
     plain = _without(_merged(ranges), [(0, 0x1F), (0x22, 0x22), (0x5C, 0x5C), SURROGATES])
     escaped = [_escape(chr(code)) for low, high in _merged(ranges) for code in range(low, min(high, 0x5C) + 1)
                if code < 0x20 or code in (0x22, 0x5C)]
-    options = ([_char_class(plain)] if plain else []) + ["".join(_regex_char(c) for c in text) for text in escaped]
+    return plain, ["".join(_regex_char(c) for c in text) for text in escaped]
+
+
+def _lexeme(options: list[str]) -> str:
     if not options:
         raise Unsupported("a regex class that matches no character")
     return "/" + (options[0] if len(options) == 1 else "(?:" + "|".join(options) + ")") + "/"
