@@ -32,6 +32,7 @@ def launched(tiny_target: Path, process_logs: Path, tmp_path_factory: pytest.Tem
     process = start("duo.cli.target", ["-m", str(tiny_target), "-c", str(CONTEXT_SIZE), "--temp", "0", "--seed", "42",
                                        "-n", str(SERVER_LIMIT), "-a", "zeta,alpha", "--tags", "small,chat",
                                        "--no-slots", "--chat-template-file", str(template), "-ub", "512", "--mlock",
+                                       "-np", "2", "--no-kv-unified",
                                        "--host", "127.0.0.1", "--port", str(port)], process_logs)
     process.http_url = f"http://127.0.0.1:{port}"
     yield process
@@ -58,6 +59,19 @@ def test_a_request_without_a_temperature_samples_at_the_servers_and_one_with_it_
     own = [post(launched, "/completion", {"prompt": PROMPT, "n_predict": 24, "ignore_eos": True, "temperature": 1.5,
                                           "seed": seed}).json()["content"] for seed in (1, 2, 3)]
     assert any(text != greedy for text in own)
+
+
+def test_the_server_defaults_reach_every_protocol(launched):
+    messages = [{"role": "user", "content": "hi"}]
+    greedy = post(launched, "/v1/chat/completions", {"messages": messages, "max_tokens": 16,
+                                                     "temperature": 0}).json()["choices"][0]["message"]["content"]
+    anthropic = post(launched, "/v1/messages", {"messages": messages, "max_tokens": 16}).json()
+    assert anthropic["content"][0]["text"] == greedy  # no temperature sent: the server's 0
+
+
+def test_ctx_size_with_no_kv_unified_is_the_total_shared_by_the_parallel_requests(launched):
+    props = httpx.get(f"{launched.http_url}/props").json()
+    assert props["total_slots"] == 2 and props["default_generation_settings"]["n_ctx"] == CONTEXT_SIZE // 2
 
 
 def test_the_chat_template_file_renders_the_prompt(launched):
