@@ -8,8 +8,6 @@ import asyncio
 import json
 import logging
 import re
-import threading
-from collections.abc import Sequence
 
 import pytest
 
@@ -17,52 +15,16 @@ from duo.api.http import create_app
 from duo.api.serving.admit import Admission
 from duo.api.serving.generate import Completions
 from duo.api.serving.metrics import Metrics
-from duo.llama.model import N_BATCH, Part
+from duo.llama.model import N_BATCH
 from duo.llama.worker import ModelWorker
 from duo.target.request import SpecSettings
 from duo.target.target import Target
 from helpers.greedy import leaves_greedy_path_only_at_a_near_tie
+from helpers.held_calls import HOLD_S, HeldCalls
 
 N_CTX = 2048  # the tiny model's training context
 PROMPT = [(7 * i) % 5000 + 100 for i in range(1490)]  # read in chunks of N_BATCH (512, 512, 209), then its end
 BODY = {"prompt": PROMPT, "max_tokens": 8, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
-HOLD_S = 30  # a held call waits at most this long for the test to let it go
-
-
-class HeldCalls:
-    """The target context's model calls, recorded; the prompt chunk `hold()` names is held on the model thread until
-    `release()`, as a long chunk of a slow core would be while its client gives up."""
-
-    def __init__(self, context) -> None:
-        self.calls: list[list[Part]] = []
-        self.reached, self.released = threading.Event(), threading.Event()
-        self._skip: int | None = None
-        decode_parts = context.decode_parts
-
-        def recording(parts: Sequence[Part]):
-            self.calls.append(list(parts))
-            if self._skip is not None and any(not part.logits_for for part in parts):
-                self._skip -= 1
-                if self._skip < 0:
-                    self._skip = None
-                    self.reached.set()
-                    self.released.wait(HOLD_S)
-            return decode_parts(parts)
-
-        context.decode_parts = recording
-
-    def hold(self, after: int) -> None:
-        """Hold the prompt chunk that comes after `after` more of them."""
-        self._skip = after
-        self.reached.clear()
-        self.released.clear()
-
-    def release(self) -> None:
-        self.released.set()
-
-    def prompt_chunks(self) -> list[tuple[int, int]]:
-        """(position, tokens) of every prompt chunk decoded so far (parts with no logits)."""
-        return [(part.pos, len(part.tokens)) for call in self.calls for part in call if not part.logits_for]
 
 
 async def post(app, body: dict, leave: asyncio.Event | None = None) -> str:
