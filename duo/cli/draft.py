@@ -18,7 +18,7 @@ from duo.draft.drafter import KV_CELLS_PER_CONTEXT, SESSION_CELLS, Drafter
 from duo.draft.joining import Joiner, join_all
 from duo.draft.metrics import DraftMetrics
 from duo.draft.service import DraftServicer, SessionLimits
-from duo.draft.window import DEFAULT_SINK, DEFAULT_WINDOW, Window
+from duo.draft.window import DEFAULT_SINK, DEFAULT_WINDOW, MIN_WINDOW, Window
 from duo.llama.backends import gpu_layers_for
 from duo.llama.model import MAX_SEQUENCES, Model, ModelError
 from duo.models.hub import (CATALOG, CPU_DRAFT, DEFAULT_DRAFT, HubError, default_draft, is_present, pull,
@@ -166,8 +166,8 @@ def check_settings(args: argparse.Namespace) -> None:
     if args.max_sessions * per_session > MAX_SEQUENCES:
         raise ValueError(f"--max-sessions {args.max_sessions} needs {args.max_sessions * per_session} sequences "
                          f"({per_session} per session), beyond llama.cpp's {MAX_SEQUENCES} per context")
-    if args.window < 0 or args.window_sink < 0:
-        raise ValueError("--window and --window-sink must be >= 0 (--window 0: the whole session)")
+    if not (args.window == 0 or args.window >= MIN_WINDOW) or args.window_sink < 0:
+        raise ValueError(f"--window must be 0 (the whole session) or at least {MIN_WINDOW}, and --window-sink >= 0")
     if args.ctx_size < 0:
         raise ValueError("--ctx-size must be >= 0 (0: the model's training context)")
     if args.kv_cells is not None and args.ctx_size and args.kv_cells < args.ctx_size:

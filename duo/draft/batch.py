@@ -211,7 +211,7 @@ class DraftCache:
     def _slide(self, session: DraftSession, chain_len: int) -> None:
         """Move the session's window to where a chain of `chain_len` tokens puts it (duo.draft.window): drop the
         oldest grid steps after the sink and shift the rest down (llama.cpp's K-shift: no recompute), or, where the
-        cells cannot shift, forget them and read the window again (from any sequence that holds it, else anew).
+        cells cannot shift (another sequence shares them), forget them and read the window again.
         Its branch sequence starts over from the chain (a fork: no recompute): a shift would move shared cells."""
         offset = session.window.offset_for(chain_len, session.offset)
         if offset == session.offset:

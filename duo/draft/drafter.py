@@ -227,6 +227,10 @@ class Drafter:
     def _check_max_ahead(self, max_ahead: int) -> None:
         if max_ahead > self.n_ctx:
             raise InvalidEvent(f"max_ahead {max_ahead} is beyond the draft's whole context of {self.n_ctx}")
+        if self.window.size and max_ahead > self.window.grid:
+            # A chain ahead of its commits by more than half a window would fork branches the window dropped.
+            raise InvalidEvent(f"max_ahead {max_ahead} is beyond half the draft's window ({self.window.grid}); "
+                               "start duo-draft with a larger --window")
 
     async def close(self, *sessions: DraftSession) -> None:
         """Stop drafting for `sessions` and free their sequences in one model-thread call, which runs to

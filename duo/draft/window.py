@@ -24,6 +24,8 @@ from duo.llama.errors import ModelError
 # duo-draft --window and --window-sink by default (scripts/measure_window.py).
 DEFAULT_WINDOW = 2048
 DEFAULT_SINK = 4
+# The shortest window duo-draft takes: half of it must hold a chain's lead over its commits (the target's max_ahead).
+MIN_WINDOW = 128
 
 
 @dataclass(frozen=True)

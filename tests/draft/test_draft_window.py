@@ -9,7 +9,7 @@ import asyncio
 import llama_cpp
 import pytest
 
-from duo.draft.drafter import Drafter
+from duo.draft.drafter import Drafter, InvalidEvent
 from duo.draft.session import DraftSession
 from duo.draft.window import Window
 from duo.llama.model import Context
@@ -64,6 +64,23 @@ def llama_positions(context: Context, seq: int) -> tuple[int, int]:
     """The first and last position llama.cpp's memory holds for `seq`."""
     memory = context._ctx.memory
     return llama_cpp.llama_memory_seq_pos_min(memory, seq), llama_cpp.llama_memory_seq_pos_max(memory, seq)
+
+
+def test_the_window_moves_half_a_window_at_a_time_and_never_back_for_a_rejection():
+    assert [WINDOW.offset_for(length) for length in (68, 69, 100, 101, 132, 133)] == [0, 32, 32, 64, 64, 96]
+    assert WINDOW.offset_for(99, current=64) == 64  # a rejection shortened the chain: the window stays
+    assert WINDOW.view(list(range(200)), 128) == [0, 1, 2, 3] + list(range(132, 200))
+    assert WINDOW.kv_position(150, 128) == 22 and WINDOW.chain_position(22, 128) == 150
+
+
+def test_a_lead_beyond_half_the_window_is_refused_with_what_to_change(draft_model):
+    async def run() -> str:
+        drafter = windowed(draft_model)
+        with pytest.raises(InvalidEvent) as refused:
+            await drafter.open(pb.OpenSession(session_id=1, committed=[11] * 10, max_ahead=WINDOW.grid + 1))
+        return str(refused.value)
+
+    assert "--window" in asyncio.run(run())
 
 
 def test_a_session_longer_than_its_window_drafts_with_a_kv_of_at_most_the_window(draft_model):
