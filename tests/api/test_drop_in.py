@@ -44,7 +44,7 @@ def test_a_preflight_is_answered_without_the_key_allowing_what_it_asks_for():
         "Origin": ORIGIN, "Access-Control-Request-Method": "POST",
         "Access-Control-Request-Headers": "authorization, content-type",
         "Access-Control-Request-Private-Network": "true"})
-    assert response.status_code == 204
+    assert response.status_code == 200  # as llama-server answers it
     assert response.headers["access-control-allow-origin"] == ORIGIN
     assert response.headers["access-control-allow-credentials"] == "true"
     assert "POST" in response.headers["access-control-allow-methods"]
@@ -100,7 +100,8 @@ def test_cors_origin_narrows_the_origins_answered():
     other = asgi_call(app, "GET", "/v1/models", {"Origin": ORIGIN})
     assert other.status_code == 403 and "access-control-allow-origin" not in other.headers  # refused, not run
     preflight = asgi_call(app, "OPTIONS", "/v1/models", {"Origin": ORIGIN, "Access-Control-Request-Method": "GET"})
-    assert preflight.status_code == 403 and "cors-origin" in preflight.json()["error"]["message"]
+    # a preflight runs nothing: answered as llama-server answers it, without CORS headers (the browser stops there)
+    assert preflight.status_code == 200 and "access-control-allow-origin" not in preflight.headers
 
 
 # --- model names ------------------------------------------------------------------------------------------

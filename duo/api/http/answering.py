@@ -60,8 +60,8 @@ class Answering:
         """The answer of `body`'s n choices (one, most often): a stream of events, or one JSON answer."""
         self.defaults.fill(body)
         n = body.choice_count(self.completions.admission.parallel)
-        formats = [output] + [copy.deepcopy(output) for _ in range(n - 1)]  # each choice's own, one answer's id
         wanted = await asyncio.to_thread(to_request)  # a loop over the client's biases, tools and messages
+        formats = [output] + [copy.deepcopy(output) for _ in range(n - 1)]  # each choice's own, one answer's id
         try:
             choices = await unless_disconnected(request, Choices.start(self.completions, choice_requests(wanted, n)))
         except ClientGone:

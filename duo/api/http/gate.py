@@ -22,13 +22,16 @@ BODY_READ_TIMEOUT_S = 30.0
 PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/metrics", "/openapi.json", "/models", "/v1/models"})
 # How long a browser may keep a preflight's answer.
 PREFLIGHT_MAX_AGE_S = 600
+# The methods a preflight allows: llama-server's (DELETE too, which its own routes take).
+ALLOWED_METHODS = b"GET, POST, DELETE, OPTIONS"
 
 
 class Cors:
     """CORS as llama-server answers it: a request's Origin is echoed (with credentials allowed), a preflight (OPTIONS
-    with Access-Control-Request-Method) is answered at once, without the key, allowing the method and headers it
-    asks for. `origins` narrows this to a list ("*": any): a request from an Origin off the list is refused (403)
-    before it runs, preflighted or not (a form's text/plain POST needs no preflight, and would run unseen), but for
+    with Access-Control-Request-Method) is answered at once (200), without the key, allowing llama-server's methods
+    and the headers it asks for. `origins` narrows this to a list ("*": any): a preflight from an Origin off the list
+    gets no CORS headers, as llama-server answers it; any other request from there is refused (403) before it runs
+    (a guard of duo's own: a form's text/plain POST needs no preflight, and would run unseen), but for
     the server's own pages (an Origin that is the server's own: same-origin). Requests without an Origin (no
     browser's, or a same-origin GET) pass as they are.
 
@@ -50,10 +53,12 @@ class Cors:
         if origin is None:
             return await self.app(scope, receive, send)
         listed = self.origins is not None and origin.decode("latin-1") in self.origins
-        if not (self.origins is None or listed or _same_origin(scope, headers, origin)):
-            return await error_response(scope["path"], _refused(origin))(scope, receive, send)
+        allowed = self.origins is None or listed or _same_origin(scope, headers, origin)
         if scope["method"] == "OPTIONS" and b"access-control-request-method" in headers:
-            return await _preflight(headers, origin, private_network=listed or self.keyed, send=send)
+            return await _preflight(headers, origin if allowed else None, private_network=listed or self.keyed,
+                                    send=send)
+        if not allowed:
+            return await error_response(scope["path"], _refused(origin))(scope, receive, send)
 
         async def with_cors(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -76,14 +81,20 @@ def _refused(origin: bytes) -> ApiError:
                          f"--cors-origin {shown} to let pages from there call it", code="origin_not_allowed")
 
 
-async def _preflight(headers: dict[bytes, bytes], origin: bytes, *, private_network: bool, send: Send) -> None:
-    answer = [*_allow(origin), (b"access-control-allow-methods", b"GET, POST, OPTIONS"),
-              (b"access-control-max-age", str(PREFLIGHT_MAX_AGE_S).encode())]
-    if b"access-control-request-headers" in headers:
-        answer.append((b"access-control-allow-headers", headers[b"access-control-request-headers"]))
-    if private_network and headers.get(b"access-control-request-private-network") == b"true":
-        answer.append((b"access-control-allow-private-network", b"true"))
-    await send({"type": "http.response.start", "status": 204, "headers": [*answer, (b"content-length", b"0")]})
+async def _preflight(headers: dict[bytes, bytes], origin: bytes | None, *, private_network: bool,
+                     send: Send) -> None:
+    """A preflight's answer, 200 as llama-server's; for an origin off the list (None) without CORS headers, which
+    the browser reads as a refusal (nothing runs on a preflight: the guard stands on the request that follows).
+    The headers allowed are those the preflight asks for, not llama-server's "*": a browser never lets "*" cover
+    Authorization, which a page calling a server that has a key must send."""
+    answer: list[tuple[bytes, bytes]] = []
+    if origin is not None:
+        answer = [*_allow(origin), (b"access-control-allow-methods", ALLOWED_METHODS),
+                  (b"access-control-allow-headers", headers.get(b"access-control-request-headers", b"*")),
+                  (b"access-control-max-age", str(PREFLIGHT_MAX_AGE_S).encode())]
+        if private_network and headers.get(b"access-control-request-private-network") == b"true":
+            answer.append((b"access-control-allow-private-network", b"true"))
+    await send({"type": "http.response.start", "status": 200, "headers": [*answer, (b"content-length", b"0")]})
     await send({"type": "http.response.body", "body": b""})
 
 

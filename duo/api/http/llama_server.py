@@ -10,11 +10,13 @@ from fastapi.responses import JSONResponse, Response
 
 from duo.api.http.answering import Answering
 from duo.api.llama_server.answer import NativeFormat
+from duo.api.llama_server.settings import generation_settings
 from duo.api.llama_server.bodies import ApplyTemplateBody, DetokenizeBody, InfillBody, NativeCompletionBody, TokenizeBody
 from duo.api.openai.bodies import template_messages
 from duo.api.openai.errors import ApiError
 from duo.api.serving.metrics import CONTENT_TYPE
 from duo.api.serving.read import document_bodies
+from duo.api.serving.request import CompletionRequest
 
 
 class LlamaServerApi:
@@ -59,8 +61,17 @@ class LlamaServerApi:
 
     async def _native(self, request: Request, kind: type[NativeCompletionBody]) -> Response:
         body = await self.answering.read(request, kind)
-        output = NativeFormat(self.answering.model_name(body.model), body.response_fields)
-        return await self.answering.answer(body, body.to_request, request, output)
+        completions = self.completions
+        output = NativeFormat(self.answering.model_name(body.model), body.response_fields,
+                              context_size=completions.context_size,
+                              detokenize=lambda ids: completions.loaded_model().detokenize(ids, special=True).decode(
+                                  errors="replace"))
+
+        def translated() -> CompletionRequest:  # kept by the answer, for its generation_settings
+            output.request = body.to_request()
+            return output.request
+
+        return await self.answering.answer(body, translated, request, output)
 
     async def tokenize(self, request: Request) -> dict[str, Any]:
         body = await self.answering.read(request, TokenizeBody)
@@ -99,12 +110,18 @@ class LlamaServerApi:
 
         return {"prompt": await self.completions.tokenizing(prompt)}
 
+    def _default_settings(self) -> dict[str, Any]:
+        """What a /completion body that sets nothing runs with: the launch line's defaults (--temp, --seed, -n)."""
+        body = NativeCompletionBody(prompt="")
+        self.answering.defaults.fill(body)
+        return generation_settings(body.native_request(prompt=""))
+
     def props(self) -> dict[str, Any]:
         completions = self.completions
         model = completions.loaded_model()
         return {"model_alias": completions.names[0], "model_path": str(model.path),
                 "total_slots": completions.admission.parallel, "chat_template": model.chat_template(),
-                "default_generation_settings": {"n_ctx": completions.context_size},
+                "default_generation_settings": {"n_ctx": completions.context_size, "params": self._default_settings()},
                 "modalities": {"vision": False, "audio": False}, "build_info": "duo",
                 "duo": {"draft": completions.draft_state, "drafts": completions.drafts()}}
 

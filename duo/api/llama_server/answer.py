@@ -4,14 +4,15 @@ object per event."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from typing import Any
 
+from duo.api.llama_server.settings import generation_settings
 from duo.api.openai.answers import sse
 from duo.api.openai.errors import api_error, generation_error
 from duo.api.output.logprobs import native_probabilities
 from duo.api.serving.generate import Piece
-from duo.api.serving.request import ShuttingDown
+from duo.api.serving.request import CompletionRequest, ShuttingDown
 from duo.target.request import GenerationStats
 
 
@@ -20,14 +21,20 @@ class NativeFormat:
     draft_n and draft_n_accepted included); streamed as one JSON object per event, the last with stop true, and no
     [DONE] (llama-server sends none on its native endpoints)."""
 
-    def __init__(self, model: str, response_fields: list[str] | None = None) -> None:
+    def __init__(self, model: str, response_fields: list[str] | None = None, *, context_size: int = 0,
+                 detokenize: Callable[[Sequence[int]], str] | None = None) -> None:
         self.model = model
         self.response_fields = response_fields
+        self.context_size = context_size  # an answer that filled it was cut short: `truncated`
+        self.detokenize = detokenize  # the prompt's ids as text, special tokens spelled out: `prompt`
+        self.request: CompletionRequest | None = None  # set once the body is translated: `generation_settings`
+        self._new_line = False  # whether the streamed text so far held a line break
 
     def fields(self, answer: dict[str, Any]) -> dict[str, Any]:
         """The answer's fields the client asked for in response_fields (all without it), each under its path
-        ("timings/predicted_n": a nested one); a path to nothing is left out, as llama-server leaves it."""
-        if self.response_fields is None:
+        ("timings/predicted_n": a nested one); a path to nothing is left out, as llama-server leaves it. None or
+        an empty list: every field."""
+        if not self.response_fields:
             return answer
         picked = {}
         for path in self.response_fields:
@@ -39,6 +46,7 @@ class NativeFormat:
         return picked
 
     def whole(self, pieces: list[Piece]) -> dict[str, Any]:
+        self._new_line = any("\n" in piece.text for piece in pieces)
         answer = {**self._final(pieces[-1]), "content": "".join(piece.text for piece in pieces),
                   "tokens": [token for piece in pieces for token in piece.token_ids]}
         if pieces[-1].logprobs is not None:
@@ -49,7 +57,9 @@ class NativeFormat:
         """`include_usage` does not apply: every answer carries its timings."""
         try:
             async for piece in choice:
-                event = {"content": piece.text, "tokens": piece.token_ids, "stop": False}
+                self._new_line = self._new_line or "\n" in piece.text
+                event = {"index": 0, "content": piece.text, "tokens": piece.token_ids, "stop": False,
+                         "id_slot": NO_SLOT}
                 if piece.logprobs is not None:
                     event["completion_probabilities"] = native_probabilities(piece.logprobs)
                 if piece.finish_reason:
@@ -62,14 +72,37 @@ class NativeFormat:
             yield sse(generation_error(error).body())
 
     def _final(self, last: Piece) -> dict[str, Any]:
+        """The fields of the last event (or the whole answer) beside its content and tokens; index 0 (several
+        choices are numbered by duo.api.http.answering)."""
         stats = last.stats
-        return {"stop": True, "model": self.model, "stop_type": last.stop_type, "stopping_word": last.stop_word,
+        return {"index": 0, "id_slot": NO_SLOT, "stop": True, "model": self.model,
                 "tokens_predicted": stats.generated_tokens, "tokens_evaluated": stats.prompt_tokens,
-                "tokens_cached": stats.cached_prompt_tokens, "truncated": False, "timings": timings(stats),
-                "duo_stats": stats.fields(last.draft_connected)}
+                "generation_settings": self._settings(last), "prompt": self._prompt(last),
+                "has_new_line": self._new_line, "truncated": self._truncated(last), "stop_type": last.stop_type,
+                "stopping_word": last.stop_word, "tokens_cached": stats.cached_prompt_tokens,
+                "timings": timings(stats), "duo_stats": stats.fields(last.draft_connected)}
+
+    def _settings(self, last: Piece) -> dict[str, Any]:
+        if self.request is None:
+            return {}
+        sampled = not self.request.params.greedy  # the target draws a sampled request's seed where none was given
+        return generation_settings(self.request, last.stats.seed if sampled else None)
+
+    def _prompt(self, last: Piece) -> str:
+        return self.detokenize(last.prompt_tokens) if self.detokenize else ""
+
+    def _truncated(self, last: Piece) -> bool:
+        """Whether the answer stopped because the context was full (llama-server's `truncated`: duo never shifts
+        the context, so it is the only way an answer is cut)."""
+        stats = last.stats
+        return (last.finish_reason == "length" and self.context_size > 0
+                and stats.prompt_tokens + stats.generated_tokens >= self.context_size)
 
 
 _MISSING = object()
+# duo's running places are interchangeable, not numbered slots a request is pinned to: llama-server's "no particular
+# slot" (the id_slot a request sends to let the server choose).
+NO_SLOT = -1
 
 
 def timings(stats: GenerationStats) -> dict[str, float | int]:
@@ -80,7 +113,7 @@ def timings(stats: GenerationStats) -> dict[str, float | int]:
     predicted_s = ended - (stats.first_token_at or ended)
     prompt_n = stats.prompt_tokens - stats.cached_prompt_tokens
     predicted_n = max(stats.generated_tokens - 1, 0)  # the first token closes the prompt's part
-    return {"prompt_n": prompt_n, "prompt_ms": 1000 * prompt_s,
+    return {"cache_n": stats.cached_prompt_tokens, "prompt_n": prompt_n, "prompt_ms": 1000 * prompt_s,
             "prompt_per_token_ms": 1000 * prompt_s / prompt_n if prompt_n else 0.0,
             "prompt_per_second": prompt_n / prompt_s if prompt_s > 0 else 0.0,
             "predicted_n": stats.generated_tokens, "predicted_ms": 1000 * predicted_s,

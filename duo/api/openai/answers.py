@@ -10,6 +10,7 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any
 
+from duo import __version__
 from duo.api.openai.errors import api_error, generation_error
 from duo.api.output.deltas import (CallArguments, CallClosed, CallOpened, Delta, Reasoning, ReasoningDelta, TextDelta,
                                    answer_splitter, whole_answer)
@@ -18,6 +19,9 @@ from duo.api.serving.decode import SourceAligner
 from duo.api.serving.generate import Piece
 from duo.api.serving.request import ShuttingDown
 from duo.api.tools import CallFormat, FunctionBody
+
+# Which build answered (OpenAI's system_fingerprint), in llama-server's shape b<build>-<name>: duo's version.
+SYSTEM_FINGERPRINT = f"b{__version__}-duo"
 
 
 def usage(piece: Piece) -> dict[str, Any]:
@@ -95,7 +99,8 @@ class OpenAIFormat(ABC):
         return {"sources": self.sources.runs(self.shown_text(choice)), "steps": steps}
 
     def envelope(self, object_name: str) -> dict[str, Any]:
-        return {"id": self.id, "object": object_name, "created": self.created, "model": self.model}
+        return {"id": self.id, "object": object_name, "created": self.created, "model": self.model,
+                "system_fingerprint": SYSTEM_FINGERPRINT}
 
     def opening_chunks(self) -> list[dict[str, Any]]:
         return []
@@ -160,7 +165,8 @@ class ChatFormat(OpenAIFormat):
         self.calls = 0
 
     def opening_chunks(self) -> list[dict[str, Any]]:
-        return [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]
+        # content null, as llama-server and OpenAI open a stream: no text yet
+        return [{"index": 0, "delta": {"role": "assistant", "content": None}, "logprobs": None, "finish_reason": None}]
 
     def read(self, piece: Piece) -> None:
         self.reasoning = piece.reasoning

@@ -46,6 +46,7 @@ class Piece:
     stop_word: str = ""  # on the last piece, the stop string that ended the answer, where one did
     sources: tuple[str, ...] = ()  # the source of each character of `text` (duo.api.serving.decode)
     token_sources: tuple[str, ...] = ()  # the source of each of `token_ids` (duo.target.request.SOURCES)
+    prompt_tokens: Sequence[int] = ()  # the prompt as the target read it (llama-server's answers show it)
 
 
 class Completion:
@@ -245,7 +246,8 @@ class Completions:
                     why = stops.why if stopped else {"stop": "eos", "length": "limit"}.get(finish or "", "")
                     logprobs = None if step.logprobs is None else described(target.model, step.tokens, step.logprobs)
                     yield Piece(text, step.tokens, finish, stats, self.draft_connected, why, logprobs, reasoning,
-                                stops.word if stopped else "", decoder.release(len(text)), step_sources(step))
+                                stops.word if stopped else "", decoder.release(len(text)), step_sources(step),
+                                request.prompt_tokens)
                     if finish:
                         # Leaving `aclosing` closes target.generate now, which frees the sessions at once.
                         return
