@@ -164,6 +164,7 @@ LLAMA_FLAGS: tuple[LlamaFlag, ...] = (
     _flag(IGNORED, "--no-context-shift", "duo never shifts the context (llama-server's default)"),
     _flag(IGNORED, "--no-mmproj --offline", "duo reads text and local files only"),
     _flag(IGNORED, "--no-skip-chat-parsing", "duo parses the chat answer (llama-server's default)"),
+    _flag(IGNORED, "--prefill-assistant", "duo continues a final assistant message (llama-server's default)"),
     *(_flag(IGNORED, names, "duo's chat page at / is its own", value=value) for names, value in (
         ("--path", "PATH"), ("--ui-config --webui-config", "JSON"), ("--ui-config-file --webui-config-file", "FNAME"))),
     _flag(REFUSED, "--lora", NO_LORA, value="FNAME"),
@@ -172,6 +173,8 @@ LLAMA_FLAGS: tuple[LlamaFlag, ...] = (
     _flag(REFUSED, "--control-vector", NO_LORA, value="FNAME"),
     _flag(REFUSED, "--control-vector-scaled", NO_LORA, value="FNAME SCALE", values=2),
     _flag(REFUSED, "--control-vector-layer-range", NO_LORA, value="START END", values=2),
+    _flag(REFUSED, "--no-prefill-assistant", "duo always continues a final assistant message (llama-server's "
+          "default): end the chat with the user's message to have it answered"),
     _flag(REFUSED, "--embedding --embeddings", "duo-target generates text; it serves no embeddings"),
     _flag(REFUSED, "--rerank --reranking", "duo-target generates text; it serves no reranking"),
     _flag(REFUSED, "--pooling", "duo-target serves no embeddings", value="TYPE"),

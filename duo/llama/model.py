@@ -61,7 +61,8 @@ class Model:
         except ValueError as error:
             raise ModelError(f"cannot load {path}: {error} (is it a GGUF model file?)") from error
         self._vocab: Vocab | None = None
-        self._chat_formatter: Any = None  # llama_cpp's Jinja2ChatFormatter
+        # llama_cpp's Jinja2ChatFormatter, one with the generation prompt and one without (True, False)
+        self._chat_formatters: dict[bool, Any] = {}
         self._chat_template: str | None = chat_template  # None: the GGUF's, read when first asked
         self._eog: tuple[int, ...] | None = None  # end_of_generation_ids, once walked
 
@@ -149,23 +150,29 @@ class Model:
         return self._chat_template
 
     def chat_prompt(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] = (),
-                    variables: Mapping[str, Any] | None = None) -> str:
-        """The chat (tools, the client's template `variables`) rendered by the GGUF's template for the answer."""
-        if self._chat_formatter is None:
-            template = self.chat_template()
-            if not template:
-                raise ModelError(f"{self.path.name} has no chat template; send a raw prompt instead")
-            self._chat_formatter = llama().llama_chat_format.Jinja2ChatFormatter(
-                template=template,
-                eos_token=self.token_piece(self._model.token_eos(), special=True).decode(errors="replace"),
-                bos_token=self.token_piece(self._model.token_bos(), special=True).decode(errors="replace"),
-            )
+                    variables: Mapping[str, Any] | None = None, *, generation_prompt: bool = True) -> str:
+        """The chat (tools, the client's template `variables`) rendered by the GGUF's template, ending with the
+        opening of the assistant's answer where `generation_prompt` (the template's add_generation_prompt)."""
         try:
-            return self._chat_formatter(messages=[dict(m) for m in messages], tools=list(tools) or None,
-                                        **(variables or {})).prompt
+            return self._chat_formatter(generation_prompt)(
+                messages=[dict(m) for m in messages], tools=list(tools) or None, **(variables or {})).prompt
         except (TemplateError, ValueError) as error:
             # The template's raise_exception (roles out of order) raises ValueError; a malformed template TemplateError.
             raise ModelError(f"the model's chat template rejected the messages: {error}") from error
+
+    def _chat_formatter(self, generation_prompt: bool) -> Any:
+        """The template's renderer, made once per value of add_generation_prompt (the renderer holds it)."""
+        if generation_prompt not in self._chat_formatters:
+            template = self.chat_template()
+            if not template:
+                raise ModelError(f"{self.path.name} has no chat template; send a raw prompt instead")
+            self._chat_formatters[generation_prompt] = llama().llama_chat_format.Jinja2ChatFormatter(
+                template=template,
+                eos_token=self.token_piece(self._model.token_eos(), special=True).decode(errors="replace"),
+                bos_token=self.token_piece(self._model.token_bos(), special=True).decode(errors="replace"),
+                add_generation_prompt=generation_prompt,
+            )
+        return self._chat_formatters[generation_prompt]
 
     def vocab(self) -> Vocab:
         if self._vocab is None:

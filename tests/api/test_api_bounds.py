@@ -242,7 +242,8 @@ def test_what_the_template_writes_raw_is_never_tokenized_beyond_what_the_context
                         lambda text, **kw: tokenized.append(len(text)) or tokenize(text, **kw))
     arguments = json.dumps({"a": "x" * (preparer.max_prompt_bytes + 1)})
     chat = ChatBody.model_validate({"messages": [USER, {"role": "assistant", "tool_calls": [
-        {**call(), "function": {"name": "f", "arguments": arguments}}]}], "max_tokens": 2})
+        {**call(), "function": {"name": "f", "arguments": arguments}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "r"}], "max_tokens": 2})
     with pytest.raises(BadRequest) as refused:
         preparer.prepare(chat.to_request())
     assert refused.value.code == "context_length_exceeded"

@@ -131,11 +131,12 @@ def test_a_chat_templates_own_refusal_is_a_400_with_its_message(target_model, mo
         template="{% if messages[0]['role'] == 'assistant' %}{{ raise_exception('Conversation roles must "
                  "alternate user/assistant/user/assistant/...') }}{% endif %}{{ messages[0]['content'] }}",
         eos_token="</s>", bos_token="<s>")
-    monkeypatch.setattr(target_model, "_chat_formatter", refusing)
+    monkeypatch.setattr(target_model, "_chat_formatters", {True: refusing, False: refusing})
     service = Completions(Admission(1, 1), Metrics(), ["m"])
     service.ready(ScriptedTarget([[3]], model=target_model), context_size=100)  # type: ignore[arg-type]
     http = TestClient(create_app(service, Metrics(), api_key=None))
-    response = http.post("/v1/chat/completions", json={"messages": [{"role": "assistant", "content": "hi"}]})
+    response = http.post("/v1/chat/completions", json={"messages": [{"role": "assistant", "content": "hi"},
+                                                                    {"role": "user", "content": "hi"}]})
     assert response.status_code == 400
     assert "roles must alternate" in response.json()["error"]["message"]
     assert http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}).status_code == 200

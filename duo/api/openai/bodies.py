@@ -3,6 +3,7 @@ CompletionRequest."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field
@@ -10,6 +11,7 @@ from pydantic import BaseModel, Field
 from duo.api.serving.bodies import MAX_TOP_LOGPROBS, GenerationBody, LlamaServerFields
 from duo.api.serving.infill import FimInput
 from duo.api.serving.limits import INT32_MAX, Int32
+from duo.api.serving.prefill import chat_turn
 from duo.api.serving.request import BadRequest, CompletionRequest
 from duo.api.tools import FunctionBody, ToolBody, ToolChoice, ToolError, template_message, tool_use
 
@@ -51,6 +53,10 @@ class CompletionBody(GenerationBody):
         return self.completion_request(max_tokens=self.token_limit(), prompt=prompt)
 
 
+# How llama-server joins the text parts of a prefill (common_chat_msg::render_content).
+PART_DELIMITER = "\n\n"
+
+
 class ContentPart(BaseModel):
     type: str
     text: str | None = None
@@ -76,15 +82,15 @@ class ChatMessageBody(LlamaServerFields):
     tool_calls: list[ToolCallBody] | None = None  # an assistant's calls
     tool_call_id: str | None = None               # a tool's result: the call it answers
 
-    def text(self, index: int) -> str:
-        """The message's text; only text parts can be rendered by a chat template."""
+    def text(self, index: int, delimiter: str = "") -> str:
+        """The message's text, its parts joined by `delimiter`; only text parts can be rendered by a chat template."""
         if not isinstance(self.content, list):
             return self.content or ""
         for part in self.content:
             if part.type != "text" or part.text is None:
                 raise BadRequest(f"messages[{index}].content: only text parts are supported, got a {part.type!r} "
                                  "part", param=f"messages[{index}].content")
-        return "".join(part.text or "" for part in self.content)
+        return delimiter.join(part.text or "" for part in self.content)
 
 
 class ChatBody(GenerationBody):
@@ -102,6 +108,10 @@ class ChatBody(GenerationBody):
     # deepseek: reasoning_content), and more variables for the chat template ({"enable_thinking": false}).
     reasoning_format: Literal["none", "auto", "deepseek", "deepseek-legacy"] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    # The template's add_generation_prompt, and vLLM's continue_final_message (true, "content"): read as llama-server
+    # reads them (duo.api.serving.prefill).
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool | str | None = None
 
     def check_supported(self) -> None:
         super().check_supported()
@@ -116,9 +126,12 @@ class ChatBody(GenerationBody):
             use = tool_use(self.tools, self.tool_choice, self.parallel_tool_calls)
         except ToolError as error:
             raise BadRequest(str(error), param=error.param) from error
-        messages = template_messages(self.messages)
-        return self.completion_request(max_tokens=self.token_limit(),
-                                       messages=messages, tool_use=use,
+        messages, turn = chat_turn(template_messages(self.messages), add_generation_prompt=self.add_generation_prompt,
+                                   continue_final_message=self.continue_final_message)
+        if turn.prefill is not None:  # a prefill's text parts are joined as llama-server joins them
+            turn = replace(turn, prefill=self.messages[-1].text(len(self.messages) - 1, PART_DELIMITER))
+        return self.completion_request(max_tokens=self.token_limit(), messages=messages, prefill=turn.prefill,
+                                       generation_prompt=turn.generation_prompt, tool_use=use,
                                        reasoning_format="deepseek" if self.reasoning_format in (None, "auto") else
                                        self.reasoning_format, chat_template_kwargs=self.chat_template_kwargs)
 

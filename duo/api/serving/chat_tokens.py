@@ -9,6 +9,7 @@ lies in it: the template's parts are tokenized with special tokens parsed, the c
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any, Mapping, Protocol, Sequence
 
 # What stands for message i's content in the second rendering: private-use characters no text holds.
@@ -19,21 +20,34 @@ def mark(i: int) -> str:
     return f"\ue000duo{i}\ue001"
 
 
+@dataclass(frozen=True)
+class Turn:
+    """How the rendered chat ends: with the template's generation prompt or not, then an assistant's prefill, if any:
+    its text, left open for the model to continue (duo.api.serving.prefill)."""
+
+    prefill: str | None = None
+    generation_prompt: bool = True
+
+
 class Tokenizer(Protocol):
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]: ...
     def chat_prompt(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] = (),
-                    variables: Mapping[str, Any] | None = None) -> str: ...
+                    variables: Mapping[str, Any] | None = None, *, generation_prompt: bool = True) -> str: ...
     def vocab(self): ...
     def detokenize(self, tokens: Sequence[int], *, special: bool = False) -> bytes: ...
     def token_piece(self, token: int, *, special: bool = False) -> bytes: ...
 
 
 def chat_tokens(model: Tokenizer, messages: Sequence[Mapping[str, Any]], rendered: str,
-                tools: Sequence[Mapping[str, Any]] = (), variables: Mapping[str, Any] | None = None) -> list[int]:
-    """The prompt tokens of `messages` (and `tools`), which the model's chat template rendered as `rendered`: one
-    BOS at most, and no control token from inside a message's content."""
+                tools: Sequence[Mapping[str, Any]] = (), variables: Mapping[str, Any] | None = None,
+                turn: Turn = Turn()) -> list[int]:
+    """The prompt tokens of `messages` (and `tools`), which the model's chat template rendered as `rendered` (ending
+    as `turn` says): one BOS at most, and no control token from inside a message's content or the prefill."""
+    prefill = turn.prefill or ""
+    pieces = rendered_pieces(model, messages, rendered[:len(rendered) - len(prefill)], tools, variables,
+                             turn.generation_prompt) + ([(prefill, True)] if prefill else [])
     tokens: list[int] = []
-    for i, (text, is_content) in enumerate(rendered_pieces(model, messages, rendered, tools, variables)):
+    for i, (text, is_content) in enumerate(pieces):
         tokens += model.tokenize(text, add_special=i == 0, parse_special=not is_content)
     bos = model.vocab().bos
     # A template that writes its own BOS (Llama 3, Mistral, Gemma) on a model whose GGUF adds one too.
@@ -43,8 +57,8 @@ def chat_tokens(model: Tokenizer, messages: Sequence[Mapping[str, Any]], rendere
 
 
 def rendered_pieces(model: Tokenizer, messages: Sequence[Mapping[str, Any]], rendered: str,
-                    tools: Sequence[Mapping[str, Any]] = (),
-                    variables: Mapping[str, Any] | None = None) -> list[tuple[str, bool]]:
+                    tools: Sequence[Mapping[str, Any]] = (), variables: Mapping[str, Any] | None = None,
+                    generation_prompt: bool = True) -> list[tuple[str, bool]]:
     """`rendered`, the chat as the template rendered it, as (text, is_content) pieces.
 
     The template is rendered a second time with each content replaced by a mark no text holds (private
@@ -56,8 +70,8 @@ def rendered_pieces(model: Tokenizer, messages: Sequence[Mapping[str, Any]], ren
     contents = [str(message.get("content", "")) for message in messages]
     marks = [mark(i) for i in range(len(messages))]
     skeleton = [{**message, "content": mark} for message, mark in zip(messages, marks)]
-    markup = _cut_at(model.chat_prompt(skeleton, tools, variables) if tools or variables else
-                     model.chat_prompt(skeleton), marks)
+    markup = _cut_at(model.chat_prompt(skeleton, tools, variables, generation_prompt=generation_prompt)
+                     if tools or variables or not generation_prompt else model.chat_prompt(skeleton), marks)
     if markup is not None:
         for candidates in (contents, [content.strip() for content in contents]):
             pieces = [(markup[0], False)]

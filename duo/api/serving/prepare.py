@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from duo.api.serving.chat_tokens import chat_tokens
+from duo.api.serving.chat_tokens import Turn, chat_tokens
 from duo.api.output.deltas import Reasoning
 from duo.api.serving.infill import NoFim, fim_tokens
 from duo.api.serving.limits import INT32_MAX, INT32_MIN
@@ -44,18 +44,19 @@ class Preparer:
         return self._rendered(prompt, messages, tools)[0]
 
     def _rendered(self, prompt: str = "", messages: Sequence[Mapping[str, Any]] = (),
-                  tools: Sequence[Mapping[str, Any]] = (),
-                  variables: Mapping[str, Any] | None = None) -> tuple[list[int], str]:
-        """The prompt's token ids and its text (the chat rendered, for messages)."""
+                  tools: Sequence[Mapping[str, Any]] = (), variables: Mapping[str, Any] | None = None,
+                  turn: Turn = Turn()) -> tuple[list[int], str]:
+        """The prompt's token ids and its text (the chat rendered, for messages, ending with `turn`'s prefill)."""
         model = self.model
         if prompt and messages:
             raise BadRequest("send either prompt or messages, not both")
-        if messages:
+        if messages or turn.prefill is not None:
             if variables and RENDERER_NAMES & set(variables):
                 raise BadRequest(f"chat_template_kwargs may not set {', '.join(sorted(RENDERER_NAMES & set(variables)))}",
                                  param="chat_template_kwargs")
             try:
-                prompt = model.chat_prompt(messages, tools, variables)
+                prompt = model.chat_prompt(messages, tools, variables, generation_prompt=turn.generation_prompt) + \
+                    (turn.prefill or "")
             except ModelError as error:
                 raise BadRequest(str(error), param="messages") from error
         try:
@@ -65,7 +66,9 @@ class Preparer:
                              param="messages" if messages else "prompt") from error
         if size > self.max_prompt_bytes:
             raise self._far_too_long(size)
-        return (chat_tokens(model, messages, prompt, tools, variables) if messages else model.tokenize(prompt)), prompt
+        if not (messages or turn.prefill is not None):
+            return model.tokenize(prompt), prompt
+        return chat_tokens(model, messages, prompt, tools, variables, turn), prompt
 
     def prepare(self, request: CompletionRequest) -> tuple[Request, str, Reasoning]:
         """The target's Request, its grammar in llguidance's form but not compiled yet (the caller compiles it within
@@ -94,7 +97,7 @@ class Preparer:
         tokens, prompt = (self._fim_tokens(request), "") if request.fim else (list(request.prompt_tokens), "") \
             if request.prompt_tokens is not None else self._chat_rendered(request)
         self._check_prompt(tokens)
-        opened = bool(request.messages) and thinking_opened(prompt, self._format(request))
+        opened = bool(request.messages or request.prefill is not None) and thinking_opened(prompt, self._format(request))
         return Request(prompt_tokens=tokens, params=params, seed=request.seed, max_tokens=request.max_tokens,
                        cache_prompt=request.cache_prompt, grammar=self._grammar(spec) if spec else "",
                        penalties=penalties, logprobs=request.logprobs,
@@ -108,7 +111,8 @@ class Preparer:
             tools = use.offered
             if self._format(request) is GENERIC:
                 messages, tools = with_tools_described([dict(m) for m in messages], tools), ()
-        return self._rendered(request.prompt, messages, tools, request.chat_template_kwargs)
+        return self._rendered(request.prompt, messages, tools, request.chat_template_kwargs,
+                              Turn(request.prefill, request.generation_prompt))
 
     def _format(self, request: CompletionRequest) -> Any:
         """The template's call format where the request has tools (None without)."""
@@ -192,7 +196,8 @@ class Preparer:
         if len(request.messages) >= self.context_size:
             raise too_long(f"{len(request.messages)} messages take a token each at least",
                            n_prompt_tokens=len(request.messages), n_ctx=self.context_size, param="messages")
-        texts = [request.prompt] + [str(message.get("content", "")) for message in request.messages]
+        texts = [request.prompt, request.prefill or ""] + [str(message.get("content", ""))
+                                                          for message in request.messages]
         size = sum(len(text) for text in texts)  # characters: at least one byte each
         if size > self.max_prompt_bytes:
             raise self._far_too_long(size)

@@ -45,6 +45,8 @@ class CompletionRequest:
 
     prompt: str = ""
     messages: Sequence[Mapping[str, Any]] = ()  # rendered with the model's chat template
+    prefill: str | None = None                 # chat: the assistant's text the prompt ends with (duo.api.serving.prefill)
+    generation_prompt: bool = True             # chat: the template's add_generation_prompt
     prompt_tokens: Sequence[int] | None = None  # a prompt already tokenized (an empty one is refused)
     max_tokens: int = 0                        # 0: until end of generation or a full context
     params: SamplingParams = SamplingParams()
