@@ -106,3 +106,15 @@ def test_a_preflight_from_an_origin_off_the_list_gets_no_cors_headers_and_its_re
     answer = preflight(app, PAGE)
     assert answer.status_code == 200 and not any(name.startswith("access-control-") for name in answer.headers)
     assert asgi_call(app, "POST", "/completion", {"Origin": PAGE}, b"{}").status_code == 403  # duo's guard stays
+
+
+def test_the_token_counting_routes_count_the_prompt_the_generation_reads(served_alone):
+    chat = {"messages": [{"role": "system", "content": "Book"}, {"role": "user", "content": "What is the best book"}]}
+    read = post(served_alone, "/v1/chat/completions", {**chat, "max_tokens": 0}).json()["usage"]["prompt_tokens"]
+    for path in ("/chat/completions/input_tokens", "/v1/chat/completions/input_tokens"):
+        counted = post(served_alone, path, chat)
+        assert counted.status_code == 200 and counted.json() == {"input_tokens": read}, path
+    items = {"input": "What is the best book", "instructions": "Book"}
+    answered = post(served_alone, "/v1/responses", {**items, "max_output_tokens": 16}).json()["usage"]["input_tokens"]
+    for path in ("/responses/input_tokens", "/v1/responses/input_tokens"):
+        assert post(served_alone, path, items).json() == {"input_tokens": answered}, path

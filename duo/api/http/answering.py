@@ -55,6 +55,21 @@ class Answering:
         """The name an answer carries: the one the request gave (any: one model is served), else the model's own."""
         return asked or self.completions.names[0]
 
+    async def input_tokens(self, to_request: Callable[[], CompletionRequest]) -> dict[str, int]:
+        """{"input_tokens": n}: the prompt's tokens as the generation would read them (llama-server's
+        /chat/completions/input_tokens and /responses/input_tokens), nothing generated."""
+        completions = self.completions
+
+        def checked() -> CompletionRequest:  # a loop over the client's messages and tools, off the event loop
+            wanted = to_request()
+            completions.check_size(wanted)
+            return wanted
+
+        wanted = await asyncio.to_thread(checked)
+        # The generation's own preparation, so that the count is the prompt's exactly (template, tools, BOS).
+        prepared = (await completions.tokenizing(completions.prepare, wanted))[0]
+        return {"input_tokens": len(prepared.prompt_tokens)}
+
     async def answer(self, body: GenerationBody, to_request: Callable[[], CompletionRequest], request: Request,
                      output: AnswerShape) -> Response:
         """The answer of `body`'s n choices (one, most often): a stream of events, or one JSON answer."""

@@ -1,5 +1,6 @@
-"""OpenAI's routes on the target's HTTP app: /v1/completions, /chat/completions and the model list (with or without
-/v1, as llama-server's), the bodies read and answered by duo.api.http.answering."""
+"""OpenAI's routes on the target's HTTP app: /v1/completions, /chat/completions (and llama-server's count of its
+prompt, /chat/completions/input_tokens) and the model list (with or without /v1, as llama-server's), the bodies read
+and answered by duo.api.http.answering."""
 
 from __future__ import annotations
 
@@ -52,6 +53,10 @@ class OpenAIApi:
                                            ChatFormat(self.answering.model_name(body.model), functions,
                                                       self.completions.call_format(), sources=body.duo_sources))
 
+    async def chat_input_tokens(self, request: Request) -> dict[str, int]:
+        body = await self.answering.read(request, ChatBody)
+        return await self.answering.input_tokens(body.to_request)
+
 
 def add_openai_routes(app: FastAPI, answering: Answering, *, aliases: Sequence[str] = (),
                       tags: Sequence[str] = ()) -> OpenAIApi:
@@ -62,6 +67,7 @@ def add_openai_routes(app: FastAPI, answering: Answering, *, aliases: Sequence[s
     for prefix in ("", "/v1"):
         app.add_api_route(f"{prefix}/models", api.models, methods=["GET"])
         app.add_api_route(f"{prefix}/chat/completions", api.chat, methods=["POST"])
+        app.add_api_route(f"{prefix}/chat/completions/input_tokens", api.chat_input_tokens, methods=["POST"])
     app.add_api_route("/v1/models/{model_id}", api.model, methods=["GET"])
     app.add_api_route("/v1/completions", api.completion, methods=["POST"])
     document_bodies(app, {"/v1/completions": CompletionBody, "/v1/chat/completions": ChatBody,

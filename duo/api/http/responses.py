@@ -1,4 +1,5 @@
-"""POST /v1/responses on the target's HTTP app: the request read, translated to chat, and answered by duo.api.http.answering."""
+"""POST /v1/responses on the target's HTTP app: the request read, translated to chat, and answered by duo.api.http.answering
+(or only counted: llama-server's /v1/responses/input_tokens)."""
 
 from __future__ import annotations
 
@@ -45,6 +46,16 @@ class ResponsesApi:
                                  keep if body.store is not False else None, tools)
         return await self.answering.answer(chat, chat.to_request, request, output)
 
+    async def input_tokens(self, request: Request) -> dict[str, int]:
+        """llama-server's /responses/input_tokens: the prompt's tokens as /responses would read it."""
+        completions = self.answering.completions
+        body = await self.answering.read(request, ResponsesBody)
+        body.check_supported()
+        history = self.store.conversation(body.previous_response_id) if body.previous_response_id else ()
+        tools = await asyncio.to_thread(ResponsesTools, body.tools or [])
+        _, _, chat = await asyncio.to_thread(self._translated, body, history, tools, completions.body_limits().items)
+        return await self.answering.input_tokens(chat.to_request)
+
     def _translated(self, body: ResponsesBody, history: Conversation, tools: ResponsesTools,
                     n_ctx: int) -> tuple[list[dict[str, Any]], int, ChatBody]:
         """The conversation so far (held history and this input, without instructions), its size for the store, and
@@ -60,5 +71,6 @@ def add_responses_routes(app: FastAPI, answering: Answering) -> ResponsesApi:
     responses = ResponsesApi(answering)
     for path in ("/v1/responses", "/responses"):
         app.add_api_route(path, responses.create, methods=["POST"])
+        app.add_api_route(f"{path}/input_tokens", responses.input_tokens, methods=["POST"])
     document_bodies(app, {"/v1/responses": ResponsesBody, "/responses": ResponsesBody})
     return responses
