@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from duo.api.llama_server.prompts import one_prompt
 from duo.api.openai.bodies import ChatMessageBody
 from duo.api.serving.bodies import GenerationBody, LlamaServerFields
 from duo.api.serving.infill import FimInput
@@ -20,7 +21,7 @@ class NativeCompletionBody(GenerationBody):
     (duo.api.serving.infill.FimStops) and response_fields (the answer's fields to send, "timings/prompt_n" for nested ones,
     each under its path)."""
 
-    prompt: str | list[int]
+    prompt: str | list[Any] | dict[str, Any]  # llama-server's forms (duo.api.llama_server.prompts)
     n_indent: int = Field(default=0, ge=0, le=INT32_MAX)
     t_max_predict_ms: Int32 = 0  # <= 0: no time limit
     t_max_prompt_ms: Int32 = 0   # accepted and not enforced, as llama-server leaves it (a prompt is read whole)
@@ -33,7 +34,7 @@ class NativeCompletionBody(GenerationBody):
 
     def to_request(self) -> CompletionRequest:
         self.check_supported()
-        return self.native_request(**{"prompt_tokens" if isinstance(self.prompt, list) else "prompt": self.prompt})
+        return self.native_request(**one_prompt(self.prompt))
 
 
 class InputChunk(BaseModel):

@@ -94,7 +94,7 @@ class Preparer:
         check_stops(request.stop)
         self._check_no_markup(request)
         spec = self._tool_grammar(request) if request.tool_use else request.grammar
-        tokens, prompt = (self._fim_tokens(request), "") if request.fim else (list(request.prompt_tokens), "") \
+        tokens, prompt = (self._fim_tokens(request), "") if request.fim else (self._mixed(request.prompt_tokens), "") \
             if request.prompt_tokens is not None else self._chat_rendered(request)
         self._check_prompt(tokens)
         opened = bool(request.messages or request.prefill is not None) and thinking_opened(prompt, self._format(request))
@@ -139,6 +139,17 @@ class Preparer:
         except UnicodeEncodeError as error:  # JSON can carry lone surrogates, which UTF-8 cannot
             raise BadRequest(f"the text around the hole is not valid Unicode ({error.reason})",
                              param="input_prefix") from error
+
+    def _mixed(self, parts: Sequence[int | str]) -> list[int]:
+        """llama-server's prompt of ids and texts mixed (tokenize_mixed): each text tokenized where it stands, special
+        tokens parsed, with the model's BOS only where a text comes first."""
+        tokens: list[int] = []
+        for i, part in enumerate(parts):
+            try:
+                tokens += self.model.tokenize(part, add_special=i == 0) if isinstance(part, str) else [part]
+            except UnicodeEncodeError as error:  # JSON can carry lone surrogates, which UTF-8 cannot
+                raise BadRequest(f"prompt[{i}] is not valid Unicode text ({error.reason})", param="prompt") from error
+        return tokens
 
     def _check_no_markup(self, request: CompletionRequest) -> None:
         """BadRequest where a string of the client's that the chat template writes raw (a tool's definition, an
@@ -197,7 +208,8 @@ class Preparer:
             raise too_long(f"{len(request.messages)} messages take a token each at least",
                            n_prompt_tokens=len(request.messages), n_ctx=self.context_size, param="messages")
         texts = [request.prompt, request.prefill or ""] + [str(message.get("content", ""))
-                                                          for message in request.messages]
+                                                          for message in request.messages] + \
+            [part for part in request.prompt_tokens or () if isinstance(part, str)]
         size = sum(len(text) for text in texts)  # characters: at least one byte each
         if size > self.max_prompt_bytes:
             raise self._far_too_long(size)

@@ -47,7 +47,8 @@ class CompletionRequest:
     messages: Sequence[Mapping[str, Any]] = ()  # rendered with the model's chat template
     prefill: str | None = None                 # chat: the assistant's text the prompt ends with (duo.api.serving.prefill)
     generation_prompt: bool = True             # chat: the template's add_generation_prompt
-    prompt_tokens: Sequence[int] | None = None  # a prompt already tokenized (an empty one is refused)
+    # A prompt already tokenized (an empty one is refused); llama-server's texts among the ids are tokenized in place.
+    prompt_tokens: Sequence[int | str] | None = None
     max_tokens: int = 0                        # 0: until end of generation or a full context
     params: SamplingParams = SamplingParams()
     seed: int | None = None
