@@ -118,3 +118,30 @@ def test_the_token_counting_routes_count_the_prompt_the_generation_reads(served_
     answered = post(served_alone, "/v1/responses", {**items, "max_output_tokens": 16}).json()["usage"]["input_tokens"]
     for path in ("/responses/input_tokens", "/v1/responses/input_tokens"):
         assert post(served_alone, path, items).json() == {"input_tokens": answered}, path
+
+
+def streamed(process, path: str, body: dict) -> list[dict]:
+    with httpx.stream("POST", f"{process.http_url}{path}", timeout=60, json={**body, "stream": True}) as response:
+        return [json.loads(line.removeprefix("data: ")) for line in response.iter_lines()
+                if line.startswith("data: {")]
+
+
+def test_timings_per_token_puts_the_timings_so_far_on_every_event(served_alone):
+    chat = streamed(served_alone, "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "test"}], "max_tokens": 10, "timings_per_token": True,
+        "stream_options": {"include_usage": True}})
+    assert "timings" not in chat[0] and all("timings" in chunk for chunk in chat[1:])
+    assert chat[-1]["choices"] == [] and chat[-1]["timings"]["predicted_n"] == chat[-1]["usage"]["completion_tokens"]
+    native = streamed(served_alone, "/completion", {"prompt": PROMPT, "n_predict": 8, "timings_per_token": True})
+    assert all("timings" in event for event in native)
+    assert native[-1]["generation_settings"]["timings_per_token"] is True
+
+
+def test_openai_answers_end_with_llama_servers_timings(served_alone):
+    chat = {"messages": [{"role": "user", "content": "test"}], "max_tokens": 6, "temperature": 0}
+    whole = post(served_alone, "/v1/chat/completions", chat).json()
+    assert whole["timings"]["predicted_n"] == whole["usage"]["completion_tokens"]
+    chunks = streamed(served_alone, "/v1/chat/completions", chat)
+    assert [("timings" in chunk) for chunk in chunks] == [False] * (len(chunks) - 1) + [True]
+    text = post(served_alone, "/v1/completions", {"prompt": PROMPT, "max_tokens": 4}).json()
+    assert text["timings"]["prompt_n"] + text["timings"]["cache_n"] == text["usage"]["prompt_tokens"]

@@ -65,13 +65,14 @@ class LlamaServerApi:
         output = NativeFormat(self.answering.model_name(body.model), body.response_fields,
                               context_size=completions.context_size,
                               detokenize=lambda ids: completions.loaded_model().detokenize(ids, special=True).decode(
-                                  errors="replace"))
+                                  errors="replace"), timings_per_token=body.timings_per_token)
 
-        def translated() -> CompletionRequest:  # kept by the answer, for its generation_settings
-            output.request = body.to_request()
-            return output.request
+        def translated() -> list[CompletionRequest]:  # the first kept by the answer, for its generation_settings
+            batch = body.to_requests()
+            output.request = batch[0]
+            return batch
 
-        return await self.answering.answer(body, translated, request, output)
+        return await self.answering.answer_batch(body, translated, request, output)
 
     async def tokenize(self, request: Request) -> dict[str, Any]:
         body = await self.answering.read(request, TokenizeBody)

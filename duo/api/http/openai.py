@@ -43,7 +43,8 @@ class OpenAIApi:
         body = await self.answering.read(request, CompletionBody)
         return await self.answering.answer(body, body.to_request, request,
                                            CompletionFormat(self.answering.model_name(body.model),
-                                                            sources=body.duo_sources))
+                                                            sources=body.duo_sources,
+                                                            timings_per_token=body.timings_per_token))
 
     async def chat(self, request: Request) -> Response:
         body = await self.answering.read(request, ChatBody)
@@ -51,7 +52,8 @@ class OpenAIApi:
         # The template's format even without functions: it says how the model marks its reasoning.
         return await self.answering.answer(body, body.to_request, request,
                                            ChatFormat(self.answering.model_name(body.model), functions,
-                                                      self.completions.call_format(), sources=body.duo_sources))
+                                                      self.completions.call_format(), sources=body.duo_sources,
+                                                      timings_per_token=body.timings_per_token))
 
     async def chat_input_tokens(self, request: Request) -> dict[str, int]:
         body = await self.answering.read(request, ChatBody)

@@ -3,17 +3,16 @@ object per event."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from typing import Any
 
 from duo.api.llama_server.settings import generation_settings
+from duo.api.llama_server.timings import timings
 from duo.api.openai.answers import sse
 from duo.api.openai.errors import api_error, generation_error
 from duo.api.output.logprobs import native_probabilities
 from duo.api.serving.generate import Piece
 from duo.api.serving.request import CompletionRequest, ShuttingDown
-from duo.target.request import GenerationStats
 
 
 class NativeFormat:
@@ -22,8 +21,9 @@ class NativeFormat:
     [DONE] (llama-server sends none on its native endpoints)."""
 
     def __init__(self, model: str, response_fields: list[str] | None = None, *, context_size: int = 0,
-                 detokenize: Callable[[Sequence[int]], str] | None = None) -> None:
+                 detokenize: Callable[[Sequence[int]], str] | None = None, timings_per_token: bool = False) -> None:
         self.model = model
+        self.timings_per_token = timings_per_token  # llama-server's: every event carries the timings so far
         self.response_fields = response_fields
         self.context_size = context_size  # an answer that filled it was cut short: `truncated`
         self.detokenize = detokenize  # the prompt's ids as text, special tokens spelled out: `prompt`
@@ -62,6 +62,8 @@ class NativeFormat:
                          "id_slot": NO_SLOT}
                 if piece.logprobs is not None:
                     event["completion_probabilities"] = native_probabilities(piece.logprobs)
+                if self.timings_per_token:
+                    event["timings"] = timings(piece.stats)
                 if piece.finish_reason:
                     yield sse(self.fields({**event, **self._final(piece)}))
                 elif piece.text or piece.token_ids:
@@ -86,7 +88,8 @@ class NativeFormat:
         if self.request is None:
             return {}
         sampled = not self.request.params.greedy  # the target draws a sampled request's seed where none was given
-        return generation_settings(self.request, last.stats.seed if sampled else None)
+        settings = generation_settings(self.request, last.stats.seed if sampled else None)
+        return {**settings, "timings_per_token": self.timings_per_token}
 
     def _prompt(self, last: Piece) -> str:
         return self.detokenize(last.prompt_tokens) if self.detokenize else ""
@@ -103,20 +106,3 @@ _MISSING = object()
 # duo's running places are interchangeable, not numbered slots a request is pinned to: llama-server's "no particular
 # slot" (the id_slot a request sends to let the server choose).
 NO_SLOT = -1
-
-
-def timings(stats: GenerationStats) -> dict[str, float | int]:
-    """llama-server's timings: the prompt's part up to the first token (its queueing included), then decoding;
-    draft_n is the drafts duo verified (llama-server counts those its draft made)."""
-    ended = stats.finished_at or time.monotonic()
-    prompt_s = (stats.first_token_at or ended) - stats.arrived
-    predicted_s = ended - (stats.first_token_at or ended)
-    prompt_n = stats.prompt_tokens - stats.cached_prompt_tokens
-    predicted_n = max(stats.generated_tokens - 1, 0)  # the first token closes the prompt's part
-    return {"cache_n": stats.cached_prompt_tokens, "prompt_n": prompt_n, "prompt_ms": 1000 * prompt_s,
-            "prompt_per_token_ms": 1000 * prompt_s / prompt_n if prompt_n else 0.0,
-            "prompt_per_second": prompt_n / prompt_s if prompt_s > 0 else 0.0,
-            "predicted_n": stats.generated_tokens, "predicted_ms": 1000 * predicted_s,
-            "predicted_per_token_ms": 1000 * predicted_s / predicted_n if predicted_n else 0.0,
-            "predicted_per_second": predicted_n / predicted_s if predicted_s > 0 else 0.0,
-            "draft_n": stats.draft_tokens_verified, "draft_n_accepted": stats.draft_tokens_accepted}

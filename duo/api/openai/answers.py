@@ -11,6 +11,7 @@ from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any
 
 from duo import __version__
+from duo.api.llama_server.timings import timings
 from duo.api.openai.errors import api_error, generation_error
 from duo.api.output.deltas import (CallArguments, CallClosed, CallOpened, Delta, Reasoning, ReasoningDelta, TextDelta,
                                    answer_splitter, whole_answer)
@@ -37,8 +38,9 @@ class OpenAIFormat(ABC):
     chunk_object_name = ""
     id_prefix = ""
 
-    def __init__(self, model: str, sources: bool = False) -> None:
+    def __init__(self, model: str, sources: bool = False, timings_per_token: bool = False) -> None:
         self.model = model
+        self.timings_per_token = timings_per_token  # llama-server's: every chunk after the first carries timings
         self.id = f"{self.id_prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         # The `duo_sources` extension: each chunk says where its text came from (duo.api.serving.decode), and which steps
@@ -53,8 +55,8 @@ class OpenAIFormat(ABC):
         choice = self.whole_choice(text, last.finish_reason)
         if last.logprobs is not None:
             choice["logprobs"] = self.shown_logprobs([entry for piece in pieces for entry in piece.logprobs or []], 0)
-        return {**self.envelope(self.object_name), "choices": [choice],
-                "usage": usage(last), "duo_stats": last.stats.fields(last.draft_connected)}
+        return {**self.envelope(self.object_name), "choices": [choice], "usage": usage(last),
+                "timings": timings(last.stats), "duo_stats": last.stats.fields(last.draft_connected)}
 
     async def events(self, choice: AsyncIterable[Piece], include_usage: bool) -> AsyncIterator[str]:
         try:
@@ -78,9 +80,13 @@ class OpenAIFormat(ABC):
                         chunk["duo"] = self._sources(choice)
                     if choice["finish_reason"]:
                         chunk["duo_stats"] = piece.stats.fields(piece.draft_connected)
+                    # llama-server's: the last chunk carries the timings, and every one where timings_per_token
+                    if self.timings_per_token or (choice["finish_reason"] and not include_usage):
+                        chunk["timings"] = timings(piece.stats)
                     yield sse(chunk)
                 if piece.finish_reason and include_usage:
-                    yield sse({**self.envelope(self.chunk_object_name), "choices": [], "usage": usage(piece)})
+                    yield sse({**self.envelope(self.chunk_object_name), "choices": [], "usage": usage(piece),
+                               "timings": timings(piece.stats)})
         except ShuttingDown as error:
             yield sse(api_error(error).body())
         except Exception as error:  # this request's own failure: an error event, then [DONE] as always
@@ -157,8 +163,8 @@ class ChatFormat(OpenAIFormat):
     id_prefix = "chatcmpl"
 
     def __init__(self, model: str, functions: list[FunctionBody] | None = None,
-                 format_: CallFormat | None = None, sources: bool = False) -> None:
-        super().__init__(model, sources)
+                 format_: CallFormat | None = None, sources: bool = False, timings_per_token: bool = False) -> None:
+        super().__init__(model, sources, timings_per_token)
         self.functions, self.format = functions, format_
         self.reasoning = Reasoning()
         self.splitter = None

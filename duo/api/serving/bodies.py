@@ -54,7 +54,7 @@ LLAMA_DEFAULT_SEED = 2**32 - 1  # llama.cpp's "draw a random seed"
 # Fields that change nothing duo returns, ignored without a word (OpenAI's bookkeeping and routing, llama-server's
 # slot and progress options, its own speculation settings: duo's speculation is exact whatever they say).
 IGNORED_FIELDS = frozenset({"user", "store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier",
-                            "id_slot", "timings_per_token", "return_progress", "return_tokens", "n_keep", "n_discard",
+                            "id_slot", "return_progress", "return_tokens", "n_keep", "n_discard",
                             "speculative.n_max", "speculative.n_min", "speculative.p_min"})
 # Fields llama-server reads that duo cannot honour: refused by name when set (a false, empty or null value asks for
 # nothing and passes), with what to do instead.
@@ -141,6 +141,7 @@ class GenerationBody(LlamaServerFields, SamplerFields):
     samplers: list[str] | str | None = None  # llama-server's: which samplers are on (SAMPLERS)
     ignore_eos: bool = False          # llama-server's: never end the answer with an end-of-generation token
     duo_sources: bool = False         # duo's: each streamed chunk says where its text came from (duo.api.serving.decode)
+    timings_per_token: bool = False   # llama-server's: each streamed event carries the timings so far
 
     @field_validator("seed")
     @classmethod
