@@ -23,7 +23,7 @@ from duo.api.serving.defaults import ServerDefaults
 from duo.api.serving.generate import Completions, Piece
 from duo.api.serving.metrics import Metrics
 from duo.api.serving.read import Body, parse_body
-from duo.api.serving.request import CompletionRequest, ShuttingDown
+from duo.api.serving.request import BadRequest, CompletionRequest, ShuttingDown
 
 DONE = "data: [DONE]\n\n"
 
@@ -73,12 +73,22 @@ class Answering:
     async def answer(self, body: GenerationBody, to_request: Callable[[], CompletionRequest], request: Request,
                      output: AnswerShape) -> Response:
         """The answer of `body`'s n choices (one, most often): a stream of events, or one JSON answer."""
+        return await self.answer_batch(body, lambda: [to_request()], request, output)
+
+    async def answer_batch(self, body: GenerationBody, to_requests: Callable[[], list[CompletionRequest]],
+                           request: Request, output: AnswerShape) -> Response:
+        """The answer of `body`'s n choices of each of its prompts (llama-server's batch; one prompt, most often)."""
         self.defaults.fill(body)
-        n = body.choice_count(self.completions.admission.parallel)
-        wanted = await asyncio.to_thread(to_request)  # a loop over the client's biases, tools and messages
-        formats = [output] + [copy.deepcopy(output) for _ in range(n - 1)]  # each choice's own, one answer's id
+        parallel = self.completions.admission.parallel
+        n = body.choice_count(parallel)
+        batch = await asyncio.to_thread(to_requests)  # a loop over the client's biases, tools and messages
+        wanted = [choice for prompt in batch for choice in choice_requests(prompt, n)]
+        if len(wanted) > parallel:  # the places are taken together: no more than there are
+            raise BadRequest(f"{len(batch)} prompts of {n} choices each are {len(wanted)} generations; at most "
+                             f"{parallel} (duo-target's --parallel) run as one request", param="prompt")
+        formats = [output] + [copy.deepcopy(output) for _ in range(len(wanted) - 1)]  # each its own, one answer's id
         try:
-            choices = await unless_disconnected(request, Choices.start(self.completions, choice_requests(wanted, n)))
+            choices = await unless_disconnected(request, Choices.start(self.completions, wanted))
         except ClientGone:
             return Response(status_code=CLIENT_CLOSED)
         if body.stream:

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from duo.api.llama_server.prompts import one_prompt
+from duo.api.llama_server.prompts import one_prompt, prompts_of
 from duo.api.openai.bodies import ChatMessageBody
 from duo.api.serving.bodies import GenerationBody, LlamaServerFields
 from duo.api.serving.infill import FimInput
@@ -36,14 +36,20 @@ class NativeCompletionBody(GenerationBody):
         self.check_supported()
         return self.native_request(**one_prompt(self.prompt))
 
+    def to_requests(self) -> list[CompletionRequest]:
+        """A request per prompt: llama-server's batch (a list of prompts) answers each."""
+        self.check_supported()
+        return [self.native_request(**prompt) for prompt in prompts_of(self.prompt)]
+
 
 class InputChunk(BaseModel):
-    """One of /infill's input_extra: llama-server reads a chunk's filename and text; clients add bookkeeping of
-    their own (llama.vim: when it picked the chunk), which changes no answer and is ignored."""
+    """One of /infill's input_extra: llama-server reads a chunk's filename and text, both required (a chunk without
+    them is a 400 there); clients add bookkeeping of their own (llama.vim: when it picked the chunk), which changes
+    no answer and is ignored."""
 
     model_config = ConfigDict(extra="ignore")
-    filename: str = "tmp"
-    text: str = ""
+    filename: str
+    text: str
 
 
 class InfillBody(NativeCompletionBody):
@@ -60,6 +66,10 @@ class InfillBody(NativeCompletionBody):
         extra = tuple((chunk.filename, chunk.text) for chunk in self.input_extra)
         prompt = tuple(self.prompt) if isinstance(self.prompt, list) else self.prompt
         return self.native_request(fim=FimInput(self.input_prefix, self.input_suffix, extra, prompt))
+
+    def to_requests(self) -> list[CompletionRequest]:
+        """/infill's one request: its prompt is the text before the hole, never a batch."""
+        return [self.to_request()]
 
 
 class TokenizeBody(LlamaServerFields):

@@ -11,36 +11,47 @@ PROMPT_STRING = "prompt_string"
 MULTIMODAL_DATA = "multimodal_data"
 
 
+def prompts_of(prompt: str | list[Any] | dict[str, Any]) -> list[dict[str, Any]]:
+    """CompletionRequest's prompt fields for each prompt of a /completion body, read as llama-server reads them
+    (tokenize_input_prompts): a list holding an id is one prompt (all ids: the ids as sent; ids and texts: each text
+    tokenized where it stands), a list of none a batch, each of its items a prompt of its own."""
+    if isinstance(prompt, list) and not any(_is_id(part) for part in prompt):
+        if not prompt:
+            raise BadRequest("the prompt is empty", param="prompt")
+        return [_subprompt(item, f"prompt[{i}]") for i, item in enumerate(prompt)]
+    return [_subprompt(prompt, "prompt")]
+
+
 def one_prompt(prompt: str | list[Any] | dict[str, Any]) -> dict[str, Any]:
-    """CompletionRequest's prompt field for one /completion prompt, read as llama-server reads it: a list holding an
-    id is one prompt (all ids: the ids as sent; ids and texts: each text tokenized where it stands), a list of none
-    a batch (one prompt in it is that prompt; more: BadRequest, duo answers one prompt a request)."""
+    """The prompt fields of a body that must hold one prompt (a batch of one is that prompt)."""
+    prompts = prompts_of(prompt)
+    if len(prompts) != 1:
+        raise BadRequest(f"a batch of {len(prompts)} prompts is not supported here: send one prompt", param="prompt")
+    return prompts[0]
+
+
+def _subprompt(prompt: Any, where: str) -> dict[str, Any]:
+    """One prompt: text, a list of ids (texts among them), or the object form."""
     if isinstance(prompt, dict):
-        return _object_prompt(prompt)
+        return _object_prompt(prompt, where)
     if isinstance(prompt, str):
         return {"prompt": prompt}
-    if any(_is_id(part) for part in prompt):
-        return _sequence(prompt, "prompt")
-    if len(prompt) != 1:
-        raise BadRequest(f"a batch of {len(prompt)} prompts is not supported: send one request per prompt",
-                         param="prompt")
-    item = prompt[0]
-    if isinstance(item, list) and not item:
-        raise BadRequest("the prompt is empty", param="prompt")
-    return one_prompt(item) if isinstance(item, (str, dict, list)) else _refused(item, "prompt[0]")
+    if isinstance(prompt, list) and (not prompt or any(_is_id(part) for part in prompt)):
+        return _sequence(prompt, where)
+    return _refused(prompt, where)
 
 
-def _object_prompt(prompt: dict[str, Any]) -> dict[str, Any]:
+def _object_prompt(prompt: dict[str, Any], where: str) -> dict[str, Any]:
     if MULTIMODAL_DATA in prompt:
-        raise BadRequest(f"prompt.{MULTIMODAL_DATA}: duo-target reads text only (no multimodal projector)",
-                         param=f"prompt.{MULTIMODAL_DATA}")
+        raise BadRequest(f"{where}.{MULTIMODAL_DATA}: duo-target reads text only (no multimodal projector)",
+                         param=f"{where}.{MULTIMODAL_DATA}")
     text = prompt.get(PROMPT_STRING)
     if isinstance(text, str):
         return {"prompt": text}
     if isinstance(text, list) and text:
-        return _sequence(text, f"prompt.{PROMPT_STRING}")
-    raise BadRequest(f"prompt.{PROMPT_STRING} must be a string or a list of token ids and strings",
-                     param=f"prompt.{PROMPT_STRING}")
+        return _sequence(text, f"{where}.{PROMPT_STRING}")
+    raise BadRequest(f"{where}.{PROMPT_STRING} must be a string or a list of token ids and strings",
+                     param=f"{where}.{PROMPT_STRING}")
 
 
 def _sequence(parts: list[Any], where: str) -> dict[str, Any]:

@@ -177,35 +177,45 @@ class Completions:
 
     async def start_choices(self, requests: Sequence[CompletionRequest]) -> list[Completion]:
         """Wait for the turn of a request of len(requests) choices (QueueFull when the waiting line is full), then
-        check and prepare it once: the choices differ only by their seeds (duo.api.serving.choices.choice_requests), so the
-        prompt is tokenized and the grammar compiled once, and each choice walks a copy of the grammar. Admission
+        check and prepare it: choices that differ only by their seeds (duo.api.serving.choices.choice_requests) are
+        prepared once, their prompt tokenized and their grammar compiled once, and each choice walks a copy of the
+        grammar; each prompt of a batch (llama-server's /completion) is prepared on its own. Admission
         comes first: tokenizing and rendering a template cost work that --parallel and --queue-size bound like the
         generation itself. Whatever fails before the completions exist gives the places back (Places)."""
         self._open_for_requests()
-        self.check_size(requests[0])  # what cannot fit the context waits for no place
+        for request in requests:
+            self.check_size(request)  # what cannot fit the context waits for no place
         with await self.admission.acquire_places(len(requests)) as places:
             if self._cut.is_set():
                 raise ShuttingDown(SHUTTING_DOWN)
-            preparing = asyncio.ensure_future(asyncio.to_thread(self.prepare, requests[0]))  # tokenizing takes a while
+            # Choices differing by their seed alone are prepared once; each prompt of a batch (llama-server's) its own.
+            firsts = {i: request for i, request in enumerate(requests)
+                      if i == 0 or replace(request, seed=requests[i - 1].seed) != requests[i - 1]}
+            preparing = asyncio.ensure_future(asyncio.to_thread(lambda: {i: self.prepare(request)
+                                                                         for i, request in firsts.items()}))
             try:
-                prepared, grammar_param, reasoning = await asyncio.shield(preparing)
+                prepared_at = await asyncio.shield(preparing)  # tokenizing takes a while
             except asyncio.CancelledError:
                 places.release_after(preparing)  # the client left: the thread works on, and holds the places
                 raise
             target = self._loaded()
-            if prepared.grammar:
-                prepared = replace(prepared, constraint=await self._compiled(target, prepared.grammar, grammar_param))
             completions = []
             for i, request in enumerate(requests):
+                if i in prepared_at:
+                    prepared, grammar_param, reasoning = prepared_at[i]
+                    if prepared.grammar:
+                        prepared = replace(prepared, constraint=await self._compiled(target, prepared.grammar,
+                                                                                     grammar_param))
+                    choice = prepared
+                else:  # another choice of the same prompt: a copy of its grammar's cursor
+                    choice = replace(prepared, seed=request.seed,
+                                     constraint=prepared.constraint.copy() if prepared.constraint else None)
                 stops = stops_for(request.stop, request.n_indent, request.t_max_predict_ms, request.fim)
-                choice = replace(prepared, seed=request.seed,
-                                 constraint=prepared.constraint.copy() if i and prepared.constraint else
-                                 prepared.constraint)
-                completions.append((choice, stops))
+                completions.append((choice, stops, reasoning))
             answer = _warm_up_answer if requests[0].warm_up else _as_generated
             preserved = self._marker_tokens(target.model) if requests[0].messages else frozenset()
             return [Completion(answer(self._pieces(target, choice, stops, reasoning, preserved)), slot)
-                    for (choice, stops), slot in zip(completions, places.hand_over())]
+                    for (choice, stops, reasoning), slot in zip(completions, places.hand_over())]
 
     async def tokenizing(self, work: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """work(*args, **kwargs) on a thread (tokenizing, rendering a template), admitted among such calls
