@@ -14,7 +14,7 @@ from duo.sampling.distributions import SparseDist
 from duo.sampling.ops.dry import Dry
 from duo.sampling.ops.infill import infill_vocab
 from duo.sampling.ops.penalties import Penalties
-from duo.sampling.params import SamplingParams
+from duo.sampling.params import DEFAULT_ORDER, SamplingParams
 
 PROTOCOL = "duo/3"  # 2: branches; 3: coupled sampling (OpenSession.verification)
 # Branches per chain the draft keeps at most (duo-draft --max-branches); the target accepts this many
@@ -50,6 +50,8 @@ def sampling_to_pb(params: SamplingParams, seed: int | None, penalties: Penaltie
                                 mirostat_eta=params.mirostat_eta, dry_multiplier=dry.multiplier, dry_base=dry.base,
                                 dry_allowed_length=dry.allowed_length, dry_penalty_last_n=dry.penalty_last_n,
                                 dry_sequence_breakers=list(dry.breakers))
+    if params.order != DEFAULT_ORDER:
+        message.sampler_order = params.order
     if seed is not None:
         message.seed = seed
     return message
@@ -85,7 +87,8 @@ def sampling_from_pb(message: pb.SamplingParams, model: Model | None) -> tuple[S
                             dynatemp_exponent=_field(message, "dynatemp_exponent", float, defaults.dynatemp_exponent),
                             mirostat=int(message.mirostat),
                             mirostat_tau=_field(message, "mirostat_tau", float, defaults.mirostat_tau),
-                            mirostat_eta=_field(message, "mirostat_eta", float, defaults.mirostat_eta))
+                            mirostat_eta=_field(message, "mirostat_eta", float, defaults.mirostat_eta),
+                            order=_field(message, "sampler_order", str, DEFAULT_ORDER))
     return params, (message.seed if message.HasField("seed") else None)
 
 

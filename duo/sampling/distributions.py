@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from duo.sampling.chain import chained, in_order, truncation_temperature
 from duo.sampling.ops.infill import infill
 from duo.sampling.ops.mirostat import kept_size, next_mu
 from duo.sampling.ops.ranking import leading_ids
@@ -46,13 +47,16 @@ def distribution(logits: np.ndarray, params: SamplingParams, mu: float | None = 
     """What `params` samples from after `logits` (the row as duo.sampling.rows.transform leaves it).
 
     Greedy: the top token. Mirostat (with its state `mu`): temperature, then mirostat alone (_mirostat), as llama.cpp
-    replaces its chain. Otherwise, in llama.cpp's default order as far as duo's temperature-first order allows:
-      temperature -> top-n-sigma -> top-k -> typical -> top-p -> min-p -> xtc -> dynatemp -> infill.
-    The temperature T comes first (as OpenAI and vLLM; llama.cpp's chain takes it last), so the truncations that read
-    probabilities (typical, top-p, min-p, xtc) read them at T; top-n-sigma and top-k read only the logits' order and
-    spread, the same at any T. min_keep holds top-p, typical, min-p and xtc to at least that many tokens. Dynatemp
-    then replaces T for the final probabilities of what is left (ops.temperature), and infill reshapes them.
-    XTC's random cut makes the row's distribution the mixture P cut + (1 - P) uncut (ops.xtc).
+    replaces its chain. Otherwise llama.cpp's chain in params.order (duo.sampling.chain), by default as its
+    common.h has it:
+      top-n-sigma -> top-k -> typical -> top-p -> min-p -> xtc -> temperature (dynatemp where its range is set)
+    so the truncations that read probabilities (typical, top-p, min-p, xtc) read them at temperature 1 and the
+    temperature T shapes only what they leave; `samplers` can put it first (OpenAI's and vLLM's order: they read
+    them at T), or anywhere. Top-n-sigma and top-k read only the logits' order and spread, the same at any T.
+    min_keep holds top-p, typical, min-p and xtc to at least that many tokens; infill reshapes what is left.
+    XTC's random cut makes the row's distribution the mixture P cut + (1 - P) uncut (ops.xtc). The orders the fast
+    path below runs exactly (chain.truncation_temperature: the default, the temperature first, each step once) go
+    through it; any other runs step by step (chain.chained).
 
     Every truncation but typical keeps a prefix of the tokens ranked by logit (ties: lower id first) and renormalises.
     With no truncation at all (the usual OpenAI-client request: a temperature and nothing else) nothing needs
@@ -69,7 +73,11 @@ def distribution(logits: np.ndarray, params: SamplingParams, mu: float | None = 
     check_finite(top)
     if params.mirostat:
         return _mirostat(logits, top, params, mu)
-    return _shaped(*_truncated(logits, top, params), logits, params)
+    params = in_order(params)
+    at = truncation_temperature(params)
+    if at is None:
+        return _mixed(*chained(logits, params))
+    return _shaped(*_truncated(logits, top, params, at), logits, params, at)
 
 
 def check_finite(top_logit: float) -> None:
@@ -97,9 +105,11 @@ def weights_of(logits: np.ndarray, top: float, temperature: float) -> np.ndarray
     return np.exp(weights, out=weights)
 
 
-def _truncated(logits: np.ndarray, top: float, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
-    """The ids left by top-n-sigma, top-k, typical, top-p and min-p (ops.truncation), and their weights (weights_of)."""
-    temperature, bound = params.temperature, ranked_bound(logits, top, params.top_k, params.top_n_sigma)
+def _truncated(logits: np.ndarray, top: float, params: SamplingParams,
+               temperature: float) -> tuple[np.ndarray, np.ndarray]:
+    """The ids left by top-n-sigma, top-k, typical, top-p and min-p (ops.truncation), and their weights (weights_of)
+    at `temperature`, where the truncations read the probabilities."""
+    bound = ranked_bound(logits, top, params.top_k, params.top_n_sigma)
     if bound is None and params.typical_p == 1:
         all_weights = weights_of(logits, top, temperature)
         mass = all_weights.sum()
@@ -122,22 +132,30 @@ def _truncated(logits: np.ndarray, top: float, params: SamplingParams) -> tuple[
     return ids[:n], weights[:n]
 
 
-def _shaped(ids: np.ndarray, weights: np.ndarray, logits: np.ndarray, params: SamplingParams) -> SparseDist:
-    """After the truncations: XTC, then dynatemp and infill. Where XTC's cut can fire, the mixture of the candidates
-    cut (probability xtc_probability) and uncut, each through dynatemp and infill, as llama.cpp's chain runs them."""
+def _shaped(ids: np.ndarray, weights: np.ndarray, logits: np.ndarray, params: SamplingParams,
+            at: float) -> SparseDist:
+    """After the truncations (read at temperature `at`): XTC, then the temperature and infill. Where XTC's cut can
+    fire, the mixture of the candidates cut (probability xtc_probability) and uncut, each through the temperature and
+    infill, as llama.cpp's chain runs them."""
     probs = weights / weights.sum()
     removed = (xtc_removed(ids, probs, params.xtc_threshold, params.min_keep) if params.xtc_probability > 0
                else np.zeros(0, dtype=np.int64))
-    uncut = _finished(ids, probs, logits, params)
+    uncut = _finished(ids, probs, logits, params, at)
     if not removed.size:
         return uncut
     stay = np.delete(np.arange(ids.size), removed)  # in rank order still
-    cut = _finished(ids[stay], probs[stay] / probs[stay].sum(), logits, params)
+    cut = _finished(ids[stay], probs[stay] / probs[stay].sum(), logits, params, at)
     return _mixture(uncut, cut, params.xtc_probability)
 
 
-def _finished(ids: np.ndarray, probs: np.ndarray, logits: np.ndarray, params: SamplingParams) -> SparseDist:
-    """Dynatemp (the probabilities at T_dyn: ops.temperature; T_dyn 0 keeps the top token), then infill."""
+def _finished(ids: np.ndarray, probs: np.ndarray, logits: np.ndarray, params: SamplingParams,
+              at: float) -> SparseDist:
+    """The temperature step where it comes after the truncations (`probs` are at `at`): T, or dynatemp (the
+    probabilities at T_dyn: ops.temperature; T_dyn 0 keeps the top token); then infill."""
+    if params.dynatemp_range == 0 and params.temperature != at and ids.size > 1:
+        row = logits[ids]
+        weights = weights_of(row, row.max(), params.temperature)
+        ids, probs = ids[weights > 0], weights[weights > 0] / weights.sum()
     if params.dynatemp_range > 0 and ids.size > 1:
         row = logits[ids]
         t_dyn = dynamic_temperature(row, params.temperature, params.dynatemp_range, params.dynatemp_exponent)
@@ -148,6 +166,15 @@ def _finished(ids: np.ndarray, probs: np.ndarray, logits: np.ndarray, params: Sa
     if params.infill is not None and ids.size > 1:
         return SparseDist(*infill(ids, probs, params.infill, logits))
     return SparseDist(ids, probs)
+
+
+def _mixed(weights: list[float], ids: list[np.ndarray], probs: list[np.ndarray]) -> SparseDist:
+    """The mixture of the chain's outcomes (chain.chained): sum_j weights[j] (ids[j], probs[j])."""
+    if len(weights) == 1:
+        return SparseDist(ids[0], probs[0])
+    merged, at = np.unique(np.concatenate(ids), return_inverse=True)
+    total = np.bincount(at, weights=np.concatenate([w * p for w, p in zip(weights, probs)]))
+    return SparseDist(merged[total > 0], total[total > 0])
 
 
 def _mixture(a: SparseDist, b: SparseDist, weight_b: float) -> SparseDist:

@@ -15,6 +15,12 @@ _INT32_MAX = 2**31 - 1
 _FLOAT32_TINY = float(np.finfo(np.float32).tiny)  # the smallest normal float32, ~1.2e-38
 _FLOAT32_BELOW_ONE = float(np.nextafter(np.float32(1), np.float32(0)))  # 1 - 2^-24
 MAX_FLOAT_FIELD = 1e6  # a bound on the unbounded float fields (top_n_sigma, tau, ...): far past any use, within float32
+# llama.cpp's sampler chain as its sampling_seq letters, the steps a row's distribution takes in turn (penalties e and
+# DRY d come first, in duo.sampling.rows): s top-n-sigma, k top-k, y typical, p top-p, m min-p, x xtc, t temperature
+# (dynatemp where its range is set), i infill. Its default (common.h) takes the temperature last.
+DEFAULT_ORDER = "skypmxt"
+ORDER_CODES = frozenset("skypmxti")
+MAX_ORDER = 64  # the API's bound on `samplers` (duo.api.serving.limits.MAX_SAMPLERS)
 
 
 @dataclass(frozen=True)
@@ -41,6 +47,7 @@ class SamplingParams:
     mirostat: int = 0  # 0 = off, 1 or 2: mirostat v1 or v2 after the temperature (duo.sampling.ops.mirostat)
     mirostat_tau: float = 5.0  # the target surprise, in bits
     mirostat_eta: float = 0.1  # its learning rate
+    order: str = DEFAULT_ORDER  # the chain's steps in turn (DEFAULT_ORDER's codes); a step left out does not apply
 
     @property
     def greedy(self) -> bool:
@@ -101,6 +108,9 @@ class SamplingParams:
         _check_int("mirostat", self.mirostat, 0, 2, "0 = off, 1 or 2: its version")
         _check_float("mirostat_tau", self.mirostat_tau, 0.0, MAX_FLOAT_FIELD, "bits")
         _check_float("mirostat_eta", self.mirostat_eta, 0.0, MAX_FLOAT_FIELD, "a learning rate")
+        if not (isinstance(self.order, str) and len(self.order) <= MAX_ORDER and set(self.order) <= ORDER_CODES):
+            raise ValueError(f"order must be at most {MAX_ORDER} of the sampler codes {''.join(sorted(ORDER_CODES))} "
+                             f"(llama.cpp's sampling_seq letters), got {self.order!r:.80}")
 
 
 def _check_float(name: str, value: object, low: float, high: float, meaning: str) -> None:

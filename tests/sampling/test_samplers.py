@@ -38,11 +38,12 @@ def softmax(x: np.ndarray) -> np.ndarray:
 # --- References: llama.cpp's samplers as its loops read, on a ranked candidate list --------------------------------
 
 def reference(logits: np.ndarray, p: SamplingParams) -> np.ndarray:
-    """The dense distribution of temperature -> top-n-sigma -> top-k -> typical -> top-p -> min-p -> xtc -> dynatemp,
-    each step on the candidates left, written loop by loop from llama-sampling.cpp (duo's temperature first)."""
+    """The dense distribution of top-n-sigma -> top-k -> typical -> top-p -> min-p -> xtc -> temperature (dynatemp),
+    each step on the candidates left, written loop by loop from llama-sampling.cpp (its default chain: the
+    temperature last)."""
     logit = logits.astype(np.float64)
     cand = sorted((i for i in range(logit.size) if logit[i] > -np.inf), key=lambda i: (-logit[i], i))
-    probs = lambda c: softmax(logit[c] / p.temperature)  # noqa: E731  (at duo's temperature, over the candidates)
+    probs = lambda c: softmax(logit[c])  # noqa: E731  (at temperature 1, over the candidates)
     if p.top_n_sigma > 0:
         finite = logit[logit > -np.inf]
         cand = [i for i in cand if logit[i] >= finite.max() - p.top_n_sigma * finite.std()]

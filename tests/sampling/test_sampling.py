@@ -21,12 +21,13 @@ PLAIN = SamplingParams(temperature=1.0)  # plain softmax sampling, no truncation
 
 
 def reference_distribution(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
-    """Naive dense reference: full stable sort (ties: lower id first), then each filter in turn."""
+    """Naive dense reference: full stable sort (ties: lower id first), then each filter in turn at temperature 1,
+    then the temperature over what is left (llama.cpp's default chain)."""
     out = np.zeros(logits.size)
     if params.greedy:
         out[np.argmax(logits)] = 1.0
         return out
-    probs = normalised(np.exp((logits.astype(np.float64) - logits.max()) / params.temperature))
+    probs = normalised(np.exp(logits.astype(np.float64) - logits.max()))
     kept = np.argsort(-logits, kind="stable")
     if params.top_k:
         kept = kept[: params.top_k]
@@ -38,7 +39,7 @@ def reference_distribution(logits: np.ndarray, params: SamplingParams) -> np.nda
     if params.min_p > 0:
         keep = p >= params.min_p * p.max()
         kept, p = kept[keep], normalised(p[keep])
-    out[kept] = p
+    out[kept] = normalised(np.exp((logits[kept].astype(np.float64) - logits[kept].max()) / params.temperature))
     return out
 
 
@@ -167,13 +168,21 @@ def test_min_p_drops_tokens_below_min_p_times_the_top_probability(min_p: float, 
     np.testing.assert_allclose(d.probs, normalised(np.array(probs)[d.ids]), rtol=1e-6)
 
 
-def test_filters_apply_in_order_temperature_top_k_top_p_min_p() -> None:
-    # At T=0.5 the probabilities square: [.4, .3, .2, .1] -> [.16, .09, .04, .01] / .30.
+def test_filters_read_temperature_one_and_the_temperature_comes_last_by_default() -> None:
+    # llama.cpp's default chain: top-k=3 keeps [.4, .3, .2] / .9; top-p=0.9 needs all three (.778 < .9); min-p=0.3
+    # keeps .2 (>= .3 * .4 / .9); then T=0.5 squares what is left: [.16, .09, .04] / .29.
     logits = probs_to_logits([0.1, 0.4, 0.2, 0.3, 0.0])
-    params = SamplingParams(temperature=0.5, top_k=3, top_p=0.9, min_p=0.3)
-    # top-k=3 keeps [.16, .09, .04] / .29; top-p=0.9 needs all three (.862 < .9);
+    d = distribution(logits, SamplingParams(temperature=0.5, top_k=3, top_p=0.9, min_p=0.3))
+    assert d.ids.tolist() == [1, 3, 2]
+    np.testing.assert_allclose(d.probs, np.array([0.16, 0.09, 0.04]) / 0.29, rtol=1e-6)
+
+
+def test_filters_read_the_tempered_probabilities_where_the_order_puts_the_temperature_first() -> None:
+    # samplers "tkpm" (OpenAI's and vLLM's order): at T=0.5 the probabilities square: [.4, .3, .2, .1] ->
+    # [.16, .09, .04, .01] / .30. top-k=3 keeps [.16, .09, .04] / .29; top-p=0.9 needs all three (.862 < .9);
     # min-p=0.3 drops .04 (< .3 * .16 = .048), leaving [.16, .09] / .25.
-    d = distribution(logits, params)
+    logits = probs_to_logits([0.1, 0.4, 0.2, 0.3, 0.0])
+    d = distribution(logits, SamplingParams(temperature=0.5, top_k=3, top_p=0.9, min_p=0.3, order="tkpm"))
     assert d.ids.tolist() == [1, 3]
     np.testing.assert_allclose(d.probs, [0.64, 0.36], rtol=1e-6)
 

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from duo.api.serving.limits import INT32_MAX, Int32
 from duo.api.serving.request import BadRequest, CompletionRequest
-from duo.api.serving.sampler_fields import SamplerFields
+from duo.api.serving.sampler_fields import SamplerFields, check_chain
 from duo.constraint import GrammarSpec
 from duo.sampling.ops.penalties import MAX_BIAS, Penalties
 
@@ -66,13 +66,15 @@ UNHONOURED = {
     "image_data": "duo-target reads text only; send the request without images",
     "multimodal_data": "duo-target reads text only; send the request without images or audio",
 }
-# llama-server's `samplers`: names (and their one-letter codes, for the string form) of the samplers a request turns
-# on; those it leaves out are off (temperature: 1). duo applies them in its own order (duo.sampling.distributions.
-# distribution: temperature first, as OpenAI and vLLM; llama.cpp's default chain takes it last, which differs only
-# where a temperature other than 1 meets top-p, min-p, typical or xtc). Without the list, all but infill are on.
-SAMPLERS = {"top_k": "k", "top-k": "k", "top_p": "p", "top-p": "p", "nucleus": "p", "min_p": "m", "min-p": "m",
-            "temperature": "t", "temp": "t", "infill": "i", "penalties": "e", "typ_p": "y", "typical_p": "y",
-            "typical-p": "y", "typical": "y", "typ-p": "y", "typ": "y", "xtc": "x", "dry": "d", "top_n_sigma": "s"}
+# llama-server's `samplers`: the sampler chain in turn, as names (llama.cpp's, any case, with their kebab-case and
+# no-dash spellings and three old aliases) or a string of their one-letter codes; a sampler left out is off
+# (temperature: 1). Without the list, llama.cpp's default chain: "edskypmxt". duo.sampling.chain runs it in that turn.
+_SAMPLER_CODES = {"dry": "d", "top_k": "k", "top_p": "p", "top_n_sigma": "s", "typ_p": "y", "min_p": "m",
+                  "temperature": "t", "xtc": "x", "infill": "i", "penalties": "e", "adaptive_p": "a"}
+SAMPLERS = {**_SAMPLER_CODES, **{name.replace("_", "-"): code for name, code in _SAMPLER_CODES.items()},
+            **{name.replace("_", ""): code for name, code in _SAMPLER_CODES.items()},
+            "nucleus": "p", "temp": "t", "typ": "y"}
+DEFAULT_SAMPLERS = "edskypmxt"
 
 
 class LlamaServerFields(BaseModel):
@@ -217,13 +219,15 @@ class GenerationBody(LlamaServerFields, SamplerFields):
         params = self.sampling_params(on, temperature=temperature, top_k=(self.top_k or 0) if "k" in on else 0,
                                       top_p=1.0 if self.top_p is None or "p" not in on else self.top_p,
                                       min_p=(self.min_p or 0.0) if "m" in on else 0.0)
+        penalties = self.sampler_penalties(self.penalties() if "e" in on else Penalties(bias=self._biases()), on)
+        check_chain(on, params, penalties, self.model_extra or {})
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        warm_up = self.warm_up  # its one token is dropped: no grammar to compile, no logprobs to read
+        # A warm-up's one token is dropped: no logprobs to read. Its grammar is compiled all the same: a schema that
+        # cannot be is a 400 there too, as llama-server checks it before reading the prompt.
+        warm_up = self.warm_up
         return CompletionRequest(max_tokens=max_tokens or 0, params=params, seed=self.seed, stop=stop,
-                                 cache_prompt=self.cache_prompt, grammar=None if warm_up else self.grammar_spec(),
-                                 warm_up=warm_up,
-                                 penalties=self.sampler_penalties(
-                                     self.penalties() if "e" in on else Penalties(bias=self._biases()), on),
+                                 cache_prompt=self.cache_prompt, grammar=self.grammar_spec(),
+                                 warm_up=warm_up, penalties=penalties,
                                  logprobs=-1 if warm_up else self.logprob_count(), infill_sampler="i" in on,
                                  ignore_eos=self.ignore_eos, **prompt)
 
@@ -232,9 +236,9 @@ class GenerationBody(LlamaServerFields, SamplerFields):
         infill) without `samplers`. A name or letter duo does not know is skipped, as llama-server skips it
         (SillyTavern lists tfs_z, which llama.cpp no longer has)."""
         if self.samplers is None:
-            return "edskypmxt"
+            return DEFAULT_SAMPLERS
         names = self.samplers
-        codes = list(names) if isinstance(names, str) else [SAMPLERS.get(name) for name in names]
+        codes = list(names) if isinstance(names, str) else [SAMPLERS.get(name.lower()) for name in names]
         known = set(SAMPLERS.values())
         for name, code in zip(names, codes):
             if code not in known:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -12,7 +12,8 @@ from duo.api.serving.limits import Int32
 from duo.api.serving.request import BadRequest
 from duo.sampling.ops.dry import DEFAULT_BREAKERS, MAX_BREAKER_BYTES, MAX_BREAKERS, Dry
 from duo.sampling.ops.penalties import Penalties
-from duo.sampling.params import MAX_FLOAT_FIELD, SamplingParams
+from duo.sampling.chain import active_steps
+from duo.sampling.params import MAX_FLOAT_FIELD, MAX_ORDER, ORDER_CODES, SamplingParams
 
 Breaker = Annotated[str, Field(min_length=1, max_length=4 * MAX_BREAKER_BYTES)]  # cut to MAX_BREAKER_BYTES later
 Bounded = Annotated[float, Field(ge=-MAX_FLOAT_FIELD, le=MAX_FLOAT_FIELD)]
@@ -21,7 +22,7 @@ Bounded = Annotated[float, Field(ge=-MAX_FLOAT_FIELD, le=MAX_FLOAT_FIELD)]
 class SamplerFields(BaseModel):
     """The fields, under llama-server's names (null or left out: its default), and the samplers they turn on where
     `samplers` (its codes: duo.api.serving.bodies.SAMPLERS) lists them: y typical, s top-n-sigma, x xtc, d dry; dynatemp
-    is the temperature sampler (t). Mirostat (1 or 2) replaces them all but the temperature and the logit bias,
+    is the temperature sampler (t). The list's turn is the chain's (SamplingParams.order). Mirostat (1 or 2) replaces them all but the temperature and the logit bias,
     as llama.cpp's chain does. duo.sampling.distributions.distribution says where each applies."""
 
     model_config = ConfigDict(allow_inf_nan=False)
@@ -53,6 +54,7 @@ class SamplerFields(BaseModel):
                                   mirostat_eta=_or(self.mirostat_eta, defaults.mirostat_eta))
         return SamplingParams(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+            order="".join(code for code in on if code in ORDER_CODES),
             typical_p=_or(self.typical_p, defaults.typical_p) if "y" in on else 1.0,
             top_n_sigma=_or(self.top_n_sigma, defaults.top_n_sigma) if "s" in on else defaults.top_n_sigma,
             min_keep=_or(self.min_keep, defaults.min_keep),
@@ -92,6 +94,30 @@ class SamplerFields(BaseModel):
             raise BadRequest(f"dry_sequence_breakers must be a non-empty array of at most {MAX_BREAKERS} non-empty "
                              "strings (or one string holding it as JSON)", param="dry_sequence_breakers")
         return tuple(breakers)
+
+
+def check_chain(on: str, params: SamplingParams, penalties: Penalties, extra: dict[str, Any]) -> None:
+    """Refuse, naming `samplers`, a chain duo would not run as llama-server does: duo applies the penalties and DRY
+    to whole rows before the chain (duo.sampling.rows, on both sides), so either listed after a sampler that acts
+    (a truncation, a temperature other than 1, infill) would change the answer; and adaptive-p, which duo does not
+    have, where adaptive_target turns it on (negative, llama-server's default: it samples as without it)."""
+    if len(params.order) > MAX_ORDER:
+        raise BadRequest(f"samplers lists {len(params.order)} samplers; at most {MAX_ORDER}", param="samplers")
+    if params.mirostat:  # llama.cpp's chain is then the temperature and mirostat alone
+        return
+    acting = set(active_steps(params)) | ({"i"} if "i" in on else set())
+    repeats = penalties.presence or penalties.frequency or (penalties.repeat != 1 and penalties.repeat_last_n)
+    for place, code in enumerate(on):
+        late = (code == "e" and repeats) or (code == "d" and penalties.dry.active)
+        if late and acting & set(on[:place]):
+            name = "penalties" if code == "e" else "dry"
+            raise BadRequest(f"samplers: duo applies {name} before every other sampler; list it first (as "
+                             f"llama-server's default order does) or leave the samplers before it off",
+                             param="samplers")
+    target = extra.get("adaptive_target")
+    if "a" in on and isinstance(target, (int, float)) and not isinstance(target, bool) and target >= 0:
+        raise BadRequest("samplers: duo-target has no adaptive-p sampler; leave adaptive_p out or adaptive_target "
+                         "negative", param="samplers")
 
 
 def _or(value: float | int | None, default: float | int) -> float | int:

@@ -57,7 +57,7 @@ class Vocab(_message.Message):
     def __init__(self, vocab_type: _Optional[int] = ..., bos: _Optional[int] = ..., eos: _Optional[int] = ..., add_bos: _Optional[bool] = ..., add_eos: _Optional[bool] = ..., token_texts: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
-    __slots__ = ("temperature", "top_k", "top_p", "min_p", "seed", "presence_penalty", "frequency_penalty", "repeat_penalty", "repeat_last_n", "logit_bias", "infill", "typical_p", "top_n_sigma", "min_keep", "xtc_probability", "xtc_threshold", "dynatemp_range", "dynatemp_exponent", "mirostat", "mirostat_tau", "mirostat_eta", "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers")
+    __slots__ = ("temperature", "top_k", "top_p", "min_p", "seed", "presence_penalty", "frequency_penalty", "repeat_penalty", "repeat_last_n", "logit_bias", "infill", "typical_p", "top_n_sigma", "min_keep", "xtc_probability", "xtc_threshold", "dynatemp_range", "dynatemp_exponent", "mirostat", "mirostat_tau", "mirostat_eta", "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers", "sampler_order")
     class LogitBiasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -91,6 +91,7 @@ class SamplingParams(_message.Message):
     DRY_ALLOWED_LENGTH_FIELD_NUMBER: _ClassVar[int]
     DRY_PENALTY_LAST_N_FIELD_NUMBER: _ClassVar[int]
     DRY_SEQUENCE_BREAKERS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLER_ORDER_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_k: int
     top_p: float
@@ -117,7 +118,8 @@ class SamplingParams(_message.Message):
     dry_allowed_length: int
     dry_penalty_last_n: int
     dry_sequence_breakers: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repeat_penalty: _Optional[float] = ..., repeat_last_n: _Optional[int] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., infill: _Optional[bool] = ..., typical_p: _Optional[float] = ..., top_n_sigma: _Optional[float] = ..., min_keep: _Optional[int] = ..., xtc_probability: _Optional[float] = ..., xtc_threshold: _Optional[float] = ..., dynatemp_range: _Optional[float] = ..., dynatemp_exponent: _Optional[float] = ..., mirostat: _Optional[int] = ..., mirostat_tau: _Optional[float] = ..., mirostat_eta: _Optional[float] = ..., dry_multiplier: _Optional[float] = ..., dry_base: _Optional[float] = ..., dry_allowed_length: _Optional[int] = ..., dry_penalty_last_n: _Optional[int] = ..., dry_sequence_breakers: _Optional[_Iterable[str]] = ...) -> None: ...
+    sampler_order: str
+    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repeat_penalty: _Optional[float] = ..., repeat_last_n: _Optional[int] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., infill: _Optional[bool] = ..., typical_p: _Optional[float] = ..., top_n_sigma: _Optional[float] = ..., min_keep: _Optional[int] = ..., xtc_probability: _Optional[float] = ..., xtc_threshold: _Optional[float] = ..., dynatemp_range: _Optional[float] = ..., dynatemp_exponent: _Optional[float] = ..., mirostat: _Optional[int] = ..., mirostat_tau: _Optional[float] = ..., mirostat_eta: _Optional[float] = ..., dry_multiplier: _Optional[float] = ..., dry_base: _Optional[float] = ..., dry_allowed_length: _Optional[int] = ..., dry_penalty_last_n: _Optional[int] = ..., dry_sequence_breakers: _Optional[_Iterable[str]] = ..., sampler_order: _Optional[str] = ...) -> None: ...
 
 class TargetEvent(_message.Message):
     __slots__ = ("open", "commit", "steer", "close")
