@@ -102,3 +102,18 @@ def test_llama_servers_prefill_flags_are_taken_or_refused_at_startup():
     assert refusal(parser.parse_args(["--prefill-assistant"])) is None
     refused = refusal(parser.parse_args(["--no-prefill-assistant"]))
     assert refused is not None and refused.startswith("--no-prefill-assistant:")
+
+
+def test_apply_template_renders_the_prefill_and_the_generation_prompt_as_chat_does(served_duo, target_model):
+    def rendered(**fields) -> str:
+        answer = post(served_duo, "/apply-template", {"messages": [*QUESTION, PREFILL], **fields})
+        assert answer.status_code == 200, answer.text
+        return answer.json()["prompt"]
+
+    assert rendered() == target_model.chat_prompt(QUESTION) + "Whill"
+    assert rendered(add_generation_prompt=False, continue_final_message=True) == rendered()
+    closed = post(served_duo, "/apply-template", {"messages": QUESTION, "add_generation_prompt": False})
+    assert closed.json()["prompt"] == target_model.chat_prompt(QUESTION, generation_prompt=False)
+    both = post(served_duo, "/apply-template", {"messages": [*QUESTION, PREFILL], "add_generation_prompt": True,
+                                                "continue_final_message": True})
+    assert both.status_code == 400 and "Cannot set both" in both.json()["error"]["message"]

@@ -12,7 +12,6 @@ from duo.api.http.answering import Answering
 from duo.api.llama_server.answer import NativeFormat
 from duo.api.llama_server.settings import generation_settings
 from duo.api.llama_server.bodies import ApplyTemplateBody, DetokenizeBody, InfillBody, NativeCompletionBody, TokenizeBody
-from duo.api.openai.bodies import template_messages
 from duo.api.openai.errors import ApiError
 from duo.api.serving.metrics import CONTENT_TYPE
 from duo.api.serving.read import document_bodies
@@ -107,7 +106,8 @@ class LlamaServerApi:
 
         def prompt() -> str:  # on a worker thread: a loop over the client's messages and tools
             tools = [tool.model_dump(exclude_none=True) for tool in body.tools or []]
-            return model.chat_prompt(template_messages(body.messages), tools)
+            messages, turn = body.turn()
+            return model.chat_prompt(messages, tools, generation_prompt=turn.generation_prompt) + (turn.prefill or "")
 
         return {"prompt": await self.completions.tokenizing(prompt)}
 

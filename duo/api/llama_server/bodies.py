@@ -3,14 +3,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from duo.api.llama_server.prompts import one_prompt, prompts_of
-from duo.api.openai.bodies import ChatMessageBody
+from duo.api.openai.bodies import PART_DELIMITER, ChatMessageBody, template_messages
 from duo.api.serving.bodies import GenerationBody, LlamaServerFields
+from duo.api.serving.chat_tokens import Turn
 from duo.api.serving.infill import FimInput
+from duo.api.serving.prefill import chat_turn
 from duo.api.serving.limits import INT32_MAX, MAX_RESPONSE_FIELD_LENGTH, MAX_RESPONSE_FIELDS, Int32
 from duo.api.serving.request import CompletionRequest
 from duo.api.tools import ToolBody
@@ -92,4 +96,14 @@ class ApplyTemplateBody(LlamaServerFields):
 
     messages: list[ChatMessageBody]
     tools: list[ToolBody] | None = None
+    add_generation_prompt: bool | None = None           # as on chat (duo.api.serving.prefill)
+    continue_final_message: bool | str | None = None
+
+    def turn(self) -> tuple[Sequence[Mapping[str, Any]], Turn]:
+        """The messages the template renders and how the prompt ends (a prefill), as for a chat completion."""
+        messages, turn = chat_turn(template_messages(self.messages), add_generation_prompt=self.add_generation_prompt,
+                                   continue_final_message=self.continue_final_message)
+        if turn.prefill is not None:  # a prefill's text parts are joined as llama-server joins them
+            turn = replace(turn, prefill=self.messages[-1].text(len(self.messages) - 1, PART_DELIMITER))
+        return messages, turn
 
