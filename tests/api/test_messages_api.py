@@ -85,7 +85,8 @@ def test_a_claude_code_turn_is_the_chat_request_of_its_system_messages_tools_and
                                                    "cc_entrypoint=cli; \nYou are Claude Code, Anthropic's official "
                                                    "CLI for Claude."}  # the stamp that changes every request is out
     assert question["role"] == "user" and question["content"].endswith("</system-reminder>\nRead package.json")
-    assert answer["role"] == "assistant" and answer["content"] == ""  # its thinking dropped
+    assert answer["role"] == "assistant" and answer["content"] == ""
+    assert answer["reasoning_content"] == "The user wants a file."  # its thinking kept, as llama-server keeps it
     [tool_call] = answer["tool_calls"]
     assert tool_call["id"] == "0123456789abcdef" and tool_call["function"]["name"] == "Read"
     assert json.loads(tool_call["function"]["arguments"]) == {"file_path": "/p.json"}
@@ -179,7 +180,7 @@ def test_a_claude_code_turn_calls_a_tool_then_answers_its_result_streamed_with_d
     assert call.name == "Read" and call.id.startswith("toolu_") and set(call.input) == {"file_path"}
     assert deltas[0].model_extra["duo_stats"]["draft_tokens_accepted"] > 0
 
-    # The result goes back with the call (and a thinking block, dropped); the answer is cut short, as the random
+    # The result goes back with the call (and a thinking block, its reasoning); the answer is cut short, as the random
     # model would not end it soon.
     second_turn = {**turn_with_result(call.model_dump(exclude_none=True)), "max_tokens": 24}
     with client.messages.stream(**second_turn) as stream:

@@ -14,7 +14,7 @@ class Loose(BaseModel):
     """A body part whose fields duo does not know are ignored, as llama-server ignores them: Anthropic's bookkeeping
     (cache_control, citations, a thinking block's signature, metadata, service_tier, speed, container, diagnostics)
     changes nothing duo writes, nor do the settings of Anthropic's own service: context_management (its edits clear
-    earlier thinking, which duo drops anyway, or old tool results past a threshold), a tool's defer_loading,
+    earlier thinking or old tool results past a threshold; llama-server makes none either), a tool's defer_loading,
     eager_input_streaming and cache_control (duo renders every tool and streams each call's input whole)."""
 
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
@@ -39,6 +39,7 @@ class Block(TextBlock):
     tool_use_id: str | None = None   # tool_result: the call it answers
     content: Union[str, list[TextBlock], None] = None  # tool_result
     is_error: bool | None = None     # tool_result: the result text says what failed; templates have no field for it
+    thinking: str | None = None      # thinking: an answer's reasoning, the template's reasoning_content
 
 
 class MessageBody(Loose):

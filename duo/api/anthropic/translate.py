@@ -13,9 +13,10 @@ from duo.api.openai.bodies import ChatBody
 from duo.api.anthropic.body import Block, CountTokensBody, MessageBody, TextBlock, ToolChoiceBody, ToolDefinition
 from duo.api.serving.request import BadRequest
 
-# Blocks of earlier answers that a chat template does not take back: the model's reasoning (templates drop the
-# reasoning of earlier turns, and a redacted or signed one means nothing to another model), as llama-server drops it.
-DROPPED_BLOCKS = ("thinking", "redacted_thinking")
+# Blocks of earlier answers that a chat template does not take back: reasoning redacted (encrypted for Anthropic's
+# models, it means nothing to another), as llama-server drops it. A thinking block's text is the answer's
+# reasoning_content, as llama-server passes it to the template (which renders it where it keeps reasoning).
+DROPPED_BLOCKS = ("redacted_thinking",)
 # Client tools; any other `type` names one of Anthropic's server tools (web_search_20250305, bash_20250124, ...).
 CLIENT_TOOL_TYPES = (None, "custom")
 # Claude Code's first system block: billing metadata, not an instruction, whose cch= stamp changes on every request
@@ -75,25 +76,30 @@ def chat_messages(message: MessageBody, index: int) -> list[dict[str, Any]]:
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []
+    reasoning = ""
     for j, block in enumerate(message.content):
         where = f"messages[{index}].content[{j}]"
         if block.type == "text":
             texts.append(_text(block, where))
+        elif block.type == "thinking" and message.role == "assistant":
+            reasoning += block.thinking or ""  # joined as llama-server joins them
         elif block.type == "tool_use" and message.role == "assistant":
             calls.append(_call(block, where))
         elif block.type == "tool_result" and message.role == "user":
             results.append(_result(block, where))
-        elif block.type not in DROPPED_BLOCKS:
+        elif block.type not in DROPPED_BLOCKS and not (block.type == "thinking" and message.role == "user"):
             raise _unsupported(block.type, where, message.role)
     if message.role == "assistant":
-        return [_answer(texts, calls)] if texts or calls else []  # an answer of reasoning alone is dropped whole
+        return [_answer(texts, calls, reasoning)] if texts or calls or reasoning else []
     return results + ([{"role": "user", "content": BLOCK_SEPARATOR.join(texts)}] if texts else [])
 
 
-def _answer(texts: list[str], calls: list[dict[str, Any]]) -> dict[str, Any]:
+def _answer(texts: list[str], calls: list[dict[str, Any]], reasoning: str) -> dict[str, Any]:
     answer: dict[str, Any] = {"role": "assistant", "content": BLOCK_SEPARATOR.join(texts)}
     if calls:
         answer["tool_calls"] = calls
+    if reasoning:
+        answer["reasoning_content"] = reasoning
     return answer
 
 

@@ -81,6 +81,7 @@ class ChatMessageBody(LlamaServerFields):
     name: str | None = None  # a participant's name: chat templates do not render it, nor does llama-server
     tool_calls: list[ToolCallBody] | None = None  # an assistant's calls
     tool_call_id: str | None = None               # a tool's result: the call it answers
+    reasoning_content: str | None = None          # an assistant's reasoning, as llama-server hands it to the template
 
     def text(self, index: int, delimiter: str = "") -> str:
         """The message's text, its parts joined by `delimiter`; only text parts can be rendered by a chat template."""
@@ -155,6 +156,6 @@ def template_messages(messages: list[ChatMessageBody]) -> list[dict[str, Any]]:
     try:
         return [template_message("system" if m.role == "developer" else m.role, m.text(i),
                                  [call.model_dump() for call in m.tool_calls] if m.tool_calls else None,
-                                 m.tool_call_id) for i, m in enumerate(messages)]
+                                 m.tool_call_id, m.reasoning_content) for i, m in enumerate(messages)]
     except ToolError as error:
         raise BadRequest(str(error), param=error.param) from error

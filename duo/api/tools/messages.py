@@ -109,10 +109,13 @@ def called_functions(tools: Sequence[ToolBody], choice: ToolChoice | None) -> li
 
 
 def template_message(role: str, content: str, tool_calls: Sequence[dict[str, Any]] | None,
-                     tool_call_id: str | None) -> dict[str, Any]:
+                     tool_call_id: str | None, reasoning: str | None = None) -> dict[str, Any]:
     """A message as chat templates take it: a call's arguments as an object (templates write them with tojson;
-    a JSON string there would be written quoted), the tool result's call id beside it."""
+    a JSON string there would be written quoted), the tool result's call id beside it, an answer's reasoning as
+    reasoning_content (the templates that reason render it where they keep it, as llama-server passes it)."""
     message: dict[str, Any] = {"role": role, "content": content}
+    if reasoning:
+        message["reasoning_content"] = reasoning
     if tool_calls:
         message["tool_calls"] = [{**call, "function": {**call["function"],
                                                        "arguments": _as_object(call["function"]["arguments"])}}
