@@ -18,7 +18,7 @@ MAX_FLOAT_FIELD = 1e6  # a bound on the unbounded float fields (top_n_sigma, tau
 # llama.cpp's sampler chain as its sampling_seq letters, the steps a row's distribution takes in turn (penalties e and
 # DRY d come first, in duo.sampling.rows): s top-n-sigma, k top-k, y typical, p top-p, m min-p, x xtc, t temperature
 # (dynatemp where its range is set), i infill. Its default (common.h) takes the temperature last.
-DEFAULT_ORDER = "skypmxt"
+DEFAULT_ORDER = "skypmxti"  # infill last: on only where a vocabulary is given (llama.cpp's default has none)
 ORDER_CODES = frozenset("skypmxti")
 MAX_ORDER = 64  # the API's bound on `samplers` (duo.api.serving.limits.MAX_SAMPLERS)
 
