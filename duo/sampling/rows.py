@@ -30,8 +30,9 @@ def transform(penalties: Penalties, rows: np.ndarray, committed: Sequence[int], 
       4. DRY: minus its penalty on each token that would extend a repetition of the context (prompt included)
       5. grammar mask: every token the grammar forbids after the row's tokens at -inf
     Then, row by row, duo.sampling.distributions.distribution (the target's in duo.sampling.verification, the draft's
-    in duo.draft.session.draw), in its order (greedy: the top token; mirostat: temperature, then mirostat alone):
-      6. temperature  7. top-n-sigma  8. top-k  9. typical  10. top-p  11. min-p  12. xtc  13. dynatemp  14. infill
+    in duo.draft.session.draw), in the request's order (SamplingParams.order; greedy: the top token; mirostat:
+    temperature, then mirostat alone), by default llama.cpp's:
+      6. top-n-sigma  7. top-k  8. typical  9. top-p  10. min-p  11. xtc  12. temperature (dynatemp)  13. infill
     A committed token's logprobs are read from its row after step 5 (the target's, duo.target.batching).
     """
     if penalties.active:
