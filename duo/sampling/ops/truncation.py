@@ -26,7 +26,7 @@ def sigma_floor(logits: np.ndarray, top: float, n: float) -> float:
     standard deviation of the finite logits (a banned token's -inf is left out, as llama.cpp leaves it).
 
     It keeps every logit >= the floor: a prefix of the ranked tokens, and the same one at any temperature
-    ((l - max) / T >= -n sigma / T), so applying it after duo's temperature changes nothing.
+    ((l - max) / T >= -n sigma / T), so it keeps the same tokens before or after the temperature.
     """
     finite = logits[logits > -np.inf]
     return float(top - n * finite.std(dtype=np.float64))
