@@ -63,7 +63,7 @@ bench.json as summary[T]["groups"][group].
 --prompts agent sends the first request of Codex CLI, Claude Code and Qwen Code (8.6k, 18.8k and 14.6k tokens
 once rendered by Qwen2.5-Coder's template; duo/bench/agents.py), one at a time, every server with the model's
 whole context, and adds a table per agent: context, time to first token, decode rate against llama-server
-alone (bench.json summary["agents"]).
+alone (bench.json "agents").
 
 Example (2 cores: draft on core 0, target on core 1; F32 target = a slow, memory-bound target):
   duo bench --target qwen2.5-coder-1.5b-instruct-f32 --draft qwen2.5-coder-0.5b-instruct \
@@ -345,6 +345,12 @@ def run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_agents(report: dict, runs: list[Run]) -> None:
+    """The agents' table (duo.bench.agents.agent_summary) beside the summary, never in it: the summary's entries are
+    temperatures, each a table of modes, and every printer and plot reads them so."""
+    report["agents"] = agent_summary(runs)
+
+
 def out_folders(out: Path, targets: list[Path]) -> list[Path]:
     """Where each target's bench.json goes: --out itself for one target, a folder per target for several."""
     return [out] if len(targets) == 1 else [out / target.stem for target in targets]
@@ -410,11 +416,11 @@ def bench_target(args: argparse.Namespace, target: Path, draft: Path, out: Path)
               "sequence_costs_s": sequence_costs,
               "summary": summary, "runs": [asdict(r) for r in runs]}
     if args.prompts == "agent":
-        summary["agents"] = agent_summary(runs)
+        add_agents(report, runs)
     (out / "bench.json").write_text(json.dumps(report, indent=2))
     print(f"\ntarget {target.name}, commit {report['commit']}")
     if args.prompts == "agent":
-        print(agent_table(summary["agents"]))
+        print(agent_table(report["agents"]))
     print_table(summary, costs, machine)
     print(f"draft: {draft_s * 1000:.1f} ms per token on cores {args.draft_cores} (for the pace-aware bound)")
     print_groups(summary)
