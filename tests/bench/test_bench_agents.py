@@ -95,7 +95,7 @@ def test_the_agent_table_gives_each_modes_context_first_token_and_decode_rate_ag
 def test_the_agents_table_goes_beside_the_summary_whose_entries_stay_temperatures():
     """The summary's printers read each entry as a temperature's table of modes: an "agents" entry among them
     stopped the bench after the agents' runs (KeyError: 'modes')."""
-    report = {"summary": {"0.0": {"modes": {}}}}
+    report = {"summary": {"0.0": {"modes": {}, "ratios": {}}}}
     bench.add_agents(report, [run("duo", "codex", tokens=16, seconds=13.0, ttft=10.0, context=8603)])
     assert list(report["summary"]) == ["0.0"] and report["agents"]["codex"]["duo"]["context_tokens"] == 8603
     bench.print_table(report["summary"], {}, {"cpu": "x", "cores": 2, "target_cores": [1], "draft_cores": [0]})
