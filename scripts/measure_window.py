@@ -106,33 +106,51 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--acceptance-only", action="store_true", help="skip the timings")
+    parser.add_argument("--continuation", type=Path, default=None, help="keep the target's continuation here")
     args = parser.parse_args()
     tokens_model = Model(args.draft, threads=args.threads)
     tokens = code_tokens(tokens_model, max(args.length, args.accept_length))
     window = Window(args.window, args.sink)
     result: dict = {"draft": args.draft, "length": args.length, "window": args.window, "sink": args.sink}
+    if not args.acceptance_only:
+        time_window(args, tokens_model, tokens, window, result)
+    if args.target:
+        measure_acceptance(args, tokens_model, tokens, result)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+
+
+def time_window(args: argparse.Namespace, tokens_model: Model, tokens: list[int], window: Window, result: dict) -> None:
     result["windowed"] = timed_read(tokens_model, window.view(tokens[:args.length],
                                                               window.offset_for(args.length)), args.reps)
     print("windowed:", result["windowed"], flush=True)
     result["move"] = timed_move(tokens_model, tokens[:args.length], window, 3)
     print("moving the window:", result["move"], flush=True)
-    if args.target:
-        prompt = tokens[:args.accept_length]
-        continuation, seconds = greedy_continuation(args.target, prompt, args.n_continue, args.threads)
-        print(f"target's continuation of {len(prompt)} tokens: {seconds:.0f} s", flush=True)
-        rows = {"whole": agreement(tokens_model, prompt, continuation, Window())}
-        for size in args.windows:
-            for sink in sorted({0, args.sink}) if size == args.window else [args.sink]:
-                rows[f"window {size} sink {sink}"] = agreement(tokens_model, prompt, continuation, Window(size, sink))
-        for name, share in rows.items():
-            print(f"  {name}: {share:.3f} of {len(continuation)} positions", flush=True)
-        result["acceptance"] = {"target": args.target, "prompt_tokens": len(prompt), "positions": len(continuation),
-                                "greedy_agreement": rows}
     if args.whole:
         result["whole"] = timed_read(tokens_model, tokens[:args.length], args.reps)
         print("whole:", result["whole"], flush=True)
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1))
+
+
+def measure_acceptance(args: argparse.Namespace, tokens_model: Model, tokens: list[int], result: dict) -> None:
+    """The target's greedy continuation (kept in --continuation, read from there when present), then the draft's
+    agreement with it per window, each printed as it comes."""
+    prompt = tokens[:args.accept_length]
+    if args.continuation and args.continuation.exists():
+        continuation = json.loads(args.continuation.read_text())
+    else:
+        continuation, seconds = greedy_continuation(args.target, prompt, args.n_continue, args.threads)
+        print(f"target's continuation of {len(prompt)} tokens: {seconds:.0f} s", flush=True)
+        if args.continuation:
+            args.continuation.write_text(json.dumps(continuation))
+    windows = [("whole", Window())] + [(f"window {size} sink {sink}", Window(size, sink)) for size in args.windows
+                                       for sink in (sorted({0, args.sink}) if size == args.window else [args.sink])]
+    rows = {}
+    for name, window in windows:
+        rows[name] = agreement(tokens_model, prompt, continuation, window)
+        print(f"  {name}: {rows[name]:.3f} of {len(continuation)} positions", flush=True)
+    result["acceptance"] = {"target": args.target, "prompt_tokens": len(prompt), "positions": len(continuation),
+                            "greedy_agreement": rows}
 
 
 if __name__ == "__main__":
