@@ -145,3 +145,16 @@ def test_openai_answers_end_with_llama_servers_timings(served_alone):
     assert [("timings" in chunk) for chunk in chunks] == [False] * (len(chunks) - 1) + [True]
     text = post(served_alone, "/v1/completions", {"prompt": PROMPT, "max_tokens": 4}).json()
     assert text["timings"]["prompt_n"] + text["timings"]["cache_n"] == text["usage"]["prompt_tokens"]
+
+
+def test_verbose_puts_the_native_answer_with_its_prompt_in_a_whole_openai_answer(served_alone, target_model):
+    messages = [{"role": "system", "content": "Book"}, {"role": "user", "content": "What is the best book"}]
+    verbose = post(served_alone, "/v1/chat/completions", {"messages": messages, "max_tokens": 2, "verbose": True})
+    native = verbose.json()["__verbose"]
+    assert native["prompt"] == target_model.chat_prompt(messages)  # the template's text, special tokens spelled out
+    assert native["content"] == verbose.json()["choices"][0]["message"]["content"]
+    assert native["generation_settings"]["n_predict"] == 2 and native["tokens_predicted"] <= 2
+    plain = post(served_alone, "/v1/chat/completions", {"messages": messages, "max_tokens": 2, "verbose": False})
+    assert "__verbose" not in plain.json()
+    text = post(served_alone, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "verbose": True}).json()
+    assert text["__verbose"]["prompt"].endswith(PROMPT)

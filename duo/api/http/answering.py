@@ -51,6 +51,14 @@ class Answering:
         """`request`'s body read as `kind`, its lists bounded by what the model can use (duo.api.serving.read)."""
         return await parse_body(await request.body(), kind, self.completions.body_limits())
 
+    def native_format(self, body: GenerationBody, response_fields: list[str] | None = None) -> NativeFormat:
+        """llama-server's native answer for `body` (its /completion, and the __verbose of a verbose OpenAI answer):
+        the prompt shown with its special tokens, an answer that filled the context `truncated`."""
+        completions = self.completions
+        return NativeFormat(self.model_name(body.model), response_fields, context_size=completions.context_size,
+                            detokenize=lambda ids: completions.loaded_model().detokenize(ids, special=True).decode(
+                                errors="replace"), timings_per_token=body.timings_per_token)
+
     def model_name(self, asked: str | None) -> str:
         """The name an answer carries: the one the request gave (any: one model is served), else the model's own."""
         return asked or self.completions.names[0]

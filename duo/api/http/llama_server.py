@@ -9,7 +9,6 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from duo.api.http.answering import Answering
-from duo.api.llama_server.answer import NativeFormat
 from duo.api.llama_server.settings import generation_settings
 from duo.api.llama_server.bodies import ApplyTemplateBody, DetokenizeBody, InfillBody, NativeCompletionBody, TokenizeBody
 from duo.api.openai.errors import ApiError
@@ -60,11 +59,7 @@ class LlamaServerApi:
 
     async def _native(self, request: Request, kind: type[NativeCompletionBody]) -> Response:
         body = await self.answering.read(request, kind)
-        completions = self.completions
-        output = NativeFormat(self.answering.model_name(body.model), body.response_fields,
-                              context_size=completions.context_size,
-                              detokenize=lambda ids: completions.loaded_model().detokenize(ids, special=True).decode(
-                                  errors="replace"), timings_per_token=body.timings_per_token)
+        output = self.answering.native_format(body, body.response_fields)
 
         def translated() -> list[CompletionRequest]:  # the first kept by the answer, for its generation_settings
             batch = body.to_requests()

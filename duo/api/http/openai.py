@@ -4,7 +4,7 @@ and answered by duo.api.http.answering."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -13,7 +13,10 @@ from fastapi.responses import Response
 from duo.api.http.answering import Answering
 from duo.api.openai.answers import ChatFormat, CompletionFormat
 from duo.api.openai.bodies import ChatBody, CompletionBody
+from duo.api.serving.bodies import GenerationBody
+from duo.api.serving.generate import Piece
 from duo.api.serving.read import document_bodies
+from duo.api.serving.request import CompletionRequest
 
 
 class OpenAIApi:
@@ -41,19 +44,36 @@ class OpenAIApi:
 
     async def completion(self, request: Request) -> Response:
         body = await self.answering.read(request, CompletionBody)
-        return await self.answering.answer(body, body.to_request, request,
+        to_request, verbose = self._verbose(body)
+        return await self.answering.answer(body, to_request, request,
                                            CompletionFormat(self.answering.model_name(body.model),
                                                             sources=body.duo_sources,
-                                                            timings_per_token=body.timings_per_token))
+                                                            timings_per_token=body.timings_per_token,
+                                                            verbose=verbose))
 
     async def chat(self, request: Request) -> Response:
         body = await self.answering.read(request, ChatBody)
         functions = body.callable_functions()
+        to_request, verbose = self._verbose(body)
         # The template's format even without functions: it says how the model marks its reasoning.
-        return await self.answering.answer(body, body.to_request, request,
+        return await self.answering.answer(body, to_request, request,
                                            ChatFormat(self.answering.model_name(body.model), functions,
                                                       self.completions.call_format(), sources=body.duo_sources,
-                                                      timings_per_token=body.timings_per_token))
+                                                      timings_per_token=body.timings_per_token, verbose=verbose))
+
+    def _verbose(self, body: GenerationBody) -> tuple[Callable[[], CompletionRequest],
+                                                     Callable[[list[Piece]], dict[str, Any]] | None]:
+        """`body`'s translation and, where it asks llama-server's `verbose`, the native answer that goes with it
+        (its generation_settings read from the translated request)."""
+        if not body.verbose:
+            return body.to_request, None
+        native = self.answering.native_format(body)
+
+        def translated() -> CompletionRequest:
+            native.request = body.to_request()
+            return native.request
+
+        return translated, native.whole
 
     async def chat_input_tokens(self, request: Request) -> dict[str, int]:
         body = await self.answering.read(request, ChatBody)

@@ -7,7 +7,7 @@ import json
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from typing import Any
 
 from duo import __version__
@@ -38,8 +38,11 @@ class OpenAIFormat(ABC):
     chunk_object_name = ""
     id_prefix = ""
 
-    def __init__(self, model: str, sources: bool = False, timings_per_token: bool = False) -> None:
+    def __init__(self, model: str, sources: bool = False, timings_per_token: bool = False,
+                 verbose: Callable[[list[Piece]], dict[str, Any]] | None = None) -> None:
         self.model = model
+        # llama-server's `verbose`: the whole answer carries its native one (NativeFormat.whole) as __verbose
+        self.verbose = verbose
         self.timings_per_token = timings_per_token  # llama-server's: every chunk after the first carries timings
         self.id = f"{self.id_prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
@@ -55,8 +58,11 @@ class OpenAIFormat(ABC):
         choice = self.whole_choice(text, last.finish_reason)
         if last.logprobs is not None:
             choice["logprobs"] = self.shown_logprobs([entry for piece in pieces for entry in piece.logprobs or []], 0)
-        return {**self.envelope(self.object_name), "choices": [choice], "usage": usage(last),
-                "timings": timings(last.stats), "duo_stats": last.stats.fields(last.draft_connected)}
+        answer = {**self.envelope(self.object_name), "choices": [choice], "usage": usage(last),
+                  "timings": timings(last.stats), "duo_stats": last.stats.fields(last.draft_connected)}
+        if self.verbose is not None:
+            answer["__verbose"] = self.verbose(pieces)
+        return answer
 
     async def events(self, choice: AsyncIterable[Piece], include_usage: bool) -> AsyncIterator[str]:
         try:
@@ -163,8 +169,9 @@ class ChatFormat(OpenAIFormat):
     id_prefix = "chatcmpl"
 
     def __init__(self, model: str, functions: list[FunctionBody] | None = None,
-                 format_: CallFormat | None = None, sources: bool = False, timings_per_token: bool = False) -> None:
-        super().__init__(model, sources, timings_per_token)
+                 format_: CallFormat | None = None, sources: bool = False, timings_per_token: bool = False,
+                 verbose: Callable[[list[Piece]], dict[str, Any]] | None = None) -> None:
+        super().__init__(model, sources, timings_per_token, verbose)
         self.functions, self.format = functions, format_
         self.reasoning = Reasoning()
         self.splitter = None

@@ -144,6 +144,7 @@ class GenerationBody(LlamaServerFields, SamplerFields):
     ignore_eos: bool = False          # llama-server's: never end the answer with an end-of-generation token
     duo_sources: bool = False         # duo's: each streamed chunk says where its text came from (duo.api.serving.decode)
     timings_per_token: bool = False   # llama-server's: each streamed event carries the timings so far
+    verbose: bool = False             # llama-server's: a whole OpenAI answer carries its native one as __verbose
 
     @field_validator("seed")
     @classmethod
