@@ -18,7 +18,7 @@ from duo.sampling.distributions import distribution
 from duo.sampling.params import SamplingParams
 from helpers.duo_runs import SAMPLED_PROMPT
 from helpers.exact_fit import first_two_p_values
-from helpers.processes import start, wait_for_draft
+from helpers.http import post
 from helpers.stats import dense
 
 T, TOP_P, MIN_P = 0.7, 0.9, 0.05  # the issue's preset: where the two orders part
@@ -167,24 +167,27 @@ def served_samples(address: str, n: int) -> tuple[list[list[int]], list[pb.Stats
     return samples, stats
 
 
-@pytest.fixture(scope="module")
-def served_pair(tiny_target, tiny_draft, tmp_path_factory):
-    logs = tmp_path_factory.mktemp("order_logs")
-    draft = start("duo.cli.draft", ["--model", str(tiny_draft)], logs)
-    target = start("duo.cli.target", ["--model", str(tiny_target), "--peer", draft.address, "--sync", "4"], logs)
-    try:
-        wait_for_draft(target.address)
-        yield target
-    finally:
-        target.stop()
-        draft.stop()
-
-
-def test_served_samples_with_a_draft_follow_llama_cpps_chain(served_pair, target_model):
+def test_served_samples_with_a_draft_follow_llama_cpps_chain(served_sync, target_model):
     """Chi-square of the first two tokens of 400 served generations (a draft verified at every step: --sync 4)
     against the target's distribution under llama.cpp's chain (helpers.exact_fit), with drafts accepted."""
-    samples, stats = served_samples(served_pair.address, 400)
+    samples, stats = served_samples(served_sync.address, 400)
     assert sum(s.draft_tokens_accepted for s in stats) > 0, "the draft took no part"
     chain = SamplingParams(temperature=T, top_p=TOP_P, min_p=MIN_P)
     p_values = first_two_p_values(target_model, target_model.tokenize(SAMPLED_PROMPT), samples, chain)
     assert all(p > 1e-4 for p in p_values), p_values  # NaN (a token outside the chain's support came out) fails
+
+
+def test_served_samples_follow_the_order_samplers_gives_over_http(served_sync, target_model):
+    """llama-server's /completion with `samplers: "ptm"` (the temperature between top-p and min-p) through the
+    target with its draft: the first two tokens of 300 answers fit that chain's distribution, drafts accepted. At
+    T 0.7 the tiny target's first token under this chain is certain (no test); at 1.8 three tokens remain, where
+    the temperature first would leave nine."""
+    hot = 1.8
+    body = {"prompt": SAMPLED_PROMPT, "n_predict": 2, "temperature": hot, "top_p": TOP_P, "min_p": MIN_P,
+            "samplers": "ptm"}
+    answers = [post(served_sync, "/completion", body).json() for _ in range(300)]
+    assert sum(answer["timings"]["draft_n_accepted"] for answer in answers) > 0, "the draft took no part"
+    chain = SamplingParams(temperature=hot, top_p=TOP_P, min_p=MIN_P, order="ptm")
+    samples = [answer["tokens"] for answer in answers]
+    p_values = first_two_p_values(target_model, target_model.tokenize(SAMPLED_PROMPT), samples, chain)
+    assert all(p > 1e-4 for p in p_values), p_values
