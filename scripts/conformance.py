@@ -134,8 +134,8 @@ def record_acceptance(argv: list[str], env: dict[str, str]) -> None:
 
 def serve_with_draft(target: list[str], draft: list[str], env: dict[str, str]) -> int:
     """Run duo-draft and duo-target (dialling it) until the suite stops us; note the draft's acceptance first."""
-    children = [subprocess.Popen(draft, preexec_fn=die_with_parent)]
-    children.append(subprocess.Popen(target, preexec_fn=die_with_parent))
+    children = [subprocess.Popen(draft, preexec_fn=die_with_parent, env=env)]
+    children.append(subprocess.Popen(target, preexec_fn=die_with_parent, env=env))
     stopping = []
 
     def stop(signum: int, frame: object) -> None:
@@ -157,14 +157,15 @@ def serve(argv: list[str], env: dict[str, str]) -> int:
     """The suite's llama-server: the model it names resolved locally, then the server this pass runs."""
     flags, model_draft, rest = split_model_flags(argv)
     model = local_model(flags, env)
+    env.pop("PYTHONPATH", None)  # set for pytest to find the plugin (scripts/), not for the servers
     server = env["DUO_CONFORMANCE_SERVER"]
     if server != "duo":
         draft = ["-md", model_draft] if model_draft else []
-        os.execv(server, [server, "-m", model, *draft, *rest])
+        os.execve(server, [server, "-m", model, *draft, *rest], env)
     bin_dir = Path(sys.executable).parent
     target = [str(bin_dir / "duo-target"), "--model", model, *duo_arguments(rest)]
     if not model_draft and env.get("DUO_CONFORMANCE_DRAFT") != "1":
-        os.execv(target[0], target)
+        os.execve(target[0], target, env)
     port = free_port()
     # llama-server's -md FNAME is duo-draft --model FNAME beside duo-target, which dials it.
     draft = [str(bin_dir / "duo-draft"), "--model", model_draft or draft_for(model, env), "--listen",
@@ -213,8 +214,8 @@ def read_expectations(path: Path) -> tuple[dict[str, str], dict[str, str]]:
     return tests, files
 
 
-def read_results(junit: Path) -> dict[str, str]:
-    """{test id: passed, failed or skipped}, from pytest's --junitxml."""
+def read_results(junit: Path, messages: dict[str, str] | None = None) -> dict[str, str]:
+    """{test id: passed, failed or skipped}, from pytest's --junitxml; each failure's message into `messages`."""
     results = {}
     for case in ElementTree.parse(junit).iter("testcase"):
         test = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
@@ -222,6 +223,8 @@ def read_results(junit: Path) -> dict[str, str]:
         for child in case:
             if child.tag in ("failure", "error"):
                 outcome = "failed"
+                if messages is not None:
+                    messages[test] = " ".join((child.get("message") or "").split())
             elif child.tag == "skipped":
                 outcome = "skipped"
         results[test] = outcome
@@ -276,7 +279,8 @@ def compare(llama_junit: Path, duo_junit: Path, expectations: Path) -> int:
     """The tests llama-server passes and duo fails, marked `-` where the expectations already list them: what the
     expectations may hold (with a reason) or what is next to fix. Also the per-file passes of each."""
     expected, _ = read_expectations(expectations)
-    llama, duo = read_results(llama_junit), read_results(duo_junit)
+    why: dict[str, str] = {}
+    llama, duo = read_results(llama_junit), read_results(duo_junit, why)
     files = sorted({test.split("::")[0] for test in llama})
     print(f"{'file':<36} {'llama-server':>12} {'duo':>5} {'duo, of those llama-server passes':>35}")
     for file in files:
@@ -286,7 +290,7 @@ def compare(llama_junit: Path, duo_junit: Path, expectations: Path) -> int:
         print(f"{file:<36} {len(theirs):>12} {len(ours):>5} {len(both):>35}")
     for test, outcome in sorted(llama.items()):
         if outcome == "passed" and duo.get(test) != "passed":
-            print(f"{'-' if test in expected else '!'} {test}")
+            print(f"{'-' if test in expected else '!'} {test}\n      {why.get(test, duo.get(test, 'not run'))[:240]}")
     return 0
 
 
