@@ -27,8 +27,9 @@ class ScriptedModel:
     def vocab(self) -> SimpleNamespace:
         return SimpleNamespace(token_texts=tuple(PIECES.values()))
 
-    def detokenize(self, tokens: list[int]) -> bytes:
-        return b"".join(PIECES[t] for t in tokens)
+    def detokenize(self, tokens: list[int], *, special: bool = False) -> bytes:
+        # Ids without a scripted piece (a prompt's own ids, up to n_vocab) read as nothing; none is special.
+        return b"".join(PIECES.get(t, b"") for t in tokens)
 
 
 @dataclass
