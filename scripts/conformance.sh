@@ -74,7 +74,9 @@ if [ $# -eq 0 ]; then
 fi
 RUN="$(mktemp -d)"
 trap 'rm -rf "$RUN"' EXIT
-name="$([ "$SERVER" = duo ] && echo duo-target || echo llama-server)$([ "$DRAFT" = 1 ] && echo ' with a duo-draft')"
+name=llama-server
+if [ "$SERVER" = duo ]; then name=duo-target; fi
+if [ "$DRAFT" = 1 ]; then name="$name with a duo-draft attached"; fi
 echo "conformance: llama.cpp's server tests (llama-cpp-python $VERSION) against $name"
 started=$(date +%s)
 (
