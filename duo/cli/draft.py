@@ -72,7 +72,7 @@ def default_draft_path(on_gpu: bool) -> tuple[Path, str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="duo-draft", description=__doc__)
+    parser = argparse.ArgumentParser(prog="duo-draft", description=__doc__, allow_abbrev=False)  # no flag by its prefix
     add_process_arguments(parser, model=None, listen=DEFAULT_LISTEN, serves="targets", per="session",
                           model_default=f"the fastest for its device: {CPU_DRAFT} on a CPU, {DEFAULT_DRAFT} on a GPU")
     parser.set_defaults(listen=None)  # not given: listen_address decides, by --join

@@ -49,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="duo-target", description="Generate with the target model, verifying in batches the chain tokens "
                                        "that duo-draft streams; serve clients over gRPC (and OpenAI-compatible HTTP).",
-        epilog=flags_table(), formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=flags_table(), formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False)  # a llama-server flag duo lacks must never be read as a duo flag it begins
     add_process_arguments(parser, model=DEFAULT_TARGET, listen="127.0.0.1:7071", serves="clients (gRPC and HTTP)", per="request")
     spec = parser.add_argument_group(
         "speculation", "By default the draft length is chosen adaptively every step from measured costs and "

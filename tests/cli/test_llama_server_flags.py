@@ -128,3 +128,12 @@ def test_help_prints_the_table_of_llama_servers_flags():
         assert ", ".join(flag.names) in text
     assert "refused at startup" in text and "accepted and ignored" in text and "sampling defaults" in text
     assert {flag.kind for flag in LLAMA_FLAGS} >= {IGNORED, REFUSED}
+
+
+@pytest.mark.parametrize("line", ["--draft-ma 4", "--reasoning on", "--spec-draft-n 4"])
+def test_a_flag_is_never_taken_by_a_prefix_of_another(line, capsys):
+    """argparse takes an unambiguous prefix as the flag it begins: llama-server's `--reasoning on` (which duo lacks)
+    must be refused by name, never read as another flag, and a duo flag is spelled whole."""
+    with pytest.raises(SystemExit):
+        parse(line)
+    assert line.split()[0] in capsys.readouterr().err
