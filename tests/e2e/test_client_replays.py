@@ -69,14 +69,22 @@ def test_llama_vscodes_ring_update_and_infill_with_its_default_model_answer_thre
                                          "input_extra": VSCODE_CHUNKS, "prompt": "", "n_predict": 0, "samplers": [],
                                          "cache_prompt": True, "t_max_prompt_ms": 500, "t_max_predict_ms": 1})
     assert prep.status_code == 200, prep.text
-    response = post(served_sync, "/infill", llama_vscode_infill(PREFIX, SUFFIX, "", 4))
-    assert response.status_code == 200, response.text
-    answers = response.json()
-    # src/completion.ts, getComplFromContent: one answer ("content" in it) or a list of answers, each's content.
-    assert isinstance(answers, list) and [a["index"] for a in answers] == [0, 1, 2]
-    for answer in answers:
-        timings_read_by_llama_vscode(answer)
-    assert sum(a["timings"]["draft_n_accepted"] for a in answers) > 0
+    accepted = []
+    # t_max_predict_ms 500 ends each answer after half a second, and the tiny models sample from a flat top-40 at
+    # temperature 1: a loaded core may let no draft through in one request, so the client's request is sent again
+    # (as llama.vscode does at the next keystroke) until one is, at most three times.
+    for _ in range(3):
+        response = post(served_sync, "/infill", llama_vscode_infill(PREFIX, SUFFIX, "", 4))
+        assert response.status_code == 200, response.text
+        answers = response.json()
+        # src/completion.ts, getComplFromContent: one answer ("content" in it) or a list of answers, each's content.
+        assert isinstance(answers, list) and [a["index"] for a in answers] == [0, 1, 2]
+        for answer in answers:
+            timings_read_by_llama_vscode(answer)
+        accepted.append(sum(a["timings"]["draft_n_accepted"] for a in answers))
+        if accepted[-1]:
+            break
+    assert accepted[-1] > 0, accepted
 
 
 def llama_vscode_chat(content: str) -> dict:
