@@ -97,7 +97,8 @@ LLAMA_FLAGS: tuple[LlamaFlag, ...] = (
     _flag(TAKEN, "--port", "the HTTP port of --host (default 8080)", "port", "PORT", int),
     _flag(TAKEN, "--ssl-cert-file", "--tls-cert (HTTP and gRPC)", "tls_cert", "FNAME"),
     _flag(TAKEN, "--ssl-key-file", "--tls-key", "tls_key", "FNAME"),
-    _flag(TAKEN, "--cors-origins", "--cors-origin, comma-separated (* any origin)", "cors_origins", "ORIGINS"),
+    _flag(TAKEN, "--cors-origins", "--cors-origin, comma-separated (* any origin; localhost: any origin on this "
+          "machine)", "cors_origins", "ORIGINS"),
     _flag(TAKEN, "--chat-template", "a Jinja chat template in place of the model's; chatml, the one built-in "
           "name duo renders", "chat_template", "JINJA_TEMPLATE"),
     _flag(TAKEN, "--chat-template-file", "the Jinja chat template in FNAME in place of the model's",

@@ -58,13 +58,11 @@ def http_addresses(args: argparse.Namespace) -> list[str]:
 
 
 def cors_origins(args: argparse.Namespace) -> list[str] | None:
-    """The origins answered: duo's --cors-origin, else llama-server's --cors-origins (* : any, None here)."""
+    """The origins answered: duo's --cors-origin, then llama-server's --cors-origins (comma-separated; * : any, None
+    here; "localhost", its keyword: any origin on this machine, duo.api.http.gate.Cors)."""
     if args.cors_origins is None:
         return args.cors_origin
     origins = comma_list([args.cors_origins])
-    if "localhost" in origins:
-        raise ValueError("--cors-origins localhost: duo-target takes the origins themselves, e.g. "
-                         "http://localhost:3000")
     return None if "*" in origins else (args.cors_origin or []) + origins
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 from collections.abc import Callable, Sequence
+from urllib.parse import urlsplit
 
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -24,16 +25,25 @@ PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/metrics", "/openapi.json", 
 PREFLIGHT_MAX_AGE_S = 600
 # The methods a preflight allows: llama-server's (DELETE too, which its own routes take).
 ALLOWED_METHODS = b"GET, POST, DELETE, OPTIONS"
+# llama-server's --cors-origins keyword: any origin on this machine (http or https, any port), none other.
+LOCALHOST = "localhost"
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 
 
 class Cors:
     """CORS as llama-server answers it: a request's Origin is echoed (with credentials allowed), a preflight (OPTIONS
     with Access-Control-Request-Method) is answered at once (200), without the key, allowing llama-server's methods
-    and the headers it asks for. `origins` narrows this to a list ("*": any): a preflight from an Origin off the list
-    gets no CORS headers, as llama-server answers it; any other request from there is refused (403) before it runs
-    (a guard of duo's own: a form's text/plain POST needs no preflight, and would run unseen), but for
-    the server's own pages (an Origin that is the server's own: same-origin). Requests without an Origin (no
-    browser's, or a same-origin GET) pass as they are.
+    and headers ("*"). `origins` narrows this to a list ("*": any; "localhost", llama-server's keyword: any origin on
+    this machine, e.g. http://127.0.0.1:3000): a preflight from an Origin off the list gets no CORS headers, as
+    llama-server answers it; any other request from there is refused (403) before it runs (a guard of duo's own: a
+    form's text/plain POST needs no preflight, and would run unseen), but for the server's own pages (an Origin that
+    is the server's own: same-origin). Requests without an Origin (no browser's, or a same-origin GET) pass as they
+    are. The header names are written as llama-server writes them (Access-Control-Allow-Origin): a client that reads
+    them from a plain dict finds them.
+
+    A preflight from an origin the list names allows the headers it asks for rather than "*": a browser never lets
+    "*" cover Authorization, which a page calling a server that has a key sends (from any other origin, a page
+    sends the key as X-Api-Key, which "*" covers, as with llama-server).
 
     Private network access (Chrome's Access-Control-Allow-Private-Network, which lets a public page call a server on
     a LAN or localhost) is allowed only where a guard stands: the Origin is named on the list, or `keyed` (the API
@@ -42,7 +52,9 @@ class Cors:
 
     def __init__(self, app: ASGIApp, origins: Sequence[str] | None = None, keyed: bool = False) -> None:
         self.app = app
-        self.origins = None if origins is None or "*" in origins else frozenset(origin.rstrip("/") for origin in origins)
+        named = None if origins is None or "*" in origins else frozenset(origin.rstrip("/") for origin in origins)
+        self.loopback = named is not None and LOCALHOST in named  # a keyword, no origin a browser sends
+        self.origins = named - {LOCALHOST} if named is not None else None
         self.keyed = keyed
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -52,11 +64,11 @@ class Cors:
         origin = headers.get(b"origin")
         if origin is None:
             return await self.app(scope, receive, send)
-        listed = self.origins is not None and origin.decode("latin-1") in self.origins
+        listed = self._listed(origin.decode("latin-1"))
         allowed = self.origins is None or listed or _same_origin(scope, headers, origin)
         if scope["method"] == "OPTIONS" and b"access-control-request-method" in headers:
-            return await _preflight(headers, origin if allowed else None, private_network=listed or self.keyed,
-                                    send=send)
+            return await _preflight(headers, origin if allowed else None, listed=listed,
+                                    private_network=listed or self.keyed, send=send)
         if not allowed:
             return await error_response(scope["path"], _refused(origin))(scope, receive, send)
 
@@ -66,6 +78,23 @@ class Cors:
             await send(message)
 
         await self.app(scope, receive, with_cors)
+
+    def _listed(self, origin: str) -> bool:
+        """Whether the list names `origin`, or holds "localhost" and `origin` is on this machine."""
+        if self.origins is None:
+            return False
+        return origin in self.origins or (self.loopback and is_loopback_origin(origin))
+
+
+def is_loopback_origin(origin: str) -> bool:
+    """Whether `origin` is http(s) on localhost, 127.0.0.1 or [::1], any port, as llama-server's "localhost" reads it:
+    http://localhost.evil.com is not (its host is another name), nor is anything that is no URL."""
+    try:
+        parts = urlsplit(origin)
+        host = parts.hostname
+    except ValueError:  # a malformed authority, e.g. an unclosed [
+        return False
+    return parts.scheme in ("http", "https") and host in LOOPBACK_HOSTS
 
 
 def _same_origin(scope: Scope, headers: dict[bytes, bytes], origin: bytes) -> bool:
@@ -81,26 +110,27 @@ def _refused(origin: bytes) -> ApiError:
                          f"--cors-origin {shown} to let pages from there call it", code="origin_not_allowed")
 
 
-async def _preflight(headers: dict[bytes, bytes], origin: bytes | None, *, private_network: bool,
+async def _preflight(headers: dict[bytes, bytes], origin: bytes | None, *, listed: bool, private_network: bool,
                      send: Send) -> None:
     """A preflight's answer, 200 as llama-server's; for an origin off the list (None) without CORS headers, which
     the browser reads as a refusal (nothing runs on a preflight: the guard stands on the request that follows).
-    The headers allowed are those the preflight asks for, not llama-server's "*": a browser never lets "*" cover
-    Authorization, which a page calling a server that has a key must send."""
+    The headers allowed: llama-server's "*", or for an origin the list names those the preflight asks for
+    (Authorization among them, which "*" never covers)."""
     answer: list[tuple[bytes, bytes]] = []
     if origin is not None:
-        answer = [*_allow(origin), (b"access-control-allow-methods", ALLOWED_METHODS),
-                  (b"access-control-allow-headers", headers.get(b"access-control-request-headers", b"*")),
-                  (b"access-control-max-age", str(PREFLIGHT_MAX_AGE_S).encode())]
+        asked = headers.get(b"access-control-request-headers", b"*") if listed else b"*"
+        answer = [*_allow(origin), (b"Access-Control-Allow-Methods", ALLOWED_METHODS),
+                  (b"Access-Control-Allow-Headers", asked),
+                  (b"Access-Control-Max-Age", str(PREFLIGHT_MAX_AGE_S).encode())]
         if private_network and headers.get(b"access-control-request-private-network") == b"true":
-            answer.append((b"access-control-allow-private-network", b"true"))
+            answer.append((b"Access-Control-Allow-Private-Network", b"true"))
     await send({"type": "http.response.start", "status": 200, "headers": [*answer, (b"content-length", b"0")]})
     await send({"type": "http.response.body", "body": b""})
 
 
 def _allow(origin: bytes) -> list[tuple[bytes, bytes]]:
-    return [(b"access-control-allow-origin", origin), (b"access-control-allow-credentials", b"true"),
-            (b"vary", b"Origin")]
+    return [(b"Access-Control-Allow-Origin", origin), (b"Access-Control-Allow-Credentials", b"true"),
+            (b"Vary", b"Origin")]
 
 
 class Gate:
