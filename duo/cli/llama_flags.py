@@ -31,6 +31,11 @@ def sampler_list(value: str) -> list[str]:
     return [name for name in value.split(";") if name]
 
 
+def verbose_level(value: str) -> bool:
+    """-lv N: whether llama-server's answers are verbose at that level (above 9, as its server reads it)."""
+    return int(value) > 9
+
+
 def json_object(value: str) -> dict[str, Any]:
     try:
         parsed = json.loads(value)
@@ -156,10 +161,13 @@ LLAMA_FLAGS: tuple[LlamaFlag, ...] = (
         "--mlock", "--no-mmap", "--mmap", "-kvo --kv-offload", "-nkvo --no-kv-offload", "--repack", "-nr --no-repack",
         "--no-host", "-cb --cont-batching", "-nocb --no-cont-batching", "--check-tensors", "--warmup", "--no-warmup",
         "--swa-full", "--reuse-port", "--no-cache-idle-slots", "--cache-idle-slots")),
-    *(_flag(IGNORED, names, LOGGING) for names in (
-        "-v --verbose --log-verbose", "--log-disable", "--log-prefix", "--log-timestamps", "--perf", "--no-perf")),
+    # llama-server's verbose answers (its verbosity above 9: -v sets the most) carry their native answer as __verbose
+    _flag(DEFAULT, "-v --verbose --log-verbose", "verbose", "verbose"),
+    _default("-lv --verbosity --log-verbosity", "verbose", "N", verbose_level),
+    *(_flag(IGNORED, names, LOGGING) for names in ("--log-disable", "--log-prefix", "--log-timestamps", "--perf",
+                                                   "--no-perf")),
     *(_flag(IGNORED, names, LOGGING, value=value) for names, value in (
-        ("-lv --verbosity --log-verbosity", "N"), ("--log-file", "FNAME"), ("--log-colors", "on|off|auto"))),
+        ("--log-file", "FNAME"), ("--log-colors", "on|off|auto"))),
     _flag(IGNORED, "--ui --webui --no-ui --no-webui", "duo serves its chat page at / either way"),
     _flag(IGNORED, "--props", "POST /props is not served; GET /props is"),
     _flag(IGNORED, "--no-context-shift", "duo never shifts the context (llama-server's default)"),

@@ -48,8 +48,13 @@ class Answering:
         self.defaults = defaults  # the launch line's sampling defaults, for the fields a body leaves out
 
     async def read(self, request: Request, kind: type[Body]) -> Body:
-        """`request`'s body read as `kind`, its lists bounded by what the model can use (duo.api.serving.read)."""
-        return await parse_body(await request.body(), kind, self.completions.body_limits())
+        """`request`'s body read as `kind`, its lists bounded by what the model can use (duo.api.serving.read), with
+        the launch line's defaults for the fields it leaves out: what the route reads of it first (verbose) is the
+        server's where the body is silent."""
+        body = await parse_body(await request.body(), kind, self.completions.body_limits())
+        if isinstance(body, GenerationBody):
+            self.defaults.fill(body)
+        return body
 
     def native_format(self, body: GenerationBody, response_fields: list[str] | None = None) -> NativeFormat:
         """llama-server's native answer for `body` (its /completion, and the __verbose of a verbose OpenAI answer):
