@@ -314,10 +314,14 @@ class StepBatcher:
                                           + sum(len(w.prompt_tail) for w in adaptive))))
         return [chosen[id(work)] if work.policy is not None else work.limit for work in works]
 
-    def prompt_tail_room(self) -> int:
-        """Prompt tokens a request's first step may read before its own: a whole call's worth while it runs alone,
-        else a chunk (the others' steps ride in that call: a long read would hold them, _prefill_budget)."""
-        return self.context.n_batch // 2 if self.running <= 1 else MIN_PREFILL_CHUNK
+    def prompt_tail(self, unread: int) -> int:
+        """Of a prompt's `unread` tokens (its last one aside), those its first step reads before its own rows. Alone,
+        the prompt is read as llama-server reads it, n_batch tokens a call, the last call's with the first token:
+        the first step reads what is left over whole chunks (it verifies fewer drafts to fit). Beside others, a
+        chunk at most: their steps ride in that call, and a long read would hold them (_prefill_budget)."""
+        if self.running <= 1:
+            return unread % self.context.n_batch
+        return min(unread, MIN_PREFILL_CHUNK)
 
     def _prefill_budget(self, step_tokens: int) -> int:
         """Prompt tokens this call may carry: a whole batch when no request is generating, else as many

@@ -7,18 +7,20 @@ import asyncio
 import itertools
 import logging
 import time
+from contextlib import aclosing
 from dataclasses import replace
 from functools import partial
 from typing import AsyncIterator, Protocol, Sequence
 
 from duo.net._proto import duo_pb2 as pb
-from duo.llama.model import Model, ModelError
+from duo.llama.model import N_BATCH, Model, ModelError
 from duo.llama.worker import ModelWorker
 from duo.target.batching import CallObserver, PrefillWork, StepBatcher, one_token_seconds
 from duo.target.control import SpeculationControl
 from duo.target.generation import Generation
 from duo.target.policy import AdaptivePolicy
 from duo.target.pool.connection import DraftConnection
+from duo.target.progress import ReadClock, ReadProgress
 from duo.target.request import GenerationStats, Request, SpecSettings, Step, StepRecord
 
 log = logging.getLogger("duo.target")
@@ -45,11 +47,13 @@ class Target:
 
     def __init__(self, model: Model, worker: ModelWorker, link: DraftConnection | None = None, *,
                  drafts: bool = False, n_ctx: int, settings: SpecSettings, parallel: int = 1,
-                 prompt_cache: bool = True, flash_attn: bool | None = None) -> None:
-        """`flash_attn`: llama.cpp's flash attention on or off for the shared context (None: llama.cpp's choice)."""
+                 prompt_cache: bool = True, flash_attn: bool | None = None, n_batch: int = N_BATCH) -> None:
+        """`flash_attn`: llama.cpp's flash attention on or off for the shared context (None: llama.cpp's choice);
+        `n_batch`: the most tokens one model call decodes (llama-server's -b: a prompt is read n_batch at a time)."""
         self.model = model
         self.worker = worker
         self.n_ctx = n_ctx
+        self.n_batch = n_batch
         self.flash_attn = flash_attn
         self.parallel = parallel  # generations at once: one sequence each in the shared context
         self.prompt_cache = prompt_cache  # requests may start from prompt prefixes others left
@@ -71,8 +75,8 @@ class Target:
             if self._batcher is None:
                 n_ctx = min(self.n_ctx, self.model.n_ctx_train)
                 context = await self.worker.create(partial(self.model.new_context, n_seq=self.parallel,
-                                                           cells=n_ctx * self.parallel, flash_attn=self.flash_attn),
-                                                   n_ctx)
+                                                           cells=n_ctx * self.parallel, flash_attn=self.flash_attn,
+                                                           n_batch=self.n_batch), n_ctx)
                 self._batcher = StepBatcher(self.worker, context, self.control.costs, self.control.any_speculating)
                 self._batcher.observers = self.call_observers
                 self.control.observe_alone(await self.worker.run(one_token_seconds, context))
@@ -84,11 +88,13 @@ class Target:
             await self.worker.close(self._batcher.context)
             self._batcher = None
 
-    async def generate(self, request: Request,
-                       stats: GenerationStats | None = None) -> AsyncIterator[tuple[Step, GenerationStats]]:
+    async def generate(self, request: Request, stats: GenerationStats | None = None, progress: bool = False
+                       ) -> AsyncIterator[tuple[Step | ReadProgress, GenerationStats]]:
         """Yield the committed tokens step by step; the draft only ever changes the speed. `stats`: the request's
         counters to fill as it runs, which its caller reads even where it ends before its first step (a client that
-        left during the prompt read still counts the prefix it found in the cache)."""
+        left during the prompt read still counts the prefix it found in the cache). `progress`: first yield how far
+        the prompt's read got, once the cache's prefix is known and after each read call (the last, with the
+        prompt's end, just before the first step's tokens), as llama-server's return_progress tells it."""
         if not request.prompt_tokens:
             raise ModelError("the prompt is empty")
         generation = Generation(next(self._ids), request, self.model, self.settings, self.control.draft_timing, stats)
@@ -107,10 +113,18 @@ class Target:
             shared = request.cache_prompt and self.prompt_cache
             if generation.lookup is not None:  # the prompt indexed off the event loop: steps index only their commits
                 await generation.lookup.index_off_loop()  # (nothing extends the committed tokens before the first step)
-            room = max(0, min(batcher.prompt_tail_room(), batcher.context.n_batch - self.settings.draft_max - 1))
-            tail = await self._prefill(batcher, seq, request.prompt_tokens[:-1], shared, room, generation.stats)
+            read, clock, pos = request.prompt_tokens[:-1], None, 0
+            async with aclosing(self._read(batcher, seq, read, shared, generation.stats)) as positions:
+                async for pos in positions:
+                    if progress:
+                        clock = clock or ReadClock(len(request.prompt_tokens), pos)
+                        yield clock.at(pos), generation.stats
+            tail: Sequence[int] = read[pos:]
             while True:
                 step = await self._step(generation, batcher, seq, tail)
+                if clock is not None:  # the first step read the prompt's end
+                    yield clock.at(len(request.prompt_tokens)), generation.stats
+                    clock = None
                 tail = ()
                 if step.finish_reason is None and len(generation.committed) >= n_ctx:
                     step = replace(step, finish_reason="length")  # its logprobs and sources kept
@@ -129,20 +143,23 @@ class Target:
             batcher.leave(seq, keep=request.cache_prompt and self.prompt_cache)
 
     @staticmethod
-    async def _prefill(batcher: StepBatcher, seq: int, tokens: list[int], shared: bool, tail_room: int,
-                       stats: GenerationStats) -> list[int]:
-        """Decode the prompt (but its last token, which the first step decodes) in chunks that ride along the
-        running generations' steps, after the prefix some sequence already holds (`shared`; else from nothing),
-        until at most `tail_room` tokens are left: the first step reads those (VerifyWork.prompt_tail). Return
-        the tail.
+    async def _read(batcher: StepBatcher, seq: int, tokens: list[int], shared: bool,
+                    stats: GenerationStats) -> AsyncIterator[int]:
+        """Decode the prompt (but its last token, which the first step decodes) after the prefix some sequence
+        already holds (`shared`; else from nothing), in chunks that ride along the running generations' steps, until
+        the tail the first step reads before its own rows is left (StepBatcher.prompt_tail: alone, the prompt is read
+        n_batch tokens a call, as llama-server reads it). Yield the tokens of `tokens` the sequence holds: once the
+        cache's prefix is known, then after each chunk; the tail is what the last leaves.
 
         The prefix found is counted before the read: a request cancelled during it says what it found. Cancelled,
         the read stops after the chunk in flight, and every chunk decoded stays in the sequence's cells (leave keeps
         them): the same prompt sent again (an agent's retry after its idle timeout) starts from them."""
         stats.cached_prompt_tokens = pos = await batcher.adopt(seq, tokens if shared else [])
-        while len(tokens) - pos > tail_room:
-            pos += await batcher.run(PrefillWork(seq, pos, tokens[pos:len(tokens) - tail_room]))
-        return tokens[pos:]
+        yield pos
+        end = len(tokens) - batcher.prompt_tail(len(tokens) - pos)
+        while pos < end:
+            pos += await batcher.run(PrefillWork(seq, pos, tokens[pos:end]))
+            yield pos
 
     async def _await_drafts(self, generation: Generation, want: int) -> None:
         """Synchronous mode: wait until `want` drafts are pending, the draft stopped, or it is gone."""
@@ -196,7 +213,9 @@ class Target:
         waited = await self._gather_drafts(generation, batcher, seq, prompt_tail)
         plan = self.control.plan(generation)  # after the wait: a draft may have taken the session meanwhile
         start = len(generation.committed)
-        work = await generation.verify_work(seq, batcher.context.n_ctx - (start - 1), plan, prompt_tail)
+        # The batch holds the prompt's tail, the newest token and the drafts: it must fit one call (n_batch).
+        room = min(batcher.context.n_ctx - (start - 1), batcher.context.n_batch - len(prompt_tail))
+        work = await generation.verify_work(seq, room, plan, prompt_tail)
         result = await batcher.run(work)
         step = generation.commit(result.verdict, result.n_verified, result.batch_size)
         # The call's time (model work only, never the wait behind other work on the model thread).

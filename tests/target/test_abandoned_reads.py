@@ -13,8 +13,8 @@ from duo.target.target import Target
 from helpers.greedy import leaves_greedy_path_only_at_a_near_tie
 from helpers.held_calls import HOLD_S, HeldCalls
 
-PROMPT = [(7 * i) % 5000 + 100 for i in range(1490)]  # read in chunks of N_BATCH (512, 512, 209), then its end
-END = 256  # the prompt's end, read in the first step (Target._prefill's tail room for a request alone)
+PROMPT = [(7 * i) % 5000 + 100 for i in range(1700)]  # read in chunks of N_BATCH (512, 512, 512), then its end
+END = (len(PROMPT) - 1) % N_BATCH  # the prompt's end, read in the first step (alone: what whole chunks leave over)
 
 
 def request() -> Request:
@@ -53,7 +53,7 @@ def test_a_cancelled_read_keeps_its_chunks_for_the_next_request_and_its_counters
 
     first, chunks_of_first, second, last, tokens, chunks = asyncio.run(three_tries())
     assert chunks_of_first == [(0, N_BATCH), (N_BATCH, N_BATCH)]  # no chunk after the one in flight
-    assert chunks == [*chunks_of_first, (2 * N_BATCH, len(PROMPT) - 1 - END - 2 * N_BATCH)]  # each read once
+    assert chunks == [*chunks_of_first, (2 * N_BATCH, N_BATCH)]  # each read once
     assert [first.cached_prompt_tokens, second.cached_prompt_tokens] == [0, 2 * N_BATCH]
     assert last.cached_prompt_tokens == len(PROMPT) - 1 - END and last.generated_tokens == len(tokens)
     assert leaves_greedy_path_only_at_a_near_tie(target_model, PROMPT, tokens, 8)

@@ -303,12 +303,13 @@ def test_joining_while_the_model_thread_rolls_a_free_sequence_back_picks_by_what
 
 def test_a_request_reads_its_prompts_end_and_draws_its_first_token_in_one_call(target_model):
     """No call of its own for the first token after the prompt (a whole T(1) more before it, as llama-server
-    does not); a long prompt is read in chunks first and only its end rides with the first token."""
+    does not); a long prompt is read as llama-server reads it, n_batch tokens a call, and only what is left over
+    whole chunks rides with the first token."""
     target = Target(target_model, ModelWorker(), None, n_ctx=2048, settings=SpecSettings(lookup=False))
     log = CallLog(target)
     asyncio.run(log.attach())
     short = SYSTEM + [7985, 264, 1140]
-    long = (SYSTEM + [7985, 264, 1140] * 150)[:420]
+    long = (SYSTEM + [7985, 264, 1140] * 500)[:1200]
 
     async def both():
         try:
@@ -320,10 +321,10 @@ def test_a_request_reads_its_prompts_end_and_draws_its_first_token_in_one_call(t
     [first] = log.calls[0]
     assert list(first.tokens) == short and list(first.logits_for) == [len(short) - 1]
     assert short_stats.batch_sizes[len(short):] == []  # its first step counts its own row, not the prompt's
-    long_calls = [call for call in log.calls[1:] if any(len(part.tokens) > 1 for part in call)]
-    chunk, end = long_calls[0][0], long_calls[1][0]
+    long_calls = [call[0] for call in log.calls[1:] if any(len(part.tokens) > 1 for part in call)]
+    *chunks, end = long_calls
+    assert len(chunks) == 2 and all(not chunk.logits_for and len(chunk.tokens) == N_BATCH for chunk in chunks)
     # (from what the short one's sequence holds: the shared prefix is not read again)
-    assert not chunk.logits_for and end.logits_for and chunk.pos + len(chunk.tokens) + len(end.tokens) == len(long)
-    assert len(end.tokens) <= N_BATCH // 2 + 1
+    assert end.logits_for and chunks[0].pos + 2 * N_BATCH + len(end.tokens) == len(long)
     for prompt, got in ((short, short_out), (long, long_out)):
         assert leaves_greedy_path_only_at_a_near_tie(target_model, prompt, got, 8)

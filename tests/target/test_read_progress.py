@@ -1,0 +1,84 @@
+"""A prompt's read told as it goes (llama-server's return_progress): once the cache's prefix is known, then after each
+read call of n_batch tokens, the last just before the first token; nothing told where it was not asked."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+from duo.llama.worker import ModelWorker
+from duo.sampling.params import SamplingParams
+from duo.target.progress import ReadProgress
+from duo.target.request import Request, SpecSettings
+from duo.target.target import Target
+from helpers.greedy import leaves_greedy_path_only_at_a_near_tie
+
+N_BATCH = 64
+PROMPT = [(11 * i) % 3000 + 200 for i in range(200)]  # read in calls of 64, 64, 64, then 8 with the first token
+
+
+def read(target: Target, prompt: list[int], progress: bool) -> tuple[list[ReadProgress | list[int]], list[int]]:
+    """What target.generate yields for a greedy request for `prompt` (each step as its tokens), and the tokens."""
+    async def one():
+        return [item if isinstance(item, ReadProgress) else item.tokens
+                async for item, _ in target.generate(Request(prompt, SamplingParams(), max_tokens=6), None,
+                                                     progress)]
+
+    items = asyncio.run(one())
+    return items, [token for item in items if not isinstance(item, ReadProgress) for token in item]
+
+
+def alone(target_model, **settings) -> Target:
+    return Target(target_model, ModelWorker(), None, n_ctx=1024, settings=SpecSettings(lookup=False, **settings),
+                  n_batch=N_BATCH)
+
+
+def test_a_prompt_read_alone_is_told_before_its_first_call_then_after_each_of_n_batch_tokens(target_model):
+    target = alone(target_model)
+    try:
+        items, tokens = read(target, PROMPT, progress=True)
+    finally:
+        asyncio.run(target.close())
+    told = [item for item in items if isinstance(item, ReadProgress)]
+    assert items[:len(told)] == told  # every report before the first token
+    # llama-server's count: one before the read, then one a call of n_batch tokens (the last with the first token)
+    assert len(told) == 1 + math.ceil(len(PROMPT) / N_BATCH)
+    assert [progress.processed for progress in told] == [0, 64, 128, 192, len(PROMPT)]
+    assert {(progress.total, progress.cache) for progress in told} == {(len(PROMPT), 0)}
+    assert told[0].read_seconds == 0 and told[0].read == 0
+    assert all(later.read_seconds >= earlier.read_seconds for earlier, later in zip(told, told[1:]))
+    assert told[-1].read_seconds > 0
+    assert leaves_greedy_path_only_at_a_near_tie(target_model, PROMPT, tokens, 6)
+
+
+def test_a_prompt_found_in_the_cache_is_told_with_its_cache_and_then_its_end(target_model):
+    target = alone(target_model)
+    try:
+        _, first = read(target, PROMPT, progress=False)
+        items, again = read(target, PROMPT, progress=True)
+    finally:
+        asyncio.run(target.close())
+    told = [item for item in items if isinstance(item, ReadProgress)]
+    cached = len(PROMPT) - 1  # the last token is read with the first step
+    assert [(p.cache, p.processed) for p in told] == [(cached, cached), (cached, len(PROMPT))]
+    assert again == first
+
+
+def test_a_read_that_did_not_ask_is_not_told(target_model):
+    target = alone(target_model)
+    try:
+        items, _ = read(target, PROMPT, progress=False)
+    finally:
+        asyncio.run(target.close())
+    assert not any(isinstance(item, ReadProgress) for item in items)
+
+
+def test_a_batch_smaller_than_the_draft_length_reads_and_verifies_within_it(target_model):
+    target = Target(target_model, ModelWorker(), None, n_ctx=1024, settings=SpecSettings(draft_max=16), n_batch=8)
+    try:
+        items, tokens = read(target, PROMPT[:50], progress=True)
+    finally:
+        asyncio.run(target.close())
+    told = [item.processed for item in items if isinstance(item, ReadProgress)]
+    assert told == [0, 8, 16, 24, 32, 40, 48, 50]
+    assert leaves_greedy_path_only_at_a_near_tie(target_model, PROMPT[:50], tokens, 6)
