@@ -92,6 +92,7 @@ class VerifyResult:
     seconds: float    # the whole call's model time: decode and every request's verification
     with_prefill: bool = False  # the call also decoded a prompt chunk (of this request or another)
     call_tokens: int = 0  # the whole call's tokens (every request's and prompt chunks)
+    decode_seconds: float = 0.0  # of `seconds`, llama.cpp's decode of the batch (the rest: every verification)
 
 
 @dataclass
@@ -229,15 +230,16 @@ class StepBatcher:
             planned: list[_Planned] = []
             try:
                 planned = self._plan(batch)
-                results, seconds = await self.worker.run(_decode_and_verify, self.context, planned)
+                results, (seconds, decode_seconds) = await self.worker.run(_decode_and_verify, self.context, planned)
             except Exception as error:  # the call failed: every request in it hears why
                 for _, future in batch:
                     if not future.done():
                         future.set_exception(error)
                 continue
-            self._deliver(planned, results, seconds)
+            self._deliver(planned, results, seconds, decode_seconds)
 
-    def _deliver(self, planned: list[_Planned], results: list[Verdict | int | Exception], seconds: float) -> None:
+    def _deliver(self, planned: list[_Planned], results: list[Verdict | int | Exception], seconds: float,
+                 decode_seconds: float) -> None:
         tokens = sum(len(item.part.tokens) for item in planned)
         with_prefill = any(isinstance(item.work, PrefillWork) or item.work.prompt_tail for item in planned)
         self.call_costs.observe(tokens, seconds)
@@ -253,7 +255,7 @@ class StepBatcher:
                 continue
             if isinstance(result, Verdict):
                 batch = len(item.part.tokens) - len(item.work.prompt_tail)  # its own rows, not the prompt's end
-                result = VerifyResult(result, len(item.drafts), batch, seconds, with_prefill, tokens)
+                result = VerifyResult(result, len(item.drafts), batch, seconds, with_prefill, tokens, decode_seconds)
             self._thinking.add(item.work.seq)
             item.future.set_result(result)
 
@@ -349,12 +351,13 @@ def one_token_seconds(context: Context, calls: int = ALONE_TIMING_CALLS) -> floa
 
 
 def _decode_and_verify(context: Context,
-                       planned: Sequence[_Planned]) -> tuple[list[Verdict | int | Exception], float]:
+                       planned: Sequence[_Planned]) -> tuple[list[Verdict | int | Exception], tuple[float, float]]:
     """One model call (on the model thread): decode every part, verify each request's drafts against
     its rows and drop its rejected drafts' cache entries. A request whose verification fails gets its
-    error alone."""
+    error alone. Also (the call's seconds, of them the decode's)."""
     began = time.perf_counter()
     blocks = context.decode_parts([item.part for item in planned])
+    decoded = time.perf_counter()
     results: list[Verdict | int | Exception] = []
     for item, logits in zip(planned, blocks):
         work = item.work
@@ -380,4 +383,5 @@ def _decode_and_verify(context: Context,
         except Exception as error:  # this request's alone; the others' verdicts stand
             log.exception("verifying session on sequence %d failed", work.seq)
             results.append(error)
-    return results, time.perf_counter() - began
+    ended = time.perf_counter()
+    return results, (ended - began, decoded - began)

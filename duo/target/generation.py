@@ -106,11 +106,14 @@ class Generation:
         self.chunk_arrived.set()
 
     def _time_chunk(self, n_tokens: int) -> None:
-        """Learn the draft's latency after a commit that starved this session, and its pace per token
-        while it drafts without a commit in between (so that no rest is counted)."""
+        """Learn the draft's latency after a commit that starved this session (the stats count it as the commit's
+        round trip), and its pace per token while it drafts without a commit in between (so that no rest is
+        counted)."""
         now = time.monotonic()
         if self.starved_since is not None and self.chain.has_pending():
             self.timing.latency.add(now - self.starved_since)
+            self.stats.times.round_trips += 1
+            self.stats.times.round_trip += now - self.starved_since
             self.starved_since = None
         elif self.last_chunk_at > self.last_commit_at and n_tokens and now - self.last_chunk_at > COALESCED_S:
             self.timing.per_token.add((now - self.last_chunk_at) / n_tokens)

@@ -41,6 +41,51 @@ class SpecSettings:
 
 
 @dataclass
+class StepTimes:
+    """Where a request's decode time goes, from its first token to its end (seconds, summed over its steps).
+
+    The first six add up to that time: each step after the first token is the wait for drafts before it
+    (`drafts`), duo's own work on the event loop (`work`: planning, building the batch, committing, telling the
+    draft), its wait in the batcher for the call (`queue`: the others' steps gathered, other work ahead on the model
+    thread) and the call: llama.cpp's decode of the whole batch (`verify`), then the verification of its rows on the
+    model thread (`check`: sampling, penalties, the rollback; every request's in the call); `between` is the rest
+    (after a step until the next: the event loop, the client taking its tokens). `round_trips`: commits that
+    left the request without drafts, and `round_trip` the seconds until the draft's next chain came (the commit's
+    trip to the draft and its answer, as the target sees it): it overlaps the others, which the target did meanwhile.
+    """
+
+    verify: float = 0.0
+    check: float = 0.0
+    work: float = 0.0
+    drafts: float = 0.0
+    queue: float = 0.0
+    between: float = 0.0
+    round_trips: int = 0
+    round_trip: float = 0.0
+
+    @property
+    def decode(self) -> float:
+        """The time the parts cover: from the first token to the end."""
+        return self.verify + self.check + self.work + self.drafts + self.queue + self.between
+
+    def add_step(self, *, drafts: float, work: float, queue: float, verify: float, check: float,
+                 between: float) -> None:
+        self.drafts += drafts
+        self.work += work
+        self.queue += queue
+        self.verify += verify
+        self.check += check
+        self.between += between
+
+    def fields(self) -> dict[str, float | int]:
+        """Under the names of proto/duo.proto's Stats message."""
+        return {"step_verify_seconds": self.verify, "step_check_seconds": self.check, "step_work_seconds": self.work,
+                "step_drafts_seconds": self.drafts, "step_queue_seconds": self.queue,
+                "step_between_seconds": self.between, "commit_round_trips": self.round_trips,
+                "commit_round_trip_seconds": self.round_trip}
+
+
+@dataclass
 class GenerationStats:
     """One request's counters and times (time.monotonic()).
 
@@ -73,6 +118,7 @@ class GenerationStats:
     seed: int = 0               # a sampled request's seed, drawn by the target when the client gave none
     verify_steps: int = 0
     batch_sizes: list[int] = field(default_factory=list)  # [n]: steps that decoded n tokens at once
+    times: StepTimes = field(default_factory=StepTimes)  # where the decode time went
     started: float = field(default_factory=time.monotonic)
     arrived: float = field(default_factory=time.monotonic)  # when the request came in
     first_token_at: float | None = None
@@ -102,7 +148,8 @@ class GenerationStats:
                 "lookup_tokens_verified": self.lookup_tokens_verified,
                 "lookup_tokens_accepted": self.lookup_tokens_accepted,
                 "lookup_tokens_decoded": self.lookup_tokens_decoded, "lookup_steps_rested": self.lookup_steps_rested,
-                "lookup_trials": self.lookup_trials, "lookup": self.lookup, "draft": self.draft}
+                "lookup_trials": self.lookup_trials, "lookup": self.lookup, "draft": self.draft,
+                **self.times.fields()}
 
     def count_lookup(self, rows: int | None, trials: int, state: str) -> None:
         """A step's lookup: `rows` of its tokens decoded (None: it proposed none; 0: its proposals were held out)."""

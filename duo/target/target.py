@@ -15,13 +15,13 @@ from typing import AsyncIterator, Protocol, Sequence
 from duo.net._proto import duo_pb2 as pb
 from duo.llama.model import N_BATCH, Model, ModelError
 from duo.llama.worker import ModelWorker
-from duo.target.batching import CallObserver, PrefillWork, StepBatcher, one_token_seconds
+from duo.target.batching import CallObserver, PrefillWork, StepBatcher, VerifyResult, one_token_seconds
 from duo.target.control import SpeculationControl
 from duo.target.generation import Generation
 from duo.target.policy import AdaptivePolicy
 from duo.target.pool.connection import DraftConnection
 from duo.target.progress import ReadClock, ReadProgress
-from duo.target.request import GenerationStats, Request, SpecSettings, Step, StepRecord
+from duo.target.request import GenerationStats, Request, SpecSettings, Step, StepRecord, StepTimes
 
 log = logging.getLogger("duo.target")
 
@@ -31,6 +31,37 @@ WAIT_SLACK_S = 0.002
 # The synchronous mode gives up waiting for drafts after this long (a draft that stalled) and
 # verifies what it has; a draft that paused (p_min) says so and is not waited for.
 SYNC_WAIT_S = 1.0
+
+
+class DecodeClock:
+    """Counts a request's steps into its StepTimes from its first token to its end, on time.monotonic() (the clock
+    of GenerationStats.first_token_at and finished_at): the parts then add up to the time between the two."""
+
+    def __init__(self, times: StepTimes) -> None:
+        self.times = times
+        self.since: float | None = None  # the end of what is counted (None: before the first token)
+
+    def start(self, now: float) -> None:
+        """The first token came out `now`: the decode begins."""
+        self.since = now
+
+    def step(self, began: float, drafts: float, queue: float, result: VerifyResult, ended: float) -> None:
+        """A step from `began` to `ended`: `drafts` waiting for drafts, `queue` in the batcher beside its call,
+        `result`'s call (decode, then verification); duo's work on the event loop the rest. Uncounted before the
+        first token (the prompt's read)."""
+        if self.since is None:
+            return
+        check = result.seconds - result.decode_seconds
+        work = ended - began - drafts - queue - result.seconds
+        self.times.add_step(drafts=drafts, work=work, queue=queue, verify=result.decode_seconds, check=check,
+                            between=began - self.since)
+        self.since = ended
+
+    def end(self, now: float) -> None:
+        """The request ended `now`: what followed its last step counts as between steps."""
+        if self.since is not None:
+            self.times.between += now - self.since
+            self.since = now
 
 
 class StepObserver(Protocol):
@@ -120,18 +151,22 @@ class Target:
                         clock = clock or ReadClock(len(request.prompt_tokens), pos)
                         yield clock.at(pos), generation.stats
             tail: Sequence[int] = read[pos:]
+            steps = DecodeClock(generation.stats.times)
             while True:
-                step = await self._step(generation, batcher, seq, tail)
+                step = await self._step(generation, batcher, seq, tail, steps)
                 if clock is not None:  # the first step read the prompt's end
                     yield clock.at(len(request.prompt_tokens)), generation.stats
                     clock = None
                 tail = ()
                 if step.finish_reason is None and len(generation.committed) >= n_ctx:
                     step = replace(step, finish_reason="length")  # its logprobs and sources kept
+                now = time.monotonic()
                 if step.tokens and generation.stats.first_token_at is None:
-                    generation.stats.first_token_at = time.monotonic()
+                    generation.stats.first_token_at = now
+                    steps.start(now)
                 if step.finish_reason:
-                    generation.stats.finished_at = time.monotonic()
+                    generation.stats.finished_at = now
+                    steps.end(now)
                     batcher.away(seq)  # nothing more comes from it: the next call need not wait
                 yield step, generation.stats
                 if step.finish_reason:
@@ -193,30 +228,36 @@ class Target:
         return waited
 
     async def _gather_drafts(self, generation: Generation, batcher: StepBatcher, seq: int,
-                             prompt_tail: Sequence[int]) -> float:
+                             prompt_tail: Sequence[int]) -> tuple[float, float]:
         """Before a step: wait for drafts where that pays (the synchronous mode: for `sync` of them); the seconds
-        waited, as the step's record counts them (the synchronous mode's wait is its regime: none)."""
+        waited, as the step's record counts them (the synchronous mode's wait is its regime: none), and in all."""
         if prompt_tail:  # the prompt's end is read first, at once: no draft can have drafted past it yet
-            return 0.0
+            return 0.0, 0.0
         if self.settings.sync:
             batcher.away(seq)
+            began = time.monotonic()
             await self._await_drafts(generation, self.settings.sync)
-        elif generation.policy is not None and batcher.running == 1:  # with others, the call goes anyway: ride on it
+            return 0.0, time.monotonic() - began
+        if generation.policy is not None and batcher.running == 1:  # with others, the call goes anyway: ride on it
             batcher.away(seq)
-            return await self._wait_if_worth_it(generation, generation.policy)
-        return 0.0
+            waited = await self._wait_if_worth_it(generation, generation.policy)
+            return waited, waited
+        return 0.0, 0.0
 
     async def _step(self, generation: Generation, batcher: StepBatcher, seq: int,
-                    prompt_tail: Sequence[int] = ()) -> Step:
+                    prompt_tail: Sequence[int] = (), clock: DecodeClock | None = None) -> Step:
         """One step of the request: gather drafts, plan what to verify, verify it in the batched call, commit, and
-        let speculation control observe what the step did."""
-        waited = await self._gather_drafts(generation, batcher, seq, prompt_tail)
+        let speculation control observe what the step did; `clock` counts where its time went."""
+        began = time.monotonic()
+        waited, drafts = await self._gather_drafts(generation, batcher, seq, prompt_tail)
         plan = self.control.plan(generation)  # after the wait: a draft may have taken the session meanwhile
         start = len(generation.committed)
         # The batch holds the prompt's tail, the newest token and the drafts: it must fit one call (n_batch).
         room = min(batcher.context.n_ctx - (start - 1), batcher.context.n_batch - len(prompt_tail))
         work = await generation.verify_work(seq, room, plan, prompt_tail)
+        submitted = time.monotonic()
         result = await batcher.run(work)
+        returned = time.monotonic()
         step = generation.commit(result.verdict, result.n_verified, result.batch_size)
         # The call's time (model work only, never the wait behind other work on the model thread).
         record = StepRecord(batch_size=result.batch_size, n_verified=result.n_verified,
@@ -226,6 +267,8 @@ class Target:
             observer.on_step(record)
         self.control.observe(generation, result, record)
         self._tell_draft(generation, plan.policy)
+        if clock is not None:
+            clock.step(began, drafts, returned - submitted - result.seconds, result, time.monotonic())
         return step
 
     def _tell_draft(self, generation: Generation, policy: AdaptivePolicy | None) -> None:

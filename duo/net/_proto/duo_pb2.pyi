@@ -272,7 +272,7 @@ class GenerateResponse(_message.Message):
     def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., stats: _Optional[_Union[Stats, _Mapping]] = ...) -> None: ...
 
 class Stats(_message.Message):
-    __slots__ = ("prompt_tokens", "generated_tokens", "draft_tokens_received", "draft_tokens_verified", "draft_tokens_accepted", "verify_steps", "tokens_per_second", "time_to_first_token_s", "draft_connected", "batch_sizes", "draft_rejections", "branch_hits", "waits", "wait_seconds", "verification", "seed", "cached_prompt_tokens", "speculation", "lookup_tokens_verified", "lookup_tokens_accepted", "lookup_tokens_decoded", "lookup_steps_rested", "lookup_trials", "lookup", "draft")
+    __slots__ = ("prompt_tokens", "generated_tokens", "draft_tokens_received", "draft_tokens_verified", "draft_tokens_accepted", "verify_steps", "tokens_per_second", "time_to_first_token_s", "draft_connected", "batch_sizes", "draft_rejections", "branch_hits", "waits", "wait_seconds", "verification", "seed", "cached_prompt_tokens", "speculation", "lookup_tokens_verified", "lookup_tokens_accepted", "lookup_tokens_decoded", "lookup_steps_rested", "lookup_trials", "lookup", "draft", "step_verify_seconds", "step_work_seconds", "step_drafts_seconds", "step_queue_seconds", "step_between_seconds", "step_check_seconds", "commit_round_trips", "commit_round_trip_seconds")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKENS_RECEIVED_FIELD_NUMBER: _ClassVar[int]
@@ -298,6 +298,14 @@ class Stats(_message.Message):
     LOOKUP_TRIALS_FIELD_NUMBER: _ClassVar[int]
     LOOKUP_FIELD_NUMBER: _ClassVar[int]
     DRAFT_FIELD_NUMBER: _ClassVar[int]
+    STEP_VERIFY_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    STEP_WORK_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    STEP_DRAFTS_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    STEP_QUEUE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    STEP_BETWEEN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    STEP_CHECK_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_ROUND_TRIPS_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_ROUND_TRIP_SECONDS_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     generated_tokens: int
     draft_tokens_received: int
@@ -323,7 +331,15 @@ class Stats(_message.Message):
     lookup_trials: int
     lookup: str
     draft: str
-    def __init__(self, prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., draft_tokens_received: _Optional[int] = ..., draft_tokens_verified: _Optional[int] = ..., draft_tokens_accepted: _Optional[int] = ..., verify_steps: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., time_to_first_token_s: _Optional[float] = ..., draft_connected: _Optional[bool] = ..., batch_sizes: _Optional[_Iterable[int]] = ..., draft_rejections: _Optional[int] = ..., branch_hits: _Optional[int] = ..., waits: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., verification: _Optional[str] = ..., seed: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ..., speculation: _Optional[str] = ..., lookup_tokens_verified: _Optional[int] = ..., lookup_tokens_accepted: _Optional[int] = ..., lookup_tokens_decoded: _Optional[int] = ..., lookup_steps_rested: _Optional[int] = ..., lookup_trials: _Optional[int] = ..., lookup: _Optional[str] = ..., draft: _Optional[str] = ...) -> None: ...
+    step_verify_seconds: float
+    step_work_seconds: float
+    step_drafts_seconds: float
+    step_queue_seconds: float
+    step_between_seconds: float
+    step_check_seconds: float
+    commit_round_trips: int
+    commit_round_trip_seconds: float
+    def __init__(self, prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., draft_tokens_received: _Optional[int] = ..., draft_tokens_verified: _Optional[int] = ..., draft_tokens_accepted: _Optional[int] = ..., verify_steps: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., time_to_first_token_s: _Optional[float] = ..., draft_connected: _Optional[bool] = ..., batch_sizes: _Optional[_Iterable[int]] = ..., draft_rejections: _Optional[int] = ..., branch_hits: _Optional[int] = ..., waits: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., verification: _Optional[str] = ..., seed: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ..., speculation: _Optional[str] = ..., lookup_tokens_verified: _Optional[int] = ..., lookup_tokens_accepted: _Optional[int] = ..., lookup_tokens_decoded: _Optional[int] = ..., lookup_steps_rested: _Optional[int] = ..., lookup_trials: _Optional[int] = ..., lookup: _Optional[str] = ..., draft: _Optional[str] = ..., step_verify_seconds: _Optional[float] = ..., step_work_seconds: _Optional[float] = ..., step_drafts_seconds: _Optional[float] = ..., step_queue_seconds: _Optional[float] = ..., step_between_seconds: _Optional[float] = ..., step_check_seconds: _Optional[float] = ..., commit_round_trips: _Optional[int] = ..., commit_round_trip_seconds: _Optional[float] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
     __slots__ = ("prompt", "messages")
