@@ -95,6 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
     clients.add_argument("--parallel", type=int, default=4, metavar="N",
                          help="generations running at once, every one's step decoded in one batched model call "
                               "(one context of --ctx-size x N cells, each generation up to --ctx-size tokens)")
+    clients.add_argument("--batch-size", type=int, default=N_BATCH, metavar="N",
+                         help="the most tokens one model call decodes (llama-server's -b): a prompt is read N tokens "
+                              "a call, as llama-server reads it, and a verify step holds at most N "
+                              "(default: %(default)d)")
     clients.add_argument("--queue-size", type=int, default=64, metavar="M",
                          help="requests waiting for a turn (first come, first served); more are refused with "
                               "HTTP 503 / RESOURCE_EXHAUSTED")
@@ -133,10 +137,12 @@ def settings_from(args: argparse.Namespace) -> SpecSettings:
         raise ValueError("--draft-max and --draft-min must be >= 0 and --draft-p-min between 0 and 1")
     if args.sync < 0:
         raise ValueError("--sync must be >= 0")
+    if args.batch_size < 1:
+        raise ValueError("--batch-size must be >= 1")
     for flag, value in (("--draft-max", args.draft_max), ("--sync", args.sync)):
-        if value is not None and value + 1 > N_BATCH:
+        if value is not None and value + 1 > args.batch_size:
             raise ValueError(f"{flag} {value} is too large: a verify step decodes {flag} + 1 tokens in one call of "
-                             f"at most {N_BATCH}; use {flag} {N_BATCH - 1} or less")
+                             f"at most --batch-size {args.batch_size}; use {flag} {args.batch_size - 1} or less")
     if args.sync:
         return SpecSettings(draft_max=args.sync, draft_min=args.draft_min, draft_p_min=args.draft_p_min,
                             max_ahead=args.sync, adaptive=False, sync=args.sync, unseeded=args.unseeded,
@@ -234,7 +240,8 @@ async def serve(args: argparse.Namespace, path: Path, settings: SpecSettings, op
             lost.loop, lost.worker = asyncio.get_running_loop(), worker
         n_ctx = request_context(args, model)
         target = Target(model, worker, drafts=wants_drafts(args), n_ctx=n_ctx, settings=settings, parallel=args.parallel,
-                        prompt_cache=not args.no_prompt_cache, flash_attn=flash_attention(args))
+                        prompt_cache=not args.no_prompt_cache, flash_attn=flash_attention(args),
+                        n_batch=args.batch_size)
         target.observers.append(metrics)
         target.call_observers.append(metrics)
         await target.batcher()  # the shared context: a size that does not fit fails here, not at a request
