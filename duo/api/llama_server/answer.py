@@ -11,6 +11,7 @@ from duo.api.llama_server.timings import timings
 from duo.api.openai.answers import sse
 from duo.api.openai.errors import api_error, generation_error
 from duo.api.output.logprobs import native_probabilities
+from duo.api.output.progress import progress_event
 from duo.api.serving.generate import Piece
 from duo.api.serving.request import CompletionRequest, ShuttingDown
 
@@ -57,6 +58,12 @@ class NativeFormat:
         """`include_usage` does not apply: every answer carries its timings."""
         try:
             async for piece in choice:
+                if piece.progress is not None:  # llama-server's: an event of no text, its prompt_progress
+                    yield sse(progress_event({"index": 0, "content": "", "tokens": [], "stop": False,
+                                              "id_slot": NO_SLOT, "tokens_predicted": 0,
+                                              "tokens_evaluated": piece.progress.total},
+                                             piece.progress, self.timings_per_token))
+                    continue
                 self._new_line = self._new_line or "\n" in piece.text
                 event = {"index": 0, "content": piece.text, "tokens": piece.token_ids, "stop": False,
                          "id_slot": NO_SLOT}

@@ -16,6 +16,7 @@ from duo.api.openai.errors import api_error, generation_error
 from duo.api.output.deltas import (CallArguments, CallClosed, CallOpened, Delta, Reasoning, ReasoningDelta, TextDelta,
                                    answer_splitter, whole_answer)
 from duo.api.output.logprobs import chat_logprobs, completion_logprobs
+from duo.api.output.progress import progress_event
 from duo.api.serving.decode import SourceAligner
 from duo.api.serving.generate import Piece
 from duo.api.serving.request import ShuttingDown
@@ -70,6 +71,10 @@ class OpenAIFormat(ABC):
                 yield sse(self._chunk(chunk, include_usage))
             shown = 0  # characters of text sent so far
             async for piece in choice:
+                if piece.progress is not None:  # llama-server's return_progress: a chunk of no text says it
+                    yield sse(progress_event(self._chunk(self.progress_choice(), include_usage), piece.progress,
+                                             self.timings_per_token))
+                    continue
                 self.read(piece)
                 if self.sources is not None:
                     self.sources.feed(piece.text, piece.sources)
@@ -119,6 +124,10 @@ class OpenAIFormat(ABC):
 
     def read(self, piece: Piece) -> None:
         """Take what a piece says of the whole answer (how its reasoning reads), before its text."""
+
+    def progress_choice(self) -> dict[str, Any]:
+        """The choice of a chunk that tells the prompt's read (prompt_progress) and nothing else."""
+        return self.empty_choice(None)
 
     @abstractmethod
     def shown_logprobs(self, entries: list[dict[str, Any]], offset: int) -> Any:
@@ -183,6 +192,9 @@ class ChatFormat(OpenAIFormat):
 
     def read(self, piece: Piece) -> None:
         self.reasoning = piece.reasoning
+
+    def progress_choice(self) -> dict[str, Any]:
+        return self.opening_chunks()[0]  # as llama-server: the assistant's role, no content yet
 
     def shown_logprobs(self, entries: list[dict[str, Any]], offset: int) -> Any:
         return chat_logprobs(entries)

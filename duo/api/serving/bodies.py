@@ -52,7 +52,8 @@ class ResponseFormat(BaseModel):
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs
 LLAMA_DEFAULT_SEED = 2**32 - 1  # llama.cpp's "draw a random seed"
 # Fields that change nothing duo returns, ignored without a word (OpenAI's bookkeeping and routing, llama-server's
-# slot and progress options, its own speculation settings: duo's speculation is exact whatever they say).
+# slot options, return_progress where no stream of duo's tells it, its own speculation settings: duo's speculation
+# is exact whatever they say).
 IGNORED_FIELDS = frozenset({"user", "store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier",
                             "id_slot", "return_progress", "return_tokens", "n_keep", "n_discard",
                             "speculative.n_max", "speculative.n_min", "speculative.p_min"})
@@ -144,6 +145,7 @@ class GenerationBody(LlamaServerFields, SamplerFields):
     ignore_eos: bool = False          # llama-server's: never end the answer with an end-of-generation token
     duo_sources: bool = False         # duo's: each streamed chunk says where its text came from (duo.api.serving.decode)
     timings_per_token: bool = False   # llama-server's: each streamed event carries the timings so far
+    return_progress: bool = False     # llama-server's: a stream tells how far its prompt's read got (prompt_progress)
     verbose: bool = False             # llama-server's: a whole OpenAI answer carries its native one as __verbose
 
     @field_validator("seed")
@@ -230,7 +232,8 @@ class GenerationBody(LlamaServerFields, SamplerFields):
                                  cache_prompt=self.cache_prompt, grammar=self.grammar_spec(),
                                  warm_up=warm_up, penalties=penalties,
                                  logprobs=-1 if warm_up else self.logprob_count(), infill_sampler="i" in on,
-                                 ignore_eos=self.ignore_eos, **prompt)
+                                 ignore_eos=self.ignore_eos, progress=bool(self.stream and self.return_progress),
+                                 **prompt)
 
     def samplers_on(self) -> str:
         """The codes (SAMPLERS) of the samplers the request turns on: llama-server's default chain (all of them but

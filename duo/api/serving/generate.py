@@ -25,6 +25,7 @@ from duo.api.tools import CallFormat, ToolError, call_format
 from duo.constraint import Compiler, CompilerBusy, Cursor, GrammarError, GrammarTooCostly
 from duo.llama.model import Model, ModelError
 from duo.sampling.distributions import NoTokenAllowed
+from duo.target.progress import ReadProgress
 from duo.target.target import Target
 from duo.target.request import GenerationStats, Request
 
@@ -47,6 +48,9 @@ class Piece:
     sources: tuple[str, ...] = ()  # the source of each character of `text` (duo.api.serving.decode)
     token_sources: tuple[str, ...] = ()  # the source of each of `token_ids` (duo.target.request.SOURCES)
     prompt_tokens: Sequence[int] = ()  # the prompt as the target read it (llama-server's answers show it)
+    # Where the request asked (CompletionRequest.progress): a piece of no text that tells how far the prompt's read
+    # got, before the first token's.
+    progress: ReadProgress | None = None
 
 
 class Completion:
@@ -214,7 +218,8 @@ class Completions:
                 completions.append((choice, stops, reasoning))
             answer = _warm_up_answer if requests[0].warm_up else _as_generated
             preserved = self._marker_tokens(target.model) if requests[0].messages else frozenset()
-            return [Completion(answer(self._pieces(target, choice, stops, reasoning, preserved)), slot)
+            progress = requests[0].progress and not requests[0].warm_up
+            return [Completion(answer(self._pieces(target, choice, stops, reasoning, preserved, progress)), slot)
                     for (choice, stops, reasoning), slot in zip(completions, places.hand_over())]
 
     async def tokenizing(self, work: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -236,7 +241,7 @@ class Completions:
         return self._markers
 
     async def _pieces(self, target: Target, request: Request, stops: StopMatcher | FimStops, reasoning: Reasoning,
-                      preserved: frozenset[int]) -> AsyncGenerator[Piece, None]:
+                      preserved: frozenset[int], progress: bool = False) -> AsyncGenerator[Piece, None]:
         # Characters may span tokens: the decoder holds back bytes until they complete a character.
         decoder = SourcedDecoder(target.model, preserved)
         # Filled by the target as it runs: a request whose client left during the prompt read is logged and counted
@@ -245,9 +250,12 @@ class Completions:
         finish: str | None = None
         why_not = "client left"  # why a request ended without a finish reason
         try:
-            async with (aclosing(target.generate(request, stats)) as steps,
+            async with (aclosing(target.generate(request, stats, progress)) as steps,
                         aclosing(self._until_cut(steps)) as cuttable):
                 async for step, stats in cuttable:
+                    if isinstance(step, ReadProgress):
+                        yield Piece("", [], None, stats, self.draft_connected, progress=step)
+                        continue
                     ended = step.finish_reason is not None
                     text, stopped = stops.feed(decoder.decode(step, final=ended))
                     finish = "stop" if stopped else step.finish_reason

@@ -66,6 +66,7 @@ class CompletionRequest:
     t_max_predict_ms: int = 0
     ignore_eos: bool = False                   # llama-server's: the end-of-generation tokens are never drawn
     warm_up: bool = False                      # read the prompt into the cache; the answer drops what follows
+    progress: bool = False                     # a stream tells how far the prompt's read got (return_progress)
     arrived: float = field(default_factory=time.monotonic)
 
 
