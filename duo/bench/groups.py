@@ -6,7 +6,8 @@ it, "question_mean_tokens_per_second" is Spec-Bench's own number (evaluation/spe
 over its seconds, both turns summed, averaged over the questions. The ratios are the bench's (report.duo_ratios:
 duo over every other variant, end to end; report.peer_ratios: every variant over llama-server alone, by the
 decode rate and end to end), and duo over the fastest llama-server on the same cores as duo's two processes (the
-`-all` modes, which spread over every core, left out), end to end.
+`-all` modes, which spread over every core, left out), end to end. A second table gives duo's share of the ideal and
+of the pace-aware bound per group, and where its decode time went (duo.bench.step_times).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import statistics
 
 from duo.bench.report import PEER_BASE, Run, Variant, duo_ratios, is_llama_server, peer_ratios, summarise_variant
 from duo.bench.specbench import GROUPS, group_of
+from duo.bench.step_times import LEGEND, step_table
 
 OVERALL = "overall"
 DUO, ALONE = "duo", "alone-tcores"  # the labels the printed table compares
@@ -95,7 +97,9 @@ def _bound(by_label: dict[str, dict]) -> str:
 
 
 def print_groups(summary: dict[str, dict]) -> None:
-    """A table per temperature that ran Spec-Bench: a row per group, a column per variant, then duo's ratios."""
+    """A table per temperature that ran Spec-Bench: a row per group, a column per variant, then duo's ratios; and
+    duo's per group: its share of the ideal and of the pace-aware bound, and where its decode time went
+    (duo.bench.step_times)."""
     for temperature, entry in summary.items():
         groups = entry.get("groups")
         if not groups:
@@ -113,7 +117,12 @@ def print_groups(summary: dict[str, dict]) -> None:
                   + f"{_over(modes, ALONE):>19}{_bound(modes):>19}{_over(modes, PEER_BASE):>19}"
                   f"{_over(modes, g['best_llama_server']):>24}"
                   f"   {g['best_llama_server'] or '-'}")
+        rows = {GROUPS.get(group, group): g["modes"][DUO] for group, g in groups.items() if DUO in g["modes"]}
+        for line in step_table(f"\n== Spec-Bench, temperature {temperature}: duo per group, against the bounds at its "
+                               "acceptance there, and where its decode time goes ==", rows, "group"):
+            print(line)
     if any(entry.get("groups") for entry in summary.values()):
+        print(LEGEND)
         print("n: questions; ratios end to end; bound: the pace-aware bound at duo's acceptance in the group over the "
               "target alone, decode rates (what speculation can give there on this machine);\nbest llama-server: the "
               "fastest on duo's cores (no -all mode); bench.json: summary[T]['groups'][group]")

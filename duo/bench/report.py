@@ -9,16 +9,18 @@ sampling against the draft's q), "coupled" (shared Gumbel noise) or "greedy"; du
 duo-coupled coupled, and per temperature the two are compared at each link delay.
 The *rpc split* compares alone-rpc (the target's layers on two local RPC servers) with alone-tcores
 (the same cores, no RPC): their tok/s ratio and the milliseconds the split adds to each token.
+The *step times* say where a target's decode time went, step by step (duo.bench.step_times).
 """
 
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from duo.bench.pace_bound import pace_bound
+from duo.bench.step_times import LEGEND, PARTS, step_table, summarise_step_times
 
 # Modes whose target talks to a draft over the link: these run once per --link-delay-ms.
 # sync-shared puts both models on the same cores, one machine: it runs with a direct link only.
@@ -75,6 +77,11 @@ class Run:
     question_id: int = 0  # Spec-Bench's question_id
     turn: int = 0  # which turn of its question's conversation (1, 2), 0 outside Spec-Bench
     prompt_tokens: int = 0  # the prompt's tokens as its server counted them (--prompts agent; 0 elsewhere)
+    # Where its decode time went, as its target counted it (duo.bench.step_times.PARTS: seconds; empty for a server
+    # that does not say), and the commits that left it without drafts with the seconds until the next chain came.
+    step_seconds: dict[str, float] = field(default_factory=dict)
+    round_trips: int = 0
+    round_trip_s: float = 0.0
 
     @property
     def label(self) -> str:
@@ -89,12 +96,17 @@ def run_from_stats(variant: Variant, prompt: str, temperature: float, rep: int, 
                    seconds: float, ttft: float, *, concurrency: int = 1, batch: int = 0, sent_s: float = 0.0) -> Run:
     """A Run from a Generate's final Stats. Fields a target's revision lacks (branch_hits, waits,
     wait_seconds came with issue 10; verification and seed with coupled sampling) read as 0 or "",
-    so the bench measures older revisions too. `concurrency`, `batch`, `sent_s`: see Run."""
-    return Run(variant.mode, variant.link_delay_ms, prompt, temperature, rep, stats.generated_tokens,
-               seconds, ttft, stats.verify_steps, stats.draft_tokens_received, stats.draft_tokens_verified,
-               stats.draft_tokens_accepted, stats.draft_rejections, list(stats.batch_sizes),
-               getattr(stats, "branch_hits", 0), getattr(stats, "waits", 0), getattr(stats, "wait_seconds", 0.0),
-               getattr(stats, "verification", ""), getattr(stats, "seed", 0), concurrency, batch, sent_s)
+    so the bench measures older revisions too (the step times came with issue 52). `concurrency`, `batch`,
+    `sent_s`: see Run."""
+    run = Run(variant.mode, variant.link_delay_ms, prompt, temperature, rep, stats.generated_tokens,
+              seconds, ttft, stats.verify_steps, stats.draft_tokens_received, stats.draft_tokens_verified,
+              stats.draft_tokens_accepted, stats.draft_rejections, list(stats.batch_sizes),
+              getattr(stats, "branch_hits", 0), getattr(stats, "waits", 0), getattr(stats, "wait_seconds", 0.0),
+              getattr(stats, "verification", ""), getattr(stats, "seed", 0), concurrency, batch, sent_s)
+    run.step_seconds = {part: getattr(stats, f"step_{part}_seconds", 0.0) for part in PARTS}
+    run.round_trips = getattr(stats, "commit_round_trips", 0)
+    run.round_trip_s = getattr(stats, "commit_round_trip_seconds", 0.0)
+    return run
 
 
 def ideal_rate(acceptance: float, costs: dict[int, float]) -> tuple[float, int]:
@@ -164,6 +176,9 @@ def summarise_variant(runs: list[Run], costs: dict[int, float], draft_s: float |
             entry["pace_bound"] = {"tokens_per_second": bound.tokens_per_second, "best_k": bound.k,
                                    "wait_s": bound.wait_s,
                                    "fraction": entry["decode_tokens_per_second"] / bound.tokens_per_second}
+    times = summarise_step_times(runs)
+    if times is not None:
+        entry["step_times"] = times
     cpu = [r.draft_cpu_s for r in runs if r.draft_cpu_s is not None]
     if cpu:  # a batch's draft time is counted once per request in it: the share of the batch's wall time
         entry["draft_cpu_share"] = sum(cpu) / sum(r.seconds for r in runs if r.draft_cpu_s is not None)
@@ -293,6 +308,8 @@ def print_table(summary: dict[str, dict], costs: dict[int, float], machine: dict
                   f"{v['waits']:>7}{v['wait_seconds']:>8.2f}{_cell(v.get('ideal', {}).get('fraction'), '.0%'):>7}"
                   f"{_cell(v.get('pace_bound', {}).get('fraction'), '.0%'):>6}{_cell(v.get('draft_cpu_share'), '.0%'):>6}"
                   f"{v['ttft_s']:>6.2f}   {prompts}")
+        for line in step_table("where the decode time goes, and the bounds:", entry["modes"], "mode"):
+            print(f"  {line}")
         for label, v in entry["modes"].items():
             if v["mean_draft_tokens_per_verify"]:
                 sizes = " ".join(f"{n}:{c}" for n, c in v["verify_batch_sizes"].items())
@@ -318,6 +335,7 @@ def print_table(summary: dict[str, dict], costs: dict[int, float], machine: dict
           "step found a branch;\nideal: share of max_k E(k)/T(k+1) reached (decode rate); pace: share of the "
           "pace-aware bound (duo/bench/pace_bound.py: the draft's measured speed);\ndcpu: duo-draft's CPU time "
           "over the wall time (1 core busy = 100%)")
+    print(LEGEND)
     if costs:
         t1 = costs[1]
         print("verify cost T(n)/T(1): " + "  ".join(f"{n}:{t / t1:.2f}" for n, t in costs.items())

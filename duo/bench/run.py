@@ -33,9 +33,11 @@ reports and the seed it drew.
 
 It also measures the target's verify cost curve T(n) (a batch of n tokens) on the target's cores
 and, per speculative mode, the ideal bound max_k E[tokens per verify](k) / T(k+1) from that mode's
-measured acceptance, and the share of it reached. Per mode: tok/s, per-token acceptance, tokens per
-verify step, the share of steps decoded alone, the branch hit rate after rejections, the target's
-waits for the draft. Where duo and duo-coupled both ran, each temperature's table ends with
+measured acceptance, and the share of it reached, beside where each target's decode time went
+(duo/bench/step_times.py: ms per step and share, per part; bench.json summary[T]["modes"][label]
+["step_times"]; per Spec-Bench group, duo's). Per mode: tok/s, per-token acceptance, tokens per verify step,
+the share of steps decoded alone, the branch hit rate after rejections, the target's waits for the draft.
+Where duo and duo-coupled both ran, each temperature's table ends with
 "coupled/residual acceptance: ..., tok/s: ..." per link delay: coupled's numbers, residual's and
 their ratio. Where alone-tcores and alone-rpc both ran, it ends with "rpc split: alone-rpc /
 alone-tcores = X.XXx tok/s; per-token cost of the split: +Y ms" (by the decode rate, after the first
