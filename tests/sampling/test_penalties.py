@@ -200,6 +200,6 @@ def test_openai_and_llama_server_penalty_fields_are_honoured_over_http(served_sy
                                                   "presence_penalty": 0.5, "frequency_penalty": 0.5}).json()
     assert penalized["content"] != plain and penalized["timings"]["draft_n_accepted"] > 0
     for field, value in (("presence_penalty", 3), ("repeat_penalty", 0), ("logit_bias", {"-1": 1}),
-                         ("logit_bias", [["hello", 1]])):
+                         ("logit_bias", [[1.5, 1]])):
         response = post(served_sync, "/v1/completions", {**base, field: value})
         assert response.status_code == 400 and field.split("_")[0] in response.json()["error"]["message"], response.text

@@ -95,7 +95,7 @@ class NativeFormat:
         if self.request is None:
             return {}
         sampled = not self.request.params.greedy  # the target draws a sampled request's seed where none was given
-        settings = generation_settings(self.request, last.stats.seed if sampled else None)
+        settings = generation_settings(self.request, last.stats.seed if sampled else None, last.logit_bias)
         return {**settings, "timings_per_token": self.timings_per_token}
 
     def _prompt(self, last: Piece) -> str:

@@ -4,6 +4,7 @@ answers and /props (the server's defaults) show them."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from duo.api.serving.request import CompletionRequest
@@ -12,10 +13,12 @@ from duo.api.serving.request import CompletionRequest
 RANDOM_SEED = 2**32 - 1
 
 
-def generation_settings(request: CompletionRequest, seed: int | None = None) -> dict[str, Any]:
+def generation_settings(request: CompletionRequest, seed: int | None = None,
+                        bias: Sequence[tuple[int, float]] | None = None) -> dict[str, Any]:
     """`request`'s settings under llama-server's names; `seed` the one it ran with (the target draws one where the
-    client gave none)."""
+    client gave none), `bias` the logit biases it ran with (texts tokenized, ignore_eos's bans: Piece.logit_bias)."""
     params, penalties = request.params, request.penalties
+    bias = penalties.bias if bias is None else bias
     n_predict = 0 if request.warm_up else request.max_tokens or -1  # -1: until the end of generation or the context
     seed = seed if seed is not None else request.seed
     return {
@@ -35,6 +38,6 @@ def generation_settings(request: CompletionRequest, seed: int | None = None) -> 
         "ignore_eos": request.ignore_eos, "n_probs": max(request.logprobs, 0), "min_keep": params.min_keep,
         # a bias of -inf (never) is null, as llama-server's JSON writes it
         "logit_bias": [{"bias": bias if math.isfinite(bias) else None, "token": token}
-                       for token, bias in penalties.bias],
+                       for token, bias in bias],
         "timings_per_token": False, "post_sampling_probs": False,
     }

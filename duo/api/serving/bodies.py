@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -13,7 +14,7 @@ from duo.api.serving.limits import INT32_MAX, Int32
 from duo.api.serving.request import BadRequest, CompletionRequest
 from duo.api.serving.sampler_fields import SamplerFields, check_chain
 from duo.constraint import GrammarSpec
-from duo.sampling.ops.penalties import MAX_BIAS, Penalties
+from duo.sampling.ops.penalties import MAX_BIAS, Penalties, summed_biases
 
 log = logging.getLogger("duo.http")
 
@@ -50,6 +51,8 @@ class ResponseFormat(BaseModel):
 
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs
+# A logit_bias key that names a token id (as llama-server's strtol reads a whole key), not a text.
+WHOLE_NUMBER = re.compile(r"\s*[+-]?[0-9]+")
 LLAMA_DEFAULT_SEED = 2**32 - 1  # llama.cpp's "draw a random seed"
 # Fields that change nothing duo returns, ignored without a word (OpenAI's bookkeeping and routing, llama-server's
 # slot options, return_progress where no stream of duo's tells it, its own speculation settings: duo's speculation
@@ -132,9 +135,10 @@ class GenerationBody(LlamaServerFields, SamplerFields):
     n_probs: int = Field(default=0, ge=0, le=MAX_TOP_LOGPROBS)  # llama-server's: > 0 reports logprobs
     repeat_penalty: float | None = None  # llama-server's
     repeat_last_n: Int32 | None = None   # llama-server's: -1 the whole output
-    # OpenAI's {"token id": bias}; llama-server's [[token id, bias or false], ...] too (false: never). Its entries
-    # are checked one by one in _biases, in Python: pydantic checks a list in one call that lets no other thread run
-    # (150k entries: 0.8 s with the event loop stopped).
+    # OpenAI's {"token id": bias}; llama-server's [[token id, bias or false], ...] too (false: never), and text in
+    # place of an id in either (its every token biased). Its entries are checked one by one in _biases, in Python:
+    # pydantic checks a list in one call that lets no other thread run (150k entries: 0.8 s with the event loop
+    # stopped).
     logit_bias: dict[str, Any] | list[Any] | None = None
     user: str | None = None
     cache_prompt: bool = True         # llama-server's: false shares no prompt prefix with other requests
@@ -199,20 +203,29 @@ class GenerationBody(LlamaServerFields, SamplerFields):
         return Penalties(presence=self.presence_penalty or 0.0, frequency=self.frequency_penalty or 0.0,
                          repeat=1.0 if self.repeat_penalty is None else self.repeat_penalty,
                          repeat_last_n=Penalties.repeat_last_n if self.repeat_last_n is None else self.repeat_last_n,
-                         bias=self._biases())
+                         bias=self._biases()[0])
 
-    def _biases(self) -> tuple[tuple[int, float], ...]:
-        pairs = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias or []
-        biases = {}
+    def _biases(self) -> tuple[tuple[tuple[int, float], ...], tuple[tuple[str, float], ...]]:
+        """logit_bias as llama-server reads it: token ids with their biases (a token named twice gets both), and
+        texts whose every token gets the text's bias once the request is prepared (duo.api.serving.prepare). An
+        object's key is an id where it is a whole number, else a text; in a list of pairs, an integer is an id and a
+        string a text (digits too)."""
+        keyed = isinstance(self.logit_bias, dict)
+        pairs = self.logit_bias.items() if keyed else self.logit_bias or []
+        ids: list[tuple[int, float]] = []
+        texts: list[tuple[str, float]] = []
         for pair in pairs:
-            token, value = pair if isinstance(pair, (list, tuple)) and len(pair) == 2 else (None, None)
-            try:
-                token = int(token)
-            except (TypeError, ValueError, OverflowError):
-                raise BadRequest(f"logit_bias takes token ids and their biases (or false), got {pair!r:.80}: "
-                                 "tokenize text first (POST /tokenize)", param="logit_bias") from None
-            biases[token] = _bias_value(value)
-        return tuple(sorted(biases.items()))
+            key, value = pair if isinstance(pair, (list, tuple)) and len(pair) == 2 else (None, None)
+            if keyed and WHOLE_NUMBER.fullmatch(key):
+                ids.append((int(key), _bias_value(value)))
+            elif isinstance(key, str):
+                texts.append((key, _bias_value(value)))
+            elif isinstance(key, int) and not isinstance(key, bool):
+                ids.append((key, _bias_value(value)))
+            else:
+                raise BadRequest(f"logit_bias takes token ids or texts with their biases (or false), got {pair!r:.80}",
+                                 param="logit_bias")
+        return summed_biases(ids), tuple(texts)
 
     def completion_request(self, *, max_tokens: int | None, **prompt: Any) -> CompletionRequest:
         on = self.samplers_on()
@@ -222,7 +235,7 @@ class GenerationBody(LlamaServerFields, SamplerFields):
         params = self.sampling_params(on, temperature=temperature, top_k=(self.top_k or 0) if "k" in on else 0,
                                       top_p=1.0 if self.top_p is None or "p" not in on else self.top_p,
                                       min_p=(self.min_p or 0.0) if "m" in on else 0.0)
-        penalties = self.sampler_penalties(self.penalties() if "e" in on else Penalties(bias=self._biases()), on)
+        penalties = self.sampler_penalties(self.penalties() if "e" in on else Penalties(bias=self._biases()[0]), on)
         check_chain(on, params, penalties, self.model_extra or {})
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         # A warm-up's one token is dropped: no logprobs to read. Its grammar is compiled all the same: a schema that
@@ -230,7 +243,7 @@ class GenerationBody(LlamaServerFields, SamplerFields):
         warm_up = self.warm_up
         return CompletionRequest(max_tokens=max_tokens or 0, params=params, seed=self.seed, stop=stop,
                                  cache_prompt=self.cache_prompt, grammar=self.grammar_spec(),
-                                 warm_up=warm_up, penalties=penalties,
+                                 warm_up=warm_up, penalties=penalties, bias_texts=self._biases()[1],
                                  logprobs=-1 if warm_up else self.logprob_count(), infill_sampler="i" in on,
                                  ignore_eos=self.ignore_eos, progress=bool(self.stream and self.return_progress),
                                  **prompt)

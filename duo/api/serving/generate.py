@@ -48,6 +48,7 @@ class Piece:
     sources: tuple[str, ...] = ()  # the source of each character of `text` (duo.api.serving.decode)
     token_sources: tuple[str, ...] = ()  # the source of each of `token_ids` (duo.target.request.SOURCES)
     prompt_tokens: Sequence[int] = ()  # the prompt as the target read it (llama-server's answers show it)
+    logit_bias: tuple[tuple[int, float], ...] = ()  # the biases as the target applies them (generation_settings)
     # Where the request asked (CompletionRequest.progress): a piece of no text that tells how far the prompt's read
     # got, before the first token's.
     progress: ReadProgress | None = None
@@ -265,7 +266,7 @@ class Completions:
                     logprobs = None if step.logprobs is None else described(target.model, step.tokens, step.logprobs)
                     yield Piece(text, step.tokens, finish, stats, self.draft_connected, why, logprobs, reasoning,
                                 stops.word if stopped else "", decoder.release(len(text)), step_sources(step),
-                                request.prompt_tokens)
+                                request.prompt_tokens, logit_bias=request.penalties.bias)
                     if finish:
                         # Leaving `aclosing` closes target.generate now, which frees the sessions at once.
                         return

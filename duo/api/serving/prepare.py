@@ -18,7 +18,7 @@ from duo.api.tools import GENERIC, ToolError, call_format, call_grammar, thinkin
 from duo.constraint import GrammarError, GrammarSpec, grammar_of
 from duo.llama.model import Model, ModelError
 from duo.sampling.ops.infill import infill_vocab
-from duo.sampling.ops.penalties import Penalties
+from duo.sampling.ops.penalties import Penalties, summed_biases
 from duo.target.request import Request
 
 # The names the template renderer gives values of its own: chat_template_kwargs may not set them.
@@ -124,12 +124,22 @@ class Preparer:
             raise BadRequest(str(error), param=error.param) from error
 
     def _penalties(self, request: CompletionRequest) -> Penalties:
-        """The request's logit transforms; with ignore_eos, every end-of-generation token banned (a bias of -inf, as
-        llama-server's), so the answer runs to its token limit or the context's end."""
-        if not request.ignore_eos:
+        """The request's logit transforms, its biases as llama-server applies them: each text's tokens biased
+        (tokenized as llama-server tokenizes them: no BOS, a control token's text as text), and with ignore_eos every
+        end-of-generation token banned (a bias of -inf), so the answer runs to its token limit or the context's end;
+        every entry of a token adds up (summed_biases)."""
+        texts = [(token, bias) for text, bias in request.bias_texts for token in self._bias_tokens(text)]
+        banned = [(token, -math.inf) for token in self.model.end_of_generation_ids()] if request.ignore_eos else []
+        if not (texts or banned):
             return request.penalties
-        bias = dict(request.penalties.bias) | {token: -math.inf for token in self.model.end_of_generation_ids()}
-        return replace(request.penalties, bias=tuple(sorted(bias.items())))
+        return replace(request.penalties, bias=summed_biases([*request.penalties.bias, *texts, *banned]))
+
+    def _bias_tokens(self, text: str) -> list[int]:
+        try:
+            return self.model.tokenize(text, add_special=False, parse_special=False)
+        except UnicodeEncodeError as error:  # JSON can carry lone surrogates, which UTF-8 cannot
+            raise BadRequest(f"logit_bias: {text!r:.40} is not valid Unicode text ({error.reason})",
+                             param="logit_bias") from error
 
     def _fim_tokens(self, request: CompletionRequest) -> list[int]:
         try:

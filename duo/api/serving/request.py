@@ -59,6 +59,7 @@ class CompletionRequest:
     reasoning_format: ReasoningFormat = "deepseek"  # chat: how reasoning is told from content (duo.api.output.deltas)
     chat_template_kwargs: Mapping[str, Any] | None = None  # chat: more variables for the template (enable_thinking)
     penalties: Penalties = Penalties()         # presence, frequency and repeat penalties, logit_bias
+    bias_texts: tuple[tuple[str, float], ...] = ()  # logit_bias given as text: each of its tokens gets the bias
     logprobs: int = -1                         # >= 0: each token's logprob and this many alternatives'
     fim: FimInput | None = None                # fill-in-the-middle: the prompt is built around the hole
     infill_sampler: bool = False               # llama.cpp's infill sampler after the truncations

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -18,6 +18,17 @@ from duo.sampling.ops.dry import Dry, DryVocab, restart_sequences
 
 MAX_BIAS = 100.0  # OpenAI's range for logit_bias values; -inf (llama.cpp's `false`) bans a token
 MAX_REPEAT_LAST_N = 2**31 - 1  # the wire's int32 (proto/duo.proto: SamplingParams.repeat_last_n)
+
+
+def summed_biases(entries: Iterable[tuple[int, float]]) -> tuple[tuple[int, float], ...]:
+    """Logit biases by token id, sorted, as llama.cpp applies a list of them: every entry adds its bias, so a token
+    named twice gets the sum. A sum beyond MAX_BIAS is held at it (either way the token is all but banned or all but
+    forced); a ban (-inf) stays one."""
+    totals: dict[int, float] = {}
+    for token, bias in entries:
+        totals[token] = totals.get(token, 0.0) + bias
+    return tuple((token, total if math.isinf(total) else min(max(total, -MAX_BIAS), MAX_BIAS))
+                 for token, total in sorted(totals.items()))
 
 
 class OutputCounts:
