@@ -50,7 +50,8 @@ class TargetServicer(pb_grpc.TargetServicer):
                                         stop=list(message.stop),
                                         cache_prompt=not message.HasField("cache_prompt") or message.cache_prompt,
                                         grammar=GrammarSpec(message.grammar.kind, message.grammar.source, "grammar")
-                                        if message.HasField("grammar") else None)
+                                        if message.HasField("grammar") else None,
+                                        progress=message.return_progress)
             [completion] = await self.completions.start_choices([request])  # Generate has no n: a set of one
         except (ClientError, QueueFull) as error:
             await abort_for(context, error)
@@ -94,8 +95,13 @@ class TargetServicer(pb_grpc.TargetServicer):
 
 
 def response_of(piece: Piece) -> pb.GenerateResponse:
-    return pb.GenerateResponse(text=piece.text, token_ids=piece.token_ids, finish_reason=piece.finish_reason or "",
-                               stats=pb.Stats(**piece.stats.fields(piece.draft_connected)))
+    response = pb.GenerateResponse(text=piece.text, token_ids=piece.token_ids, finish_reason=piece.finish_reason or "",
+                                   stats=pb.Stats(**piece.stats.fields(piece.draft_connected)))
+    if piece.progress is not None:
+        read = piece.progress
+        response.progress.CopyFrom(pb.PromptProgress(total=read.total, cache=read.cache, processed=read.processed,
+                                                     seconds=read.seconds))
+    return response
 
 
 def messages_from_pb(messages: list[pb.ChatMessage]) -> list[dict[str, str]]:

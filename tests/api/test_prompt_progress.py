@@ -12,9 +12,11 @@ import httpx
 import pytest
 
 from conftest import CONTEXT_SIZE
+from duo.net._proto import duo_pb2 as pb
+from duo.net._proto import duo_pb2_grpc as pb_grpc
 from helpers.greedy import leaves_greedy_path_only_at_a_near_tie
 from helpers.http import post
-from helpers.processes import start, wait_for_draft
+from helpers.processes import channel, start, wait_for_draft
 
 BATCH = 32  # the suite's tinyllama2 preset reads its prompts in calls of 32 tokens
 PROMPT = "the quick brown fox jumps over the lazy dog " * 8
@@ -111,3 +113,18 @@ def test_the_read_told_beside_a_draft_leaves_the_answer_the_targets_own(served_b
     tokens = [token for event in events for token in event["tokens"]]
     assert leaves_greedy_path_only_at_a_near_tie(target_model, PROMPT, tokens, 12)
     assert events[-1]["timings"]["draft_n"] > 0  # the draft took part
+
+
+def generated(process, **fields) -> list[pb.GenerateResponse]:
+    with channel(process.address) as open_channel:
+        request = pb.GenerateRequest(prompt=PROMPT, max_tokens=2, cache_prompt=False, **fields)
+        return list(pb_grpc.TargetStub(open_channel).Generate(request, timeout=60))
+
+
+def test_a_grpc_client_that_asks_gets_the_read_in_messages_of_no_text_before_the_first_token(served_batch):
+    responses = generated(served_batch, return_progress=True)
+    reports = [response for response in responses if response.HasField("progress")]
+    assert responses[:len(reports)] == reports and all(not r.text and not r.token_ids for r in reports)
+    total = reports[0].progress.total
+    assert [r.progress.processed for r in reports] == [*range(0, total, BATCH), total]
+    assert not any(response.HasField("progress") for response in generated(served_batch))

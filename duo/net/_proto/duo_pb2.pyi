@@ -234,7 +234,7 @@ class ChatMessage(_message.Message):
     def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompt", "messages", "max_tokens", "sampling", "stop", "cache_prompt", "grammar")
+    __slots__ = ("prompt", "messages", "max_tokens", "sampling", "stop", "cache_prompt", "grammar", "return_progress")
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -242,6 +242,7 @@ class GenerateRequest(_message.Message):
     STOP_FIELD_NUMBER: _ClassVar[int]
     CACHE_PROMPT_FIELD_NUMBER: _ClassVar[int]
     GRAMMAR_FIELD_NUMBER: _ClassVar[int]
+    RETURN_PROGRESS_FIELD_NUMBER: _ClassVar[int]
     prompt: str
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
     max_tokens: int
@@ -249,7 +250,8 @@ class GenerateRequest(_message.Message):
     stop: _containers.RepeatedScalarFieldContainer[str]
     cache_prompt: bool
     grammar: Grammar
-    def __init__(self, prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., max_tokens: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., cache_prompt: _Optional[bool] = ..., grammar: _Optional[_Union[Grammar, _Mapping]] = ...) -> None: ...
+    return_progress: bool
+    def __init__(self, prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., max_tokens: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., cache_prompt: _Optional[bool] = ..., grammar: _Optional[_Union[Grammar, _Mapping]] = ..., return_progress: _Optional[bool] = ...) -> None: ...
 
 class Grammar(_message.Message):
     __slots__ = ("kind", "source")
@@ -260,16 +262,30 @@ class Grammar(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., source: _Optional[str] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("text", "token_ids", "finish_reason", "stats")
+    __slots__ = ("text", "token_ids", "finish_reason", "stats", "progress")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
     text: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     finish_reason: str
     stats: Stats
-    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., stats: _Optional[_Union[Stats, _Mapping]] = ...) -> None: ...
+    progress: PromptProgress
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., stats: _Optional[_Union[Stats, _Mapping]] = ..., progress: _Optional[_Union[PromptProgress, _Mapping]] = ...) -> None: ...
+
+class PromptProgress(_message.Message):
+    __slots__ = ("total", "cache", "processed", "seconds")
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    CACHE_FIELD_NUMBER: _ClassVar[int]
+    PROCESSED_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    total: int
+    cache: int
+    processed: int
+    seconds: float
+    def __init__(self, total: _Optional[int] = ..., cache: _Optional[int] = ..., processed: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
 
 class Stats(_message.Message):
     __slots__ = ("prompt_tokens", "generated_tokens", "draft_tokens_received", "draft_tokens_verified", "draft_tokens_accepted", "verify_steps", "tokens_per_second", "time_to_first_token_s", "draft_connected", "batch_sizes", "draft_rejections", "branch_hits", "waits", "wait_seconds", "verification", "seed", "cached_prompt_tokens", "speculation", "lookup_tokens_verified", "lookup_tokens_accepted", "lookup_tokens_decoded", "lookup_steps_rested", "lookup_trials", "lookup", "draft", "step_verify_seconds", "step_work_seconds", "step_drafts_seconds", "step_queue_seconds", "step_between_seconds", "step_check_seconds", "commit_round_trips", "commit_round_trip_seconds")
