@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
 from duo.api.openai.errors import api_error, generation_error
+from duo.api.serving.choices import Choice
 from duo.api.serving.generate import Piece
 from duo.api.output.deltas import (AnswerSplitter, CallClosed, CallOpened, Delta, ReasoningDelta, TextDelta,
                                    answer_splitter, whole_answer)
@@ -211,14 +212,16 @@ class MessagesFormat:
         return {**self._message(assembled(events), last.stats), **self._stop(pieces, blocks.calls),
                 "duo_stats": last.stats.fields(last.draft_connected)}
 
-    async def events(self, choice: AsyncIterable[Piece], include_usage: bool) -> AsyncIterator[str]:
-        """The answer's events as it streams; `include_usage` does not apply (usage comes with message_delta, as
-        Anthropic sends it). message_start comes at once, before the prompt is read, and a ping whenever
-        PING_INTERVAL_S passed with no other event. A failure ends the stream with an error event."""
+    async def events(self, choice: Choice, include_usage: bool) -> AsyncIterator[str]:
+        """The answer's events as it streams; `include_usage` does not apply (the whole usage comes with
+        message_delta, as Anthropic sends it). message_start comes at once, before the prompt is read, its
+        input_tokens the prompt's (as llama-server's; which of them the cache holds, message_delta says), and a ping
+        whenever PING_INTERVAL_S passed with no other event. A failure ends the stream with an error event."""
         blocks = ContentBlocks()
         splitter: AnswerSplitter | None = None
         pieces: list[Piece] = []
-        yield sse({"type": "message_start", "message": self._message([], GenerationStats())})
+        yield sse({"type": "message_start",
+                   "message": self._message([], GenerationStats(prompt_tokens=choice.prompt_tokens))})
         yield sse({"type": "ping"})
         said = time.monotonic()  # when the last event was sent
         try:

@@ -63,6 +63,11 @@ class Choice:
         self.completion = completion
         self.head: Piece | None = None
 
+    @property
+    def prompt_tokens(self) -> int:
+        """The prepared prompt's tokens: known before its first piece (Anthropic's message_start tells them)."""
+        return self.completion.prompt_tokens
+
     async def read_head(self) -> None:
         self.head = await anext(aiter(self.completion), None)
 

@@ -58,9 +58,10 @@ class Completion:
     """One admitted request: iterate it for its pieces; aclose() (always called, also early) frees its
     running place, and its sessions on the target and the draft."""
 
-    def __init__(self, pieces: AsyncGenerator[Piece, None], slot: Slot) -> None:
+    def __init__(self, pieces: AsyncGenerator[Piece, None], slot: Slot, prompt_tokens: int = 0) -> None:
         self._pieces = pieces
         self._slot = slot
+        self.prompt_tokens = prompt_tokens  # the prepared prompt's tokens, known before it is read
 
     def __aiter__(self) -> AsyncIterator[Piece]:
         return self._pieces
@@ -220,7 +221,8 @@ class Completions:
             answer = _warm_up_answer if requests[0].warm_up else _as_generated
             preserved = self._marker_tokens(target.model) if requests[0].messages else frozenset()
             progress = requests[0].progress and not requests[0].warm_up
-            return [Completion(answer(self._pieces(target, choice, stops, reasoning, preserved, progress)), slot)
+            return [Completion(answer(self._pieces(target, choice, stops, reasoning, preserved, progress)), slot,
+                               len(choice.prompt_tokens))
                     for (choice, stops, reasoning), slot in zip(completions, places.hand_over())]
 
     async def tokenizing(self, work: Callable[..., T], *args: Any, **kwargs: Any) -> T:
