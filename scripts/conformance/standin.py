@@ -1,0 +1,163 @@
+"""The suite's `llama-server`: resolves the model it names to a local file and runs duo-target on it with the suite's
+flags (a duo-draft beside it in the draft pass), or the real llama-server on the same file.
+
+It reads its settings from the environment scripts/conformance.sh sets: DUO_CONFORMANCE_SERVER (duo or the path of a
+llama-server binary), DUO_CONFORMANCE_TINY / _TINY_DRAFT (the tiny models), DUO_CONFORMANCE_CHAT / _CHAT_DRAFT (the
+real chat model and its draft; empty where the run downloads no model), DUO_CONFORMANCE_DRAFT=1 (attach a duo-draft
+to every duo-target) and DUO_CONFORMANCE_ACCEPTANCE (a file where each drafted server adds its draft tokens verified
+and accepted).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+# The suite's small models (stories260K, stories15M, its infill and MoE variants, bert, jina, tinygemma3): all stand
+# in as the tiny random Qwen-tokenizer model. Every other repository is a real chat or tool model: Qwen2.5-Coder-0.5B.
+TINY_REPOS = ("ggml-org/test-model-stories260K", "ggml-org/stories15M_MOE", "ggml-org/models", "ggml-org/tiny-llamas",
+              "ggml-org/tinygemma3-GGUF")
+MODEL_FLAGS = ("-m", "--model", "-hf", "-hfr", "--hf-repo", "-hff", "--hf-file", "-mu", "--model-url")
+DRAFT_FLAGS = ("-md", "--model-draft")
+# What the stand-in drops on the way to duo-target, each with why (the report names these as duo's differences):
+# --no-jinja: the suite passes it to every server that does not ask for --jinja, and duo-target (Jinja only)
+# refuses it; --spec-type: llama-server's kind of draft, where duo's is the duo-draft that -md starts below.
+DROPPED_FOR_DUO = {"--no-jinja": 0, "--spec-type": 1}
+# duo-target's settings that llama-server has no flag for: its gRPC port (any free one: servers of consecutive
+# tests overlap while one stops) and a short stop, as llama-server stops at once on SIGTERM.
+DUO_EXTRA = ["--listen", "127.0.0.1:0", "--shutdown-grace", "1"]
+PR_SET_PDEATHSIG = 1
+
+
+def split_model_flags(argv: list[str]) -> tuple[dict[str, str], str | None, list[str]]:
+    """(the model flags given, by name; the -md file; every other argument), from llama-server's argv."""
+    model: dict[str, str] = {}
+    draft = None
+    rest: list[str] = []
+    args = iter(argv)
+    for arg in args:
+        if arg in MODEL_FLAGS:
+            model[arg.lstrip("-")] = next(args)
+        elif arg in DRAFT_FLAGS:
+            draft = next(args)
+        else:
+            rest.append(arg)
+    return model, draft, rest
+
+
+def local_model(flags: dict[str, str], env: dict[str, str]) -> str:
+    """The local GGUF standing in for the model the suite names (a path that exists is kept as it is)."""
+    path = flags.get("m") or flags.get("model")
+    if path and Path(path).exists():
+        return path
+    reference = " ".join(flags.values())
+    if any(repo.lower() in reference.lower() for repo in TINY_REPOS):
+        return env["DUO_CONFORMANCE_TINY"]
+    if not env.get("DUO_CONFORMANCE_CHAT"):
+        # Only the suite's slow tests name a real model; a run that downloads none (CI's) runs the fast ones.
+        raise SystemExit(f"conformance: {reference} stands in as Qwen2.5-Coder-0.5B, which this run does not "
+                         "download: run scripts/conformance.sh without --no-download")
+    return env["DUO_CONFORMANCE_CHAT"]
+
+
+def draft_for(model: str, env: dict[str, str]) -> str:
+    """The draft a duo-target serving `model` gets in the draft pass (same vocabulary)."""
+    return env["DUO_CONFORMANCE_CHAT_DRAFT" if model == env["DUO_CONFORMANCE_CHAT"] else "DUO_CONFORMANCE_TINY_DRAFT"]
+
+
+def duo_arguments(rest: list[str]) -> list[str]:
+    """llama-server's other flags as duo-target takes them: as they are (duo-target reads llama-server's flags), less
+    DROPPED_FOR_DUO; an explicit -np keeps llama-server's meaning of -c (the total, not unified)."""
+    kept: list[str] = []
+    args = iter(rest)
+    for arg in args:
+        if arg in DROPPED_FOR_DUO:
+            for _ in range(DROPPED_FOR_DUO[arg]):
+                next(args)
+        else:
+            kept.append(arg)
+    if {"-np", "--parallel"} & set(kept) and not {"-kvu", "--kv-unified"} & set(kept):
+        kept.append("--no-kv-unified")
+    return kept + DUO_EXTRA
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def die_with_parent() -> None:
+    """Runs in a child before exec: the kernel sends it SIGTERM when the stand-in goes (even by SIGKILL)."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def option(argv: list[str], names: tuple[str, ...], default: str) -> str:
+    for index, arg in enumerate(argv[:-1]):
+        if arg in names:
+            return argv[index + 1]
+    return default
+
+
+def record_acceptance(argv: list[str], env: dict[str, str]) -> None:
+    """Add this server's draft tokens verified and accepted (its /metrics) to DUO_CONFORMANCE_ACCEPTANCE."""
+    host = option(argv, ("--host",), "127.0.0.1").split(",")[0]
+    url = f"http://{host}:{option(argv, ('--port',), '8080')}/metrics"
+    try:
+        text = urllib.request.urlopen(url, timeout=2).read().decode()
+    except OSError as error:
+        text = f"# {url}: {error}"
+    counts = {name: sum(float(value) for value in re.findall(rf"^duo:spec_decode_{name}_total(?:{{[^}}]*}})? (\S+)$",
+                                                             text, re.M))
+              for name in ("num_draft_tokens", "num_accepted_tokens")}
+    test = env.get("PYTEST_CURRENT_TEST", "? (call)").rsplit(" ", 1)[0]
+    with open(env["DUO_CONFORMANCE_ACCEPTANCE"], "a") as out:
+        out.write(f"{test}\t{counts['num_draft_tokens']:.0f}\t{counts['num_accepted_tokens']:.0f}\n")
+
+
+def serve_with_draft(target: list[str], draft: list[str], env: dict[str, str]) -> int:
+    """Run duo-draft and duo-target (dialling it) until the suite stops us; note the draft's acceptance first."""
+    children = [subprocess.Popen(draft, preexec_fn=die_with_parent, env=env)]
+    children.append(subprocess.Popen(target, preexec_fn=die_with_parent, env=env))
+    stopping = []
+
+    def stop(signum: int, frame: object) -> None:
+        stopping.append(signum)
+        record_acceptance(target, env)
+        for child in reversed(children):
+            child.terminate()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    code = children[1].wait()
+    if not stopping:  # duo-target ended by itself (a refused flag, say): its status is the suite's answer
+        children[0].terminate()
+    children[0].wait()
+    return 0 if stopping else code
+
+
+def serve(argv: list[str], env: dict[str, str]) -> int:
+    """The suite's llama-server: the model it names resolved locally, then the server this pass runs."""
+    flags, model_draft, rest = split_model_flags(argv)
+    model = local_model(flags, env)
+    env.pop("PYTHONPATH", None)  # set for pytest to find the plugin (scripts/), not for the servers
+    server = env["DUO_CONFORMANCE_SERVER"]
+    if server != "duo":
+        draft = ["-md", model_draft] if model_draft else []
+        os.execve(server, [server, "-m", model, *draft, *rest], env)
+    bin_dir = Path(sys.executable).parent
+    target = [str(bin_dir / "duo-target"), "--model", model, *duo_arguments(rest)]
+    if not model_draft and env.get("DUO_CONFORMANCE_DRAFT") != "1":
+        os.execve(target[0], target, env)
+    port = free_port()
+    # llama-server's -md FNAME is duo-draft --model FNAME beside duo-target, which dials it.
+    draft = [str(bin_dir / "duo-draft"), "--model", model_draft or draft_for(model, env), "--listen",
+             f"127.0.0.1:{port}"]
+    return serve_with_draft([*target, "--peer", f"127.0.0.1:{port}"], draft, env)
