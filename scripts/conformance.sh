@@ -19,7 +19,8 @@
 # Runs the suite's fast tests (-m "not slow", as its CI does without SLOW_TESTS) of the files of features duo has;
 # the files the expectations list as not run test features duo does not have. DUO_CONFORMANCE_WORKERS pytest-xdist
 # workers (default: the number of cores), the first on port DUO_CONFORMANCE_PORT (default: one picked at random, so
-# that two runs on one machine do not meet), each next 10 further. Cached in ~/.cache/duo/conformance.
+# that two runs on one machine do not meet, below Linux's ephemeral ports, 32768 on, which any client's connection
+# may hold), each next 10 further. Cached in ~/.cache/duo/conformance.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO="$PWD"
@@ -103,7 +104,7 @@ started=$(date +%s)
         DUO_CONFORMANCE_TINY="$MODELS/tiny.gguf" DUO_CONFORMANCE_TINY_DRAFT="$MODELS/tiny-draft.gguf" \
         DUO_CONFORMANCE_CHAT="$CHAT" DUO_CONFORMANCE_CHAT_DRAFT="$CHAT_DRAFT" \
         DUO_CONFORMANCE_ACCEPTANCE="$RUN/acceptance.tsv" PYTHONPATH="$REPO/scripts" \
-        DUO_CONFORMANCE_PORT="${DUO_CONFORMANCE_PORT:-$((20000 + RANDOM % 1000 * 20))}" LLAMA_CACHE="$CACHE/hub-unused"
+        DUO_CONFORMANCE_PORT="${DUO_CONFORMANCE_PORT:-$((10000 + RANDOM % 1000 * 20))}" LLAMA_CACHE="$CACHE/hub-unused"
     "$VENV/bin/python" -m pytest -p conformance -q -m "not slow" --timeout 180 -p no:cacheprovider \
         -n "${DUO_CONFORMANCE_WORKERS:-$(nproc)}" --junitxml "$RUN/junit.xml" "$@" > "$RUN/pytest.log" 2>&1 || true
 )
