@@ -12,11 +12,16 @@ MODEL_REASON = "model: fails on llama-server too, at the same place, with the sa
 def expected_lines(llama_junit: Path, duo_junit: Path, expectations_path: Path) -> tuple[list[str], list[str]]:
     """(the expectation lines of the tests duo fails, what is left off and why). A test duo fails is written when its
     reason is a feature duo lacks (kept from the file: only a person says that) or when llama-server fails it at the
-    same place (a `model:` line with that place); the rest are duo's differences, which the check must show."""
+    same place (a `model:` line with that place); the rest are duo's differences, which the check must show. A test
+    the runs did not run (a refresh of some files) keeps its line."""
     old = read_expectations(expectations_path)
     llama, duo = read_results(llama_junit), read_results(duo_junit)
     lines, left_off = [], []
-    for test, outcome in sorted(duo.outcomes.items()):
+    for test in sorted(set(old.tests) | set(duo.outcomes)):
+        outcome = duo.outcomes.get(test)
+        if outcome is None:
+            place = old.places.get(test)
+            lines.append(f"{test} | {old.tests[test]}" + (f" | {PLACE_FIELD}{place}" if place else ""))
         if outcome != "failed":
             continue
         reason = old.tests.get(test, "")

@@ -124,7 +124,9 @@ def test_a_model_test_failing_elsewhere_than_on_llama_server_fails_the_check(tmp
 def test_the_refresh_lists_what_fails_on_both_at_one_place_and_leaves_duos_differences_off(tmp_path):
     expected = tmp_path / "expected.txt"
     expected.write_text("unit/test_x.py::test_feature | feature: embeddings\n"
-                        "unit/test_x.py::test_model | model: asserts the stories model's words\n")
+                        "unit/test_x.py::test_model | model: asserts the stories model's words\n"
+                        "unit/test_y.py::test_not_run | model: asserts the stories model's words"
+                        " | llama-server: unit/test_y.py:7: AssertionError\n")
     llama = junit(tmp_path / "llama.xml", {"test_feature": "passed", "test_model": "12", "test_new_model": "20",
                                            "test_elsewhere": "30", "test_difference": "passed", "test_fixed": "5"})
     duo = junit(tmp_path / "duo.xml", {"test_feature": "3", "test_model": "12", "test_new_model": "20",
@@ -136,6 +138,8 @@ def test_the_refresh_lists_what_fails_on_both_at_one_place_and_leaves_duos_diffe
         " | llama-server: unit/test_x.py:12: AssertionError",
         "unit/test_x.py::test_new_model | model: fails on llama-server too, at the same place, with the same stand-in"
         " models | llama-server: unit/test_x.py:20: AssertionError",
+        "unit/test_y.py::test_not_run | model: asserts the stories model's words"
+        " | llama-server: unit/test_y.py:7: AssertionError",
     ]
     assert [entry.split("\n")[0] for entry in left_off] == ["unit/test_x.py::test_difference",
                                                              "unit/test_x.py::test_elsewhere"]
