@@ -128,3 +128,23 @@ def test_a_grpc_client_that_asks_gets_the_read_in_messages_of_no_text_before_the
     total = reports[0].progress.total
     assert [r.progress.processed for r in reports] == [*range(0, total, BATCH), total]
     assert not any(response.HasField("progress") for response in generated(served_batch))
+
+
+def responses_events(process, body: dict) -> list[dict]:
+    with httpx.stream("POST", f"{process.http_url}/v1/responses", timeout=60, json={**body, "stream": True}) as answer:
+        return [json.loads(line.removeprefix("data: ")) for line in answer.iter_lines() if line.startswith("data: ")]
+
+
+def test_a_responses_stream_tells_its_read_in_response_in_progress_events_and_its_timings_as_llama_server(
+        served_batch):
+    events = responses_events(served_batch, {"input": PROMPT, "max_output_tokens": 4, "timings_per_token": True,
+                                             "return_progress": True})
+    reports = [event for event in events if "prompt_progress" in event]
+    assert reports and all(event["type"] == "response.in_progress" for event in reports)
+    assert reports[-1]["prompt_progress"]["processed"] == reports[-1]["prompt_progress"]["total"]
+    first_delta = next(i for i, event in enumerate(events) if event["type"] == "response.output_text.delta")
+    assert events.index(reports[-1]) < first_delta and "timings" in events[first_delta]
+    assert "timings" in events[-1] and events[-1]["type"] in ("response.completed", "response.incomplete")
+    plain = responses_events(served_batch, {"input": PROMPT, "max_output_tokens": 4})
+    assert not any("prompt_progress" in event for event in plain)
+    assert [("timings" in event) for event in plain] == [False] * (len(plain) - 1) + [True]

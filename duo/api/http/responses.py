@@ -43,7 +43,7 @@ class ResponsesApi:
 
         output = ResponsesFormat(self.answering.model_name(body.model), body.echo(), functions,
                                  completions.call_format(),
-                                 keep if body.store is not False else None, tools)
+                                 keep if body.store is not False else None, tools, body.timings_per_token)
         return await self.answering.answer(chat, chat.to_request, request, output)
 
     async def input_tokens(self, request: Request) -> dict[str, int]:

@@ -8,7 +8,9 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from typing import Any
 
+from duo.api.llama_server.timings import timings
 from duo.api.openai.errors import ApiError, api_error, generation_error
+from duo.api.output.progress import progress_event
 from duo.api.serving.generate import Piece
 from duo.api.output.deltas import AnswerSplitter, answer_splitter, whole_answer
 from duo.api.serving.request import ShuttingDown
@@ -28,11 +30,12 @@ class ResponsesFormat:
     """One response's shape, for duo.api.http.answering: whole() or events(). `settings`: the request's
     settings the response repeats (ResponsesBody.echo); the answer's text is split into content, reasoning and calls
     of `functions` as chat's is (duo.api.output.deltas), each call an item of the tool `tools` offered it for; `keep`,
-    where the response is to be held, gets its output as chat messages once it is done."""
+    where the response is to be held, gets its output as chat messages once it is done. As llama-server's, the
+    stream's last event carries the timings, and with `timings_per_token` each piece's last event too."""
 
     def __init__(self, model: str, settings: dict[str, Any], functions: Sequence[FunctionBody] | None,
                  call_format: CallFormat | None, keep: Keep | None = None,
-                 tools: ResponsesTools | None = None) -> None:
+                 tools: ResponsesTools | None = None, timings_per_token: bool = False) -> None:
         self.model = model
         self.settings = settings
         self.id = new_id("resp")
@@ -41,6 +44,7 @@ class ResponsesFormat:
         self.splitter: AnswerSplitter | None = None  # made on the first piece, which says how its reasoning reads
         self.items = OutputItems(tools)
         self.keep = keep
+        self.timings_per_token = timings_per_token
         self.sequence = 0
 
     def whole(self, pieces: list[Piece]) -> dict[str, Any]:
@@ -75,14 +79,20 @@ class ResponsesFormat:
                 yield event
 
     def _events_of(self, piece: Piece) -> list[Event]:
-        """What one piece adds to the stream: its items' events, and the response's end where it is the last."""
+        """What one piece adds to the stream: its items' events, and the response's end where it is the last; a piece
+        that tells the prompt's read (return_progress), a response.in_progress carrying it, as llama-server's."""
+        if piece.progress is not None:
+            return [progress_event({"type": "response.in_progress", "response": self._response("in_progress", [])},
+                                   piece.progress, self.timings_per_token)]
         if self.splitter is None:  # the prompt is read: whether it opened reasoning is known
             self.splitter = answer_splitter(self.functions, self.call_format, reasoning=piece.reasoning)
         events = self.items.feed(self.splitter.feed(piece.text))
         if piece.finish_reason:
             events += self._finish(piece)
             final = self._final(piece)
-            events.append({"type": f"response.{final['status']}", "response": final})
+            events.append({"type": f"response.{final['status']}", "response": final, "timings": timings(piece.stats)})
+        elif events and self.timings_per_token:
+            events[-1]["timings"] = timings(piece.stats)
         return events
 
     def _finish(self, last: Piece) -> list[Event]:

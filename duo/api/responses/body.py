@@ -114,6 +114,8 @@ class ResponsesBody(Loose):
     stop: str | list[str] | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    timings_per_token: bool = False  # llama-server's: each streamed event carries the timings so far
+    return_progress: bool = False    # llama-server's: a stream tells how far its prompt's read got (prompt_progress)
     # Echoed, and otherwise ignored: they change nothing duo returns (reasoning: duo's models reason as their
     # template says, or not at all; truncation: a prompt past the context is a 400 either way).
     metadata: dict[str, Any] | None = None

@@ -20,7 +20,7 @@ DROPPED_ITEMS = ("reasoning",)
 CALL_OUTPUTS = ("function_call_output", "custom_tool_call_output")
 # The chat fields a Responses body carries under the same name.
 SAME_FIELDS = ("model", "temperature", "top_p", "parallel_tool_calls", "seed", "top_k", "min_p", "stop",
-               "presence_penalty", "frequency_penalty")
+               "presence_penalty", "frequency_penalty", "timings_per_token", "return_progress")
 
 
 def input_messages(body: ResponsesBody) -> list[dict[str, Any]]:
