@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# duo-target's OpenAI-compatible HTTP API with curl (duo-target --http 8000); BASE overrides the address.
+# duo-target's OpenAI-compatible HTTP API with curl (duo-target --http 8000 --metrics); BASE overrides the address.
 set -euo pipefail
 BASE="${BASE:-http://127.0.0.1:8000}"
 AUTH=(-H "Authorization: Bearer ${DUO_API_KEY:-none}")  # checked only with duo-target --api-key
@@ -16,5 +16,5 @@ echo
 curl -sSN "${AUTH[@]}" "$BASE/v1/chat/completions" -H "Content-Type: application/json" \
   -d '{"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 32, "stream": true}'
 
-# Prometheus metrics.
+# Prometheus metrics (501 without --metrics, as llama-server's).
 curl -sS "$BASE/metrics" | grep '^duo:spec_decode'

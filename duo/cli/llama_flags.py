@@ -84,7 +84,7 @@ LLAMA_FLAGS: tuple[LlamaFlag, ...] = (
         ("--gpu-layers", "duo's own flag"), ("--flash-attn", "duo's own flag"), ("--rpc", "duo's own flag"),
         ("--tensor-split", "duo's own flag"), ("--api-key", "duo's own flag (one key)"),
         ("--api-key-file", "duo's own flag"), ("--alias", "duo's own flag: as -a"),
-        ("--metrics", "duo's own flag: alone, /metrics on the HTTP port (always served there)"),
+        ("--metrics", "duo's own flag: alone, /metrics on the HTTP port (501 without it, as llama-server)"),
         ("--draft-max", "duo's own flag"), ("--draft-min", "duo's own flag"), ("--draft-p-min", "duo's own flag"),
         ("--batch-size", "duo's own flag: a prompt is read this many tokens a call"))),
     _flag(TAKEN, "-m", "--model", "model", "FNAME"),

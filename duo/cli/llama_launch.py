@@ -128,7 +128,7 @@ def _flag_of(field: str) -> str:
 def launch_settings(args: argparse.Namespace) -> LaunchSettings:
     """What the HTTP app takes from the launch line."""
     return LaunchSettings(aliases=tuple(sorted(comma_list(args.alias))), tags=tuple(sorted(comma_list(args.tags))),
-                          defaults=server_defaults(args), slots=args.slots)
+                          defaults=server_defaults(args), slots=args.slots, metrics=args.metrics is not None)
 
 
 def context_per_request(ctx_size: int, n_ctx_train: int, parallel: int, kv_unified: bool) -> int:

@@ -115,10 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
                               "reflection, /v1/models and /metrics stay open "
                               "(default: $DUO_API_KEY, else no key). Visible to every user of this machine in "
                               "its process list: prefer --api-key-file or $DUO_API_KEY")
-    clients.add_argument("--metrics", nargs="?", default=None, const=None, metavar="[HOST:]PORT",
-                         help="also serve Prometheus metrics at http://HOST:PORT/metrics (HOST: 127.0.0.1 unless "
-                              "given), as duo-draft --metrics does; --http serves them at /metrics too (alone, as "
-                              "llama-server's --metrics: there only)")
+    # "" for --metrics alone: on the HTTP port only (falsy: no server of its own); None: off.
+    clients.add_argument("--metrics", nargs="?", default=None, const="", metavar="[HOST:]PORT",
+                         help="serve Prometheus metrics (duo's, and llama-server's llamacpp:*) at /metrics on the "
+                              "HTTP port, as llama-server's --metrics (without it /metrics answers 501, as there); "
+                              "with [HOST:]PORT also at http://HOST:PORT/metrics (HOST: 127.0.0.1 unless given), as "
+                              "duo-draft --metrics does")
     clients.add_argument("--no-prompt-cache", action="store_true",
                          help="share no prompt prefix between requests (by default a request starts from the "
                               "longest prefix of its prompt that the cache holds, whoever sent it; usage reports "

@@ -81,7 +81,7 @@ def test_ctx_size_is_per_request_and_the_total_of_np_requests_with_no_kv_unified
 
 def test_slots_and_metrics_switches_read_as_llama_server_writes_them():
     assert parse("").slots and not parse("--no-slots").slots and parse("--no-slots --slots").slots
-    assert parse("--metrics").metrics is None and parse("--metrics 9100").metrics == "9100"
+    assert parse("").metrics is None and parse("--metrics").metrics == "" and parse("--metrics 9100").metrics == "9100"
 
 
 def test_chat_template_takes_jinja_a_file_or_chatml_and_names_what_duo_cannot_render(tmp_path: Path):

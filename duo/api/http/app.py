@@ -59,7 +59,7 @@ def create_app(completions: Completions, metrics: Metrics, api_key: str | None, 
     answering = Answering(completions, metrics, write_timeout, launch.defaults)
     # No /docs or /redoc: they load their scripts from a CDN. /openapi.json describes the API.
     app = FastAPI(title="duo-target", docs_url=None, redoc_url=None, strict_content_type=False)
-    add_llama_server_routes(app, answering, slots=launch.slots)
+    add_llama_server_routes(app, answering, slots=launch.slots, metrics=launch.metrics)
     add_openai_routes(app, answering, aliases=launch.aliases, tags=launch.tags)
     add_responses_routes(app, answering)
     add_messages_routes(app, answering)

@@ -10,9 +10,12 @@ from duo.api.serving.defaults import ServerDefaults
 @dataclass(frozen=True)
 class LaunchSettings:
     """llama-server's -a/--alias and --tags (listed by /v1/models: `aliases` sorted, as its std::set holds them),
-    its sampling defaults (--temp, --seed, -n, ...) and --no-slots (GET /slots then answers 501, as there)."""
+    its sampling defaults (--temp, --seed, -n, ...), --no-slots (GET /slots then answers 501, as there) and
+    --metrics (without it GET /metrics answers 501, as there: the server's load and counts are not shown to anyone
+    who can reach the port unless asked for)."""
 
     aliases: tuple[str, ...] = ()
     tags: tuple[str, ...] = ()
     defaults: ServerDefaults = field(default_factory=ServerDefaults)
     slots: bool = True
+    metrics: bool = False

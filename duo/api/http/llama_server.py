@@ -20,9 +20,10 @@ from duo.api.serving.request import CompletionRequest
 class LlamaServerApi:
     """llama-server's native endpoints over `answering`'s completions."""
 
-    def __init__(self, answering: Answering, *, slots: bool = True) -> None:
+    def __init__(self, answering: Answering, *, slots: bool = True, metrics: bool = False) -> None:
         self.answering = answering
         self.slots_shown = slots  # llama-server's --no-slots turns GET /slots off
+        self.metrics_shown = metrics  # and its --metrics GET /metrics on
         self.completions = answering.completions
         self.metrics = answering.metrics
 
@@ -38,7 +39,14 @@ class LlamaServerApi:
         return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
     def metrics_text(self) -> Response:
-        return Response(self.metrics.render(), media_type=CONTENT_TYPE)
+        """Prometheus text (duo's metrics and llama-server's) with llama-server's Process-Start-Time-Unix header,
+        named as it writes it (Starlette would lower its case); 501 without --metrics, in llama-server's words."""
+        if not self.metrics_shown:
+            raise ApiError(501, "This server does not support metrics endpoint. Start it with `--metrics`",
+                           type="not_supported_error")
+        response = Response(self.metrics.render(), media_type=CONTENT_TYPE)
+        response.raw_headers.append((b"Process-Start-Time-Unix", str(self.metrics.started).encode()))
+        return response
 
     def slots(self) -> list[dict[str, Any]]:
         """llama-server's /slots, read-only: duo's running places (--parallel), those at work first; 501 after
@@ -131,10 +139,11 @@ def _piece(text: bytes) -> str | list[int]:
         return list(text)
 
 
-def add_llama_server_routes(app: FastAPI, answering: Answering, *, slots: bool = True) -> LlamaServerApi:
+def add_llama_server_routes(app: FastAPI, answering: Answering, *, slots: bool = True,
+                            metrics: bool = False) -> LlamaServerApi:
     """Register llama-server's native routes (/completions without /v1 is its native /completion, as there; /health
     with or without /v1) and describe their bodies in /openapi.json."""
-    api = LlamaServerApi(answering, slots=slots)
+    api = LlamaServerApi(answering, slots=slots, metrics=metrics)
     for prefix in ("", "/v1"):
         app.add_api_route(f"{prefix}/health", api.health, methods=["GET"])
     app.add_api_route("/metrics", api.metrics_text, methods=["GET"])

@@ -373,6 +373,7 @@ function showBadge(kind, text) {
 async function pollMetrics() {
   try {
     const response = await fetch("/metrics", {cache: "no-store"});
+    if (response.status === 501) return showBadge("alone", "no metrics: start duo-target with --metrics");
     if (!response.ok) throw new Error(`/metrics answered ${response.status}`);
     showServer(parseMetrics(await response.text()), Date.now());
   } catch (error) {

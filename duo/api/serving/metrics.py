@@ -1,4 +1,5 @@
-"""Prometheus metrics of duo-target, named like vLLM's so that existing dashboards and alerts carry over.
+"""Prometheus metrics of duo-target, named like vLLM's so that existing dashboards and alerts carry over, and
+llama-server's (llamacpp:*, duo.api.serving.llama_metrics) beside them.
 
 Vocabulary (vLLM's): a *draft* is one verify step that checked at least one draft token; its
 *draft tokens* are the tokens it checked; *accepted tokens* the prefix of them the target kept.
@@ -16,6 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from duo.api.serving.llama_metrics import LlamaCppMetrics
 from duo.target.request import GenerationStats, StepRecord
 from duo.net.wire import REJECTION_REASONS
 
@@ -32,9 +34,11 @@ DRAFT_STATES = ("connected", "disconnected", "incompatible", "none")
 
 
 class Metrics:
-    """duo-target's metrics in a registry of their own (not prometheus_client's global one)."""
+    """duo-target's metrics in a registry of their own (not prometheus_client's global one), and llama-server's."""
 
     def __init__(self) -> None:
+        self.started = int(time.time())  # the Unix time llama-server's /metrics sends as Process-Start-Time-Unix
+        self.llamacpp = LlamaCppMetrics()
         self.registry = CollectorRegistry()
         r = self.registry
         self.waits = Counter("duo:spec_decode_waits", "Steps that waited for drafts known to be coming instead of "
@@ -113,6 +117,7 @@ class Metrics:
         self.spec_gain.set_function(spec_gain)
         self.requests_running.set_function(running)
         self.requests_waiting.set_function(waiting)
+        self.llamacpp.running, self.llamacpp.waiting = running, waiting
 
     def watch_drafts(self, drafts: Callable[[], list[dict]]) -> None:
         """Export each draft of the pool (duo.target.pool.pool.Member.describe) at every scrape, labelled by its
@@ -121,6 +126,7 @@ class Metrics:
 
     # duo.target.target.StepObserver
     def on_step(self, record: StepRecord) -> None:
+        self.llamacpp.on_step(record)
         self.num_steps.inc()
         self.num_emitted_tokens.inc(record.n_committed)
         if record.waited:
@@ -136,6 +142,7 @@ class Metrics:
 
     # duo.target.batching.CallObserver
     def on_call(self, requests: int, tokens: int) -> None:
+        self.llamacpp.on_call(requests)
         self.iteration_requests.observe(requests)
         self.iteration_tokens.observe(tokens)
 
@@ -145,6 +152,7 @@ class Metrics:
 
     def request_finished(self, stats: GenerationStats, finish_reason: str | None) -> None:
         """Count one request that ran; `finish_reason` None: the client left before the end."""
+        self.llamacpp.request_finished(stats)
         self.prompt_tokens.inc(stats.prompt_tokens)
         self.prompt_tokens_cached.inc(stats.cached_prompt_tokens)
         self.generation_tokens.inc(stats.generated_tokens)
@@ -159,8 +167,9 @@ class Metrics:
             self.e2e_latency.observe(time.monotonic() - stats.arrived)
 
     def render(self) -> bytes:
-        """The Prometheus text exposition format."""
-        return generate_latest(self.registry)
+        """The Prometheus text exposition format: duo's metrics, then llama-server's (whose rates start a new window
+        at each render, as a scrape of llama-server's does)."""
+        return generate_latest(self.registry) + self.llamacpp.render().encode()
 
 
 class DraftCollector(Collector):
