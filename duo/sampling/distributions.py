@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -217,6 +218,22 @@ def sample_weights(ids: np.ndarray, weights: np.ndarray, rng: np.random.Generato
 def prob_of(dist: SparseDist, token: int) -> float:
     """dist's probability of one token (a linear scan: supports are small, or this is ~0.1 ms)."""
     return float(dist.probs[dist.ids == token].sum())  # ids are unique: one term or none
+
+
+def chain_log_probs(rows: np.ndarray, tokens: Sequence[int], params: SamplingParams, mu: float | None,
+                    top: int) -> list[tuple[float, list[tuple[int, float]]]]:
+    """Each of `tokens` (drawn after its row of `rows`) with its log-probability under the distribution it was drawn
+    from, after the whole chain (llama-server's post_sampling_probs), and the `top` most probable ids of that
+    distribution with theirs (ties: lower id first); a token the chain leaves out is not listed, as llama-server
+    lists none of probability 0. Mirostat's state advances along the tokens as the generation's did."""
+    entries = []
+    for row, token in zip(rows, tokens):
+        dist = distribution(row, params, mu)
+        order = np.lexsort((dist.ids, -dist.probs))[:top]
+        best = [(int(dist.ids[i]), math.log(float(dist.probs[i]))) for i in order if dist.probs[i] > 0]
+        entries.append((math.log(prob_of(dist, token)), best))
+        mu = advance(params, mu, dist, token)
+    return entries
 
 
 def log_probs(row: np.ndarray, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:

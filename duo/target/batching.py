@@ -23,7 +23,7 @@ from duo.llama.model import Context, ModelError, Part, common_prefix_length
 from duo.llama.worker import ModelWorker
 from duo.net.timeouts import within
 from duo.sampling import rows
-from duo.sampling.distributions import NoTokenAllowed, SparseDist, log_probs
+from duo.sampling.distributions import NoTokenAllowed, SparseDist, chain_log_probs, log_probs
 from duo.sampling.ops.penalties import OutputCounts, Penalties
 from duo.sampling.params import SamplingParams
 from duo.sampling.verification import Verdict, verify
@@ -71,6 +71,7 @@ class VerifyWork:
     penalties: Penalties = Penalties()
     counted: OutputCounts | None = None
     logprobs: int = -1  # >= 0: each committed token's log-probability and this many alternatives' (-1: none)
+    post_sampling: bool = False  # those of the distribution drawn from, after the whole chain (not the row's softmax)
     committed: Sequence[int] = ()  # the prompt and the committed output (DRY reads them), unchanged until the result
     mu: float | None = None  # mirostat's state after them (None without mirostat)
     # A request's first step may read the rest of its prompt before `last`, at positions pos - len(tail) ... pos - 1:
@@ -350,6 +351,14 @@ def one_token_seconds(context: Context, calls: int = ALONE_TIMING_CALLS) -> floa
     return statistics.median(times)
 
 
+def _logprobs(work: VerifyWork, rows: np.ndarray, tokens: Sequence[int]) -> list[tuple[float, list[tuple[int, float]]]]:
+    """The committed tokens' logprobs, from their rows as verified: of the row's softmax, or where the request asks
+    (llama-server's post_sampling_probs) of the distribution each token was drawn from."""
+    if work.post_sampling:
+        return chain_log_probs(rows, tokens, work.params, work.mu, work.logprobs)
+    return [log_probs(row, token, work.logprobs) for row, token in zip(rows, tokens)]
+
+
 def _decode_and_verify(context: Context,
                        planned: Sequence[_Planned]) -> tuple[list[Verdict | int | Exception], tuple[float, float]]:
     """One model call (on the model thread): decode every part, verify each request's drafts against
@@ -371,8 +380,7 @@ def _decode_and_verify(context: Context,
             verdict = verify(item.drafts, item.dists, logits, work.params, work.rng, work.coupled_seed, work.pos + 1,
                              work.mu)
             if work.logprobs >= 0:  # from the rows as verified: after the penalties and the grammar
-                verdict = replace(verdict, logprobs=[log_probs(row, token, work.logprobs)
-                                                     for row, token in zip(logits, verdict.tokens)])
+                verdict = replace(verdict, logprobs=_logprobs(work, logits, verdict.tokens))
             # Cache entries are right up to the last accepted draft that was in the batch.
             drafted = len(item.part.tokens) - len(work.prompt_tail) - 1
             context.rollback(work.pos + 1 + min(verdict.n_accepted, drafted), work.seq)

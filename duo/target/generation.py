@@ -169,7 +169,8 @@ class Generation:
                           params=self.request.params, rng=self.rng,
                           coupled_seed=self.seed if self.verification == COUPLED else None,
                           masks=masks, penalties=self.request.penalties, counted=self.output_counts,
-                          logprobs=self.request.logprobs, committed=self.committed, mu=self.mu,
+                          logprobs=self.request.logprobs, post_sampling=self.request.post_sampling,
+                          committed=self.committed, mu=self.mu,
                           prompt_tail=prompt_tail)
 
     def _drafts(self, pending: list[int], limit: int) -> tuple[list[int], list[int], list[int]]:

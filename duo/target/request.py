@@ -190,6 +190,7 @@ class Request:
     constraint: Cursor | None = None
     penalties: Penalties = Penalties()  # transforms of each position's logits by the output before it
     logprobs: int = -1  # >= 0: report each token's log-probability and this many alternatives'
+    post_sampling: bool = False  # ... under the distribution it was drawn from, after the whole chain
 
 
 def verification_of(request: Request, unseeded: str) -> str:

@@ -59,7 +59,8 @@ class OpenAIApi:
         return await self.answering.answer(body, to_request, request,
                                            ChatFormat(self.answering.model_name(body.model), functions,
                                                       self.completions.call_format(), sources=body.duo_sources,
-                                                      timings_per_token=body.timings_per_token, verbose=verbose))
+                                                      timings_per_token=body.timings_per_token, verbose=verbose,
+                                                      post_sampling=body.post_sampling_probs))
 
     def _verbose(self, body: GenerationBody) -> tuple[Callable[[], CompletionRequest],
                                                      Callable[[list[Piece]], dict[str, Any]] | None]:

@@ -51,7 +51,8 @@ class NativeFormat:
         answer = {**self._final(pieces[-1]), "content": "".join(piece.text for piece in pieces),
                   "tokens": [token for piece in pieces for token in piece.token_ids]}
         if pieces[-1].logprobs is not None:
-            answer["completion_probabilities"] = native_probabilities([e for p in pieces for e in p.logprobs or []])
+            answer["completion_probabilities"] = native_probabilities([e for p in pieces for e in p.logprobs or []],
+                                                                      self._post_sampling)
         return self.fields(answer)
 
     async def events(self, choice: AsyncIterable[Piece], include_usage: bool) -> AsyncIterator[str]:
@@ -68,7 +69,7 @@ class NativeFormat:
                 event = {"index": 0, "content": piece.text, "tokens": piece.token_ids, "stop": False,
                          "id_slot": NO_SLOT}
                 if piece.logprobs is not None:
-                    event["completion_probabilities"] = native_probabilities(piece.logprobs)
+                    event["completion_probabilities"] = native_probabilities(piece.logprobs, self._post_sampling)
                 if self.timings_per_token:
                     event["timings"] = timings(piece.stats)
                 if piece.finish_reason:
@@ -97,6 +98,11 @@ class NativeFormat:
         sampled = not self.request.params.greedy  # the target draws a sampled request's seed where none was given
         settings = generation_settings(self.request, last.stats.seed if sampled else None, last.logit_bias)
         return {**settings, "timings_per_token": self.timings_per_token}
+
+    @property
+    def _post_sampling(self) -> bool:
+        """Whether the probabilities are after the sampler chain (post_sampling_probs): their names say so."""
+        return self.request is not None and self.request.post_sampling_probs
 
     def _prompt(self, last: Piece) -> str:
         return self.detokenize(last.prompt_tokens) if self.detokenize else ""

@@ -39,5 +39,5 @@ def generation_settings(request: CompletionRequest, seed: int | None = None,
         # a bias of -inf (never) is null, as llama-server's JSON writes it
         "logit_bias": [{"bias": bias if math.isfinite(bias) else None, "token": token}
                        for token, bias in bias],
-        "timings_per_token": False, "post_sampling_probs": False,
+        "timings_per_token": False, "post_sampling_probs": request.post_sampling_probs,
     }

@@ -179,8 +179,9 @@ class ChatFormat(OpenAIFormat):
 
     def __init__(self, model: str, functions: list[FunctionBody] | None = None,
                  format_: CallFormat | None = None, sources: bool = False, timings_per_token: bool = False,
-                 verbose: Callable[[list[Piece]], dict[str, Any]] | None = None) -> None:
+                 verbose: Callable[[list[Piece]], dict[str, Any]] | None = None, post_sampling: bool = False) -> None:
         super().__init__(model, sources, timings_per_token, verbose)
+        self.post_sampling = post_sampling  # llama-server's post_sampling_probs: probabilities after the chain
         self.functions, self.format = functions, format_
         self.reasoning = Reasoning()
         self.splitter = None
@@ -197,7 +198,7 @@ class ChatFormat(OpenAIFormat):
         return self.opening_chunks()[0]  # as llama-server: the assistant's role, no content yet
 
     def shown_logprobs(self, entries: list[dict[str, Any]], offset: int) -> Any:
-        return chat_logprobs(entries)
+        return chat_logprobs(entries, self.post_sampling)
 
     def whole_choice(self, text: str, finish_reason: str | None) -> dict[str, Any]:
         deltas = whole_answer(text, self.functions, self.format, self.reasoning)

@@ -30,6 +30,10 @@ class CompletionBody(GenerationBody):
         super().check_supported()
         if self.echo:
             raise BadRequest("echo is not supported", param="echo")
+        if self.post_sampling_probs:
+            raise BadRequest("post_sampling_probs is not supported on /v1/completions, whose logprobs are OpenAI's "
+                             "log-probabilities; use /completion (llama-server's) or /v1/chat/completions",
+                             param="post_sampling_probs")
         if self.best_of not in (None, self.n or self.n_cmpl or 1):
             raise BadRequest(f"best_of must equal n ({self.n or self.n_cmpl or 1}): duo returns every choice it "
                              f"generates, it does not rank them; got {self.best_of}", param="best_of")

@@ -3,6 +3,7 @@ its top alternatives'; then in OpenAI's chat, OpenAI's legacy completions and ll
 
 from __future__ import annotations
 
+import math
 from typing import Any, Protocol, Sequence
 
 
@@ -23,8 +24,12 @@ def described(model: Pieces, tokens: Sequence[int], logprobs: Sequence[TokenLogp
             for token, (logprob, top) in zip(tokens, logprobs)]
 
 
-def chat_logprobs(entries: list[dict[str, Any]]) -> dict[str, Any]:
-    """OpenAI chat's choice.logprobs."""
+def chat_logprobs(entries: list[dict[str, Any]], post_sampling: bool = False) -> dict[str, Any]:
+    """OpenAI chat's choice.logprobs; after the sampler chain (llama-server's post_sampling_probs), its shape of them:
+    each token's probability (prob) and its alternatives' (top_probs)."""
+    if post_sampling:
+        return {"content": native_probabilities(entries, post_sampling)}
+
     def item(entry: dict[str, Any]) -> dict[str, Any]:
         return {"token": entry["token"], "logprob": entry["logprob"], "bytes": entry["bytes"]}
 
@@ -41,9 +46,12 @@ def completion_logprobs(entries: list[dict[str, Any]], offset: int) -> dict[str,
             "top_logprobs": [{t["token"]: t["logprob"] for t in e["top"]} for e in entries], "text_offset": offsets}
 
 
-def native_probabilities(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """llama-server's completion_probabilities (n_probs)."""
+def native_probabilities(entries: list[dict[str, Any]], post_sampling: bool = False) -> list[dict[str, Any]]:
+    """llama-server's completion_probabilities (n_probs): log-probabilities (logprob, top_logprobs), or after the
+    sampler chain (post_sampling_probs) probabilities (prob, top_probs), as llama-server names them."""
     def item(entry: dict[str, Any]) -> dict[str, Any]:
-        return {"id": entry["id"], "token": entry["token"], "bytes": entry["bytes"], "logprob": entry["logprob"]}
+        shown = {"id": entry["id"], "token": entry["token"], "bytes": entry["bytes"]}
+        return shown | ({"prob": math.exp(entry["logprob"])} if post_sampling else {"logprob": entry["logprob"]})
 
-    return [{**item(e), "top_logprobs": [item(t) for t in e["top"]]} for e in entries]
+    top = "top_probs" if post_sampling else "top_logprobs"
+    return [{**item(e), top: [item(t) for t in e["top"]]} for e in entries]

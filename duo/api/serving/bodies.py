@@ -133,6 +133,7 @@ class GenerationBody(LlamaServerFields, SamplerFields):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     n_probs: int = Field(default=0, ge=0, le=MAX_TOP_LOGPROBS)  # llama-server's: > 0 reports logprobs
+    post_sampling_probs: bool = False  # llama-server's: the probabilities after the whole sampler chain (prob)
     repeat_penalty: float | None = None  # llama-server's
     repeat_last_n: Int32 | None = None   # llama-server's: -1 the whole output
     # OpenAI's {"token id": bias}; llama-server's [[token id, bias or false], ...] too (false: never), and text in
@@ -245,6 +246,7 @@ class GenerationBody(LlamaServerFields, SamplerFields):
                                  cache_prompt=self.cache_prompt, grammar=self.grammar_spec(),
                                  warm_up=warm_up, penalties=penalties, bias_texts=self._biases()[1],
                                  logprobs=-1 if warm_up else self.logprob_count(), infill_sampler="i" in on,
+                                 post_sampling_probs=self.post_sampling_probs,
                                  ignore_eos=self.ignore_eos, progress=bool(self.stream and self.return_progress),
                                  **prompt)
 

@@ -100,7 +100,7 @@ class Preparer:
         opened = bool(request.messages or request.prefill is not None) and thinking_opened(prompt, self._format(request))
         return Request(prompt_tokens=tokens, params=params, seed=request.seed, max_tokens=request.max_tokens,
                        cache_prompt=request.cache_prompt, grammar=self._grammar(spec) if spec else "",
-                       penalties=penalties, logprobs=request.logprobs,
+                       penalties=penalties, logprobs=request.logprobs, post_sampling=request.post_sampling_probs,
                        arrived=request.arrived), spec.param if spec else "", Reasoning(request.reasoning_format, opened)
 
     def _chat_rendered(self, request: CompletionRequest) -> tuple[list[int], str]:

@@ -61,6 +61,7 @@ class CompletionRequest:
     penalties: Penalties = Penalties()         # presence, frequency and repeat penalties, logit_bias
     bias_texts: tuple[tuple[str, float], ...] = ()  # logit_bias given as text: each of its tokens gets the bias
     logprobs: int = -1                         # >= 0: each token's logprob and this many alternatives'
+    post_sampling_probs: bool = False          # llama-server's: those after the whole sampler chain
     fim: FimInput | None = None                # fill-in-the-middle: the prompt is built around the hole
     infill_sampler: bool = False               # llama.cpp's infill sampler after the truncations
     n_indent: int = 0                          # llama-server's code-completion stop rules (duo.api.serving.infill)
