@@ -151,6 +151,16 @@ def test_without_a_draft_the_page_says_the_target_decodes_alone(browser, served_
     browser.screenshot(tmp_path / "page-alone.png")
 
 
+def test_without_metrics_the_page_says_how_to_turn_them_on(browser, tiny_target, process_logs):
+    process = start("duo.cli.target", ["--model", str(tiny_target)], process_logs, http=True, metrics=False)
+    try:
+        browser.open(f"{process.http_url}/")
+        assert browser.wait_for("document.getElementById('server-state').textContent.includes('--metrics')",
+                                timeout=10)
+    finally:
+        process.stop()
+
+
 def test_stop_ends_a_long_answer_where_it_is_and_the_server_stops_generating_it(browser, served_with_key):
     browser.open(f"{served_with_key.http_url}/")
     open_settings(browser)

@@ -44,17 +44,17 @@ class Process:
 
 
 def start(module: str, args: list[str], log_dir: Path, *, port: int | None = None, http: bool = False,
-          credentials: grpc.ChannelCredentials | None = None) -> Process:
+          credentials: grpc.ChannelCredentials | None = None, metrics: bool = True) -> Process:
     """Run `python -m module args --listen 127.0.0.1:port` and wait until it serves: duo-target until its
     health check says SERVING (over TLS with `credentials`), duo-draft until it accepts connections.
-    With `http`, duo-target also serves its HTTP API (and /metrics there) on a free port."""
+    With `http`, duo-target also serves its HTTP API on a free port (and /metrics there, unless not `metrics`)."""
     port = port or free_port()
     address = f"127.0.0.1:{port}"
     http_url = ""
     if http:
         http_port = free_port()
         # /metrics on: the tests read duo's counters there (first, so that a test's own --metrics [HOST:]PORT wins).
-        args = ["--metrics", *args, "--http", f"127.0.0.1:{http_port}"]
+        args = [*(["--metrics"] if metrics else []), *args, "--http", f"127.0.0.1:{http_port}"]
         http_url = f"{'https' if credentials else 'http'}://127.0.0.1:{http_port}"
     log_path = log_dir / f"{module.split('.')[-1]}-{port}-{time.monotonic_ns()}.log"
     with open(log_path, "wb") as log:
