@@ -106,11 +106,19 @@ LLAMA_FLAGS: tuple[LlamaFlag, ...] = (
     _flag(TAKEN, "--ssl-key-file", "--tls-key", "tls_key", "FNAME"),
     _flag(TAKEN, "--cors-origins", "--cors-origin, comma-separated (* any origin; localhost: any origin on this "
           "machine)", "cors_origins", "ORIGINS"),
-    _flag(TAKEN, "--chat-template", "a Jinja chat template in place of the model's; chatml, the one built-in "
-          "name duo renders", "chat_template", "JINJA_TEMPLATE"),
+    _flag(TAKEN, "--chat-template", "a Jinja chat template in place of the model's, or a name of llama.cpp's "
+          "built-in ones duo renders (chatml, llama3, command-r, phi3, gemma, ...; the others refused by name)",
+          "chat_template", "JINJA_TEMPLATE"),
     _flag(TAKEN, "--chat-template-file", "the Jinja chat template in FNAME in place of the model's",
           "chat_template_file", "FNAME"),
     _flag(TAKEN, "--jinja", "duo always renders chat templates with Jinja", "jinja"),
+    _flag(TAKEN, "--chat-template-kwargs", "the template's variables (JSON object); a request's chat_template_kwargs "
+          "override them one by one", "chat_template_kwargs", "JSON", json_object),
+    _flag(TAKEN, "-rea --reasoning", "the template's enable_thinking: off renders it false (a thinking model's "
+          "generation prompt closes its think block), on and auto (the default) true; a request's "
+          "chat_template_kwargs.enable_thinking wins", "reasoning", "on|off|auto", on_off_auto),
+    _flag(TAKEN, "--reasoning-budget", "-1 (unbounded, the default) or 0 (as --reasoning off); duo refuses "
+          "other budgets, naming the flag", "reasoning_budget", "N", int),
     _flag(TAKEN, "--slots", "GET /slots answers (the default)", "slots"),
     _flag(TAKEN, "--no-slots", "GET /slots answers 501", "slots", const=False),
     _flag(TAKEN, "-kvu --kv-unified", "each request may reach the whole -c (duo's default)", "kv_unified"),
@@ -148,7 +156,6 @@ LLAMA_FLAGS: tuple[LlamaFlag, ...] = (
     _default("--sampler-seq --sampling-seq", "samplers", "SEQUENCE", str),
     _flag(DEFAULT, "--ignore-eos", "ignore_eos", "ignore_eos"),
     _default("--reasoning-format", "reasoning_format", "FORMAT", str),
-    _default("--chat-template-kwargs", "chat_template_kwargs", "JSON", json_object),
     *(_flag(IGNORED, names, PERFORMANCE, value=value) for names, value in (
         ("-tb --threads-batch", "N"), ("-C --cpu-mask", "M"), ("-Cr --cpu-range", "lo-hi"), ("--cpu-strict", "0|1"),
         ("--prio", "N"), ("--poll", "0...100"), ("-Cb --cpu-mask-batch", "M"), ("-Crb --cpu-range-batch", "lo-hi"),
@@ -206,7 +213,6 @@ LLAMA_FLAGS: tuple[LlamaFlag, ...] = (
     _flag(REFUSED, "--grammar --grammar-file -j --json-schema -jf --json-schema-file -l --logit-bias",
           f"no server-wide grammar, schema or bias in duo: {PER_REQUEST}", value="VALUE"),
     _flag(REFUSED, "--dry-sequence-breaker", f"dry_sequence_breakers: {PER_REQUEST}", value="STRING"),
-    _flag(REFUSED, "--reasoning-budget", "duo does not bound the reasoning's tokens", value="N"),
     _flag(REFUSED, "--slot-save-path", "duo saves no slots", value="PATH"),
     _flag(REFUSED, "--models-dir --models-preset --models-max", "duo-target serves one model (no router mode)",
           value="VALUE"),
@@ -247,7 +253,7 @@ def add_llama_server_arguments(parser: argparse.ArgumentParser) -> None:
     """Register LLAMA_FLAGS on `parser` (hidden from the options list: --help prints them as one table)."""
     parser.set_defaults(ignored_flags=[], refused_flags=[], server_defaults={}, tags=[], host=None, port=None,
                         chat_template=None, chat_template_file=None, jinja=True, slots=True, kv_unified=True,
-                        cors_origins=None)
+                        cors_origins=None, chat_template_kwargs=None, reasoning="auto", reasoning_budget=-1)
     for flag in LLAMA_FLAGS:
         if flag.own:
             continue

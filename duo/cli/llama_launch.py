@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import jinja2
 from pydantic import ValidationError
@@ -13,27 +14,13 @@ from pydantic import ValidationError
 from duo.api.http.launch import LaunchSettings
 from duo.api.openai.bodies import ChatBody
 from duo.api.serving.defaults import ServerDefaults
+from duo.api.serving.prepare import RENDERER_NAMES
 from duo.cli.llama_flags import DEFAULT, LLAMA_FLAGS
+from duo.llama.templates import BUILTIN_SOURCES, LLAMA_CPP_NAMES, ChatTemplate
 from duo.models.hub import CATALOG
 
 LLAMA_SERVER_PORT = 8080  # llama-server's --port default
 LLAMA_SERVER_HOST = "127.0.0.1"
-
-# llama.cpp's built-in template names (src/llama-chat.cpp): C++ code, not Jinja, except chatml, whose Jinja form
-# llama.cpp's common/chat.cpp renders for that name.
-BUILTIN_TEMPLATES = frozenset({
-    "chatml", "llama2", "llama2-sys", "llama2-sys-bos", "llama2-sys-strip", "mistral-v1", "mistral-v3",
-    "mistral-v3-tekken", "mistral-v7", "mistral-v7-tekken", "phi3", "phi4", "falcon3", "zephyr", "monarch", "gemma",
-    "orion", "openchat", "vicuna", "vicuna-orca", "deepseek", "deepseek2", "deepseek3", "deepseek-ocr", "command-r",
-    "llama3", "chatglm3", "chatglm4", "glmedge", "minicpm", "exaone3", "exaone4", "exaone-moe", "rwkv-world",
-    "granite", "granite-4.0", "granite-4.1", "gigachat", "megrez", "yandex", "bailing", "bailing-think", "bailing2",
-    "llama4", "smolvlm", "hunyuan-moe", "gpt-oss", "hunyuan-dense", "hunyuan-vl", "kimi-k2", "seed_oss", "grok-2",
-    "pangu-embedded", "solar-open"})
-CHATML = ("{%- for message in messages -%}"
-          "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' -}}"
-          "{%- endfor -%}"
-          "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}")
-
 
 def comma_list(values: Sequence[str]) -> list[str]:
     """Names given as llama-server takes them: comma-separated, in one flag or several; stripped, once each."""
@@ -81,18 +68,40 @@ def chat_template(args: argparse.Namespace) -> str | None:
     name = args.chat_template
     if name is None:
         return None
-    if name == "chatml":
-        return CHATML
-    if name in BUILTIN_TEMPLATES:
-        raise ValueError(f"--chat-template {name}: llama.cpp's built-in {name!r} template is C++ code that duo "
-                         "cannot render (duo renders Jinja templates): give its Jinja source with "
+    if name in BUILTIN_SOURCES:
+        return BUILTIN_SOURCES[name]
+    if name in LLAMA_CPP_NAMES:
+        raise ValueError(f"--chat-template {name}: duo has no Jinja form of llama.cpp's built-in {name!r} template "
+                         f"(it renders {', '.join(sorted(BUILTIN_SOURCES))} by name): give its Jinja source with "
                          "--chat-template-file, or leave the flag out to use the model's own template")
     return _checked(name, "--chat-template")
 
 
+def template_variables(args: argparse.Namespace) -> dict[str, Any]:
+    """The chat template's variables the launch line sets, under a request's own (chat_template_kwargs), as
+    llama-server merges them: --chat-template-kwargs, then enable_thinking from --reasoning on/off or
+    --reasoning-budget 0 (auto, the default, leaves llama-server's true). ValueError naming the flag."""
+    kwargs = dict(args.chat_template_kwargs or {})
+    if RENDERER_NAMES & set(kwargs):
+        raise ValueError(f"--chat-template-kwargs may not set {', '.join(sorted(RENDERER_NAMES & set(kwargs)))}: "
+                         "the renderer gives them")
+    if args.reasoning_budget not in (-1, 0):
+        raise ValueError(f"--reasoning-budget {args.reasoning_budget}: duo does not bound the reasoning's tokens; "
+                         "it takes -1 (unbounded, the default) or 0 (no reasoning, as --reasoning off)")
+    if args.reasoning_budget == 0 or args.reasoning == "off":
+        return kwargs | {"enable_thinking": False}
+    return kwargs | ({"enable_thinking": True} if args.reasoning == "on" else {})
+
+
+def template_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The Model's chat template options the launch line sets (duo.llama.model.Model's keywords)."""
+    return {"chat_template": chat_template(args), "template_variables": template_variables(args)}
+
+
 def _checked(source: str, flag: str) -> str:
+    """`source`, compiled as the chat renders it (loop controls, {% generation %}), or ValueError naming `flag`."""
     try:
-        jinja2.Environment().parse(source)
+        ChatTemplate(source, bos_token="", eos_token="")
     except jinja2.TemplateSyntaxError as error:
         raise ValueError(f"{flag}: not a Jinja template: {error.message} (line {error.lineno})") from None
     return source

@@ -31,8 +31,8 @@ from duo.sampling.verification import COUPLED, RESIDUAL
 from duo.target.target import Target
 from duo.cli.target_drafts import add_draft_arguments, check_draft_flags, describe_drafts, serve_drafts, wants_drafts
 from duo.cli.llama_flags import add_llama_server_arguments, flags_table, ignored_lines, refusal
-from duo.cli.llama_launch import (chat_template, context_per_request, cors_origins, http_addresses, launch_settings,
-                                  served_names)
+from duo.cli.llama_launch import (context_per_request, cors_origins, http_addresses, launch_settings, served_names,
+                                  template_options)
 from duo.target.request import SpecSettings
 from duo.net.tls import check_pair, server_credentials
 
@@ -180,7 +180,7 @@ def check_client_flags(args: argparse.Namespace) -> None:
     check_can_listen(args.listen)
     http_addresses(args)
     cors_origins(args)
-    chat_template(args)
+    template_options(args)
     launch_settings(args)
     api_key_from(args)
     check_draft_flags(args)
@@ -305,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = settings_from(args)
         check_client_flags(args)
-        options = model_options(args) | {"chat_template": chat_template(args)}
+        options = model_options(args) | template_options(args)
         for line in ignored_lines(args):
             log.info(line)
         lost = LostRpcServer(options["rpc"]) if options["rpc"] else None

@@ -16,6 +16,7 @@ from jinja2 import TemplateError
 
 from duo.llama.backends import add_rpc_server, describe_devices, extra_buffers_safe, gpu_layers_for, llama
 from duo.llama.errors import ModelError
+from duo.llama.templates import ChatTemplate
 from duo.llama.vocab import Vocab
 
 # Sequences one context may hold (llama.cpp's LLAMA_MAX_SEQ, which its Python binding does not export).
@@ -29,11 +30,13 @@ class Model:
 
     def __init__(self, path: str | os.PathLike, *, device: str = "cpu", n_gpu_layers: int | None = None,
                  threads: int | None = None, verbose: bool = False, rpc: Sequence[str] = (),
-                 tensor_split: Sequence[float] = (), chat_template: str | None = None) -> None:
+                 tensor_split: Sequence[float] = (), chat_template: str | None = None,
+                 template_variables: Mapping[str, Any] | None = None) -> None:
         """`rpc`: HOST:PORT of ggml RPC servers to split the layers over (llama.cpp's --rpc): all of them
         by default, else the last n_gpu_layers; `tensor_split`: their proportions per device (default:
         by free memory); `chat_template`: a Jinja chat template used instead of the GGUF's (llama-server's
-        --chat-template)."""
+        --chat-template); `template_variables`: the template's variables where a request sets none of its own
+        (llama-server's --reasoning, --chat-template-kwargs)."""
         path = Path(path)
         if not path.is_file():
             raise ModelError(f"model file not found: {path}")
@@ -61,9 +64,9 @@ class Model:
         except ValueError as error:
             raise ModelError(f"cannot load {path}: {error} (is it a GGUF model file?)") from error
         self._vocab: Vocab | None = None
-        # llama_cpp's Jinja2ChatFormatter, one with the generation prompt and one without (True, False)
-        self._chat_formatters: dict[bool, Any] = {}
+        self._chat_renderer: ChatTemplate | None = None  # compiled when first asked
         self._chat_template: str | None = chat_template  # None: the GGUF's, read when first asked
+        self._template_variables = dict(template_variables or {})
         self._eog: tuple[int, ...] | None = None  # end_of_generation_ids, once walked
 
     @property
@@ -151,28 +154,27 @@ class Model:
 
     def chat_prompt(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] = (),
                     variables: Mapping[str, Any] | None = None, *, generation_prompt: bool = True) -> str:
-        """The chat (tools, the client's template `variables`) rendered by the GGUF's template, ending with the
-        opening of the assistant's answer where `generation_prompt` (the template's add_generation_prompt)."""
+        """The chat (tools, the client's template `variables` over the launch line's) rendered by the chat template,
+        ending with the opening of the assistant's answer where `generation_prompt` (the template's
+        add_generation_prompt)."""
         try:
-            return self._chat_formatter(generation_prompt)(
-                messages=[dict(m) for m in messages], tools=list(tools) or None, **(variables or {})).prompt
-        except (TemplateError, ValueError) as error:
-            # The template's raise_exception (roles out of order) raises ValueError; a malformed template TemplateError.
+            return self._chat_formatter().render(messages, tools, variables, add_generation_prompt=generation_prompt)
+        except (TemplateError, ValueError, TypeError) as error:
+            # raise_exception (roles out of order) raises ValueError; a malformed template TemplateError; one that
+            # adds a string to a number, TypeError.
             raise ModelError(f"the model's chat template rejected the messages: {error}") from error
 
-    def _chat_formatter(self, generation_prompt: bool) -> Any:
-        """The template's renderer, made once per value of add_generation_prompt (the renderer holds it)."""
-        if generation_prompt not in self._chat_formatters:
+    def _chat_formatter(self) -> ChatTemplate:
+        """The chat template's renderer, compiled once."""
+        if self._chat_renderer is None:
             template = self.chat_template()
             if not template:
                 raise ModelError(f"{self.path.name} has no chat template; send a raw prompt instead")
-            self._chat_formatters[generation_prompt] = llama().llama_chat_format.Jinja2ChatFormatter(
-                template=template,
+            self._chat_renderer = ChatTemplate(
+                template, defaults=self._template_variables,
                 eos_token=self.token_piece(self._model.token_eos(), special=True).decode(errors="replace"),
-                bos_token=self.token_piece(self._model.token_bos(), special=True).decode(errors="replace"),
-                add_generation_prompt=generation_prompt,
-            )
-        return self._chat_formatters[generation_prompt]
+                bos_token=self.token_piece(self._model.token_bos(), special=True).decode(errors="replace"))
+        return self._chat_renderer
 
     def vocab(self) -> Vocab:
         if self._vocab is None:

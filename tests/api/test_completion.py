@@ -125,13 +125,13 @@ def test_an_oversized_body_is_refused_before_it_is_read():
 
 def test_a_chat_templates_own_refusal_is_a_400_with_its_message(target_model, monkeypatch):
     """Gemma's, Mistral's and Llama 2's templates call raise_exception on roles out of order."""
-    from duo.llama.backends import llama
+    from duo.llama.templates import ChatTemplate
 
-    refusing = llama().llama_chat_format.Jinja2ChatFormatter(
-        template="{% if messages[0]['role'] == 'assistant' %}{{ raise_exception('Conversation roles must "
-                 "alternate user/assistant/user/assistant/...') }}{% endif %}{{ messages[0]['content'] }}",
+    refusing = ChatTemplate(
+        "{% if messages[0]['role'] == 'assistant' %}{{ raise_exception('Conversation roles must "
+        "alternate user/assistant/user/assistant/...') }}{% endif %}{{ messages[0]['content'] }}",
         eos_token="</s>", bos_token="<s>")
-    monkeypatch.setattr(target_model, "_chat_formatters", {True: refusing, False: refusing})
+    monkeypatch.setattr(target_model, "_chat_renderer", refusing)
     service = Completions(Admission(1, 1), Metrics(), ["m"])
     service.ready(ScriptedTarget([[3]], model=target_model), context_size=100)  # type: ignore[arg-type]
     http = TestClient(create_app(service, Metrics(), api_key=None))

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from duo.cli.llama_flags import LLAMA_FLAGS, IGNORED, REFUSED, ignored_lines, refusal
-from duo.cli.llama_launch import (CHATML, chat_template, context_per_request, cors_origins, http_addresses,
-                                  launch_settings, served_names, server_defaults)
+from duo.cli.llama_launch import (chat_template, context_per_request, cors_origins, http_addresses, launch_settings,
+                                  served_names, server_defaults)
+from duo.llama.templates import BUILTIN_SOURCES
 from duo.cli.target import build_parser, check_client_flags, main
 
 
@@ -84,14 +85,14 @@ def test_slots_and_metrics_switches_read_as_llama_server_writes_them():
     assert parse("").metrics is None and parse("--metrics").metrics == "" and parse("--metrics 9100").metrics == "9100"
 
 
-def test_chat_template_takes_jinja_a_file_or_chatml_and_names_what_duo_cannot_render(tmp_path: Path):
+def test_chat_template_takes_jinja_a_file_or_a_built_in_name_and_names_what_duo_cannot_render(tmp_path: Path):
     template = tmp_path / "t.jinja"
     template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
     assert chat_template(parse(f"--chat-template-file {template}")) == template.read_text()
-    assert chat_template(parse("--chat-template chatml")) == CHATML
+    assert chat_template(parse("--chat-template chatml")) == BUILTIN_SOURCES["chatml"]
     assert chat_template(parse("")) is None
-    with pytest.raises(ValueError, match="llama3.*--chat-template-file"):
-        chat_template(parse("--chat-template llama3"))
+    with pytest.raises(ValueError, match="llama2.*--chat-template-file"):
+        chat_template(parse("--chat-template llama2"))
     with pytest.raises(ValueError, match="cannot read"):
         chat_template(parse(f"--chat-template-file {tmp_path / 'missing.jinja'}"))
     template.write_text("{% for m in messages %}")
@@ -130,10 +131,10 @@ def test_help_prints_the_table_of_llama_servers_flags():
     assert {flag.kind for flag in LLAMA_FLAGS} >= {IGNORED, REFUSED}
 
 
-@pytest.mark.parametrize("line", ["--draft-ma 4", "--reasoning on", "--spec-draft-n 4"])
+@pytest.mark.parametrize("line", ["--draft-ma 4", "--reasoning-budg 0", "--spec-draft-n 4"])
 def test_a_flag_is_never_taken_by_a_prefix_of_another(line, capsys):
-    """argparse takes an unambiguous prefix as the flag it begins: llama-server's `--reasoning on` (which duo lacks)
-    must be refused by name, never read as another flag, and a duo flag is spelled whole."""
+    """argparse takes an unambiguous prefix as the flag it begins: a llama-server flag duo lacks must be refused by
+    name, never read as another flag it begins (--reasoning-budget), and a duo flag is spelled whole."""
     with pytest.raises(SystemExit):
         parse(line)
     assert line.split()[0] in capsys.readouterr().err
