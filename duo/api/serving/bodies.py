@@ -64,7 +64,6 @@ IGNORED_FIELDS = frozenset({"user", "store", "metadata", "service_tier", "prompt
 # nothing and passes), with what to do instead.
 UNHONOURED = {
     "lora": "duo-target serves its model without LoRA adapters; leave it out",
-    "post_sampling_probs": "duo reports each token's probabilities before sampling (n_probs), not after; leave it out",
     "grammar_lazy": "a grammar applies from the first token in duo, not from a trigger; leave it out",
     "grammar_triggers": "a grammar applies from the first token in duo, not from a trigger; leave it out",
     "image_data": "duo-target reads text only; send the request without images",
