@@ -321,10 +321,11 @@ class StepBatcher:
         """Of a prompt's `unread` tokens (its last one aside), those its first step reads before its own rows. Alone,
         the prompt is read as llama-server reads it, n_batch tokens a call, the last call's with the first token:
         the first step reads what is left over whole chunks (it verifies fewer drafts to fit). Beside others, a
-        chunk at most: their steps ride in that call, and a long read would hold them (_prefill_budget)."""
+        chunk at most (less than a call: the step's own row must fit beside it): their steps ride in that call, and a
+        long read would hold them (_prefill_budget)."""
         if self.running <= 1:
             return unread % self.context.n_batch
-        return min(unread, MIN_PREFILL_CHUNK)
+        return min(unread, MIN_PREFILL_CHUNK, self.context.n_batch - 1)
 
     def _prefill_budget(self, step_tokens: int) -> int:
         """Prompt tokens this call may carry: a whole batch when no request is generating, else as many

@@ -82,3 +82,19 @@ def test_a_batch_smaller_than_the_draft_length_reads_and_verifies_within_it(targ
     told = [item.processed for item in items if isinstance(item, ReadProgress)]
     assert told == [0, 8, 16, 24, 32, 40, 48, 50]
     assert leaves_greedy_path_only_at_a_near_tie(target_model, PROMPT[:50], tokens, 6)
+
+
+def test_requests_read_beside_each_other_in_calls_smaller_than_a_prompt_chunk(target_model):
+    target = Target(target_model, ModelWorker(), None, n_ctx=512, settings=SpecSettings(), parallel=2, n_batch=8)
+
+    async def both():
+        async def tokens(prompt: list[int]) -> list[int]:
+            request = Request(prompt, SamplingParams(), max_tokens=6)
+            return [token async for step, _ in target.generate(request) for token in step.tokens]
+        try:
+            return await asyncio.gather(tokens(PROMPT[:60]), tokens(PROMPT[60:130]))
+        finally:
+            await target.close()
+
+    for prompt, got in zip((PROMPT[:60], PROMPT[60:130]), asyncio.run(both())):
+        assert leaves_greedy_path_only_at_a_near_tie(target_model, prompt, got, 6)
