@@ -125,8 +125,6 @@ class ChatBody(GenerationBody):
 
     def to_request(self) -> CompletionRequest:
         self.check_supported()
-        if not self.messages:
-            raise BadRequest("messages must not be empty: send at least one message", param="messages")
         try:
             use = tool_use(self.tools, self.tool_choice, self.parallel_tool_calls)
         except ToolError as error:
@@ -135,8 +133,9 @@ class ChatBody(GenerationBody):
                                    continue_final_message=self.continue_final_message)
         if turn.prefill is not None:  # a prefill's text parts are joined as llama-server joins them
             turn = replace(turn, prefill=self.messages[-1].text(len(self.messages) - 1, PART_DELIMITER))
+        # No message at all is a chat all the same: the template renders it as llama-server's does.
         return self.completion_request(max_tokens=self.token_limit(), messages=messages, prefill=turn.prefill,
-                                       generation_prompt=turn.generation_prompt, tool_use=use,
+                                       chat=True, generation_prompt=turn.generation_prompt, tool_use=use,
                                        reasoning_format="deepseek" if self.reasoning_format in (None, "auto") else
                                        self.reasoning_format, chat_template_kwargs=self.chat_template_kwargs)
 

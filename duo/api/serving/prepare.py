@@ -13,7 +13,7 @@ from duo.api.serving.chat_tokens import Turn, chat_tokens
 from duo.api.output.deltas import Reasoning
 from duo.api.serving.infill import NoFim, fim_tokens
 from duo.api.serving.limits import INT32_MAX, INT32_MIN
-from duo.api.serving.request import BadRequest, CompletionRequest, check_stops, too_long
+from duo.api.serving.request import BadRequest, CompletionRequest, check_stops, rendered_chat, too_long
 from duo.api.tools import GENERIC, ToolError, call_format, call_grammar, thinking_opened, with_tools_described
 from duo.constraint import GrammarError, GrammarSpec, grammar_of
 from duo.llama.model import Model, ModelError
@@ -45,12 +45,14 @@ class Preparer:
 
     def _rendered(self, prompt: str = "", messages: Sequence[Mapping[str, Any]] = (),
                   tools: Sequence[Mapping[str, Any]] = (), variables: Mapping[str, Any] | None = None,
-                  turn: Turn = Turn()) -> tuple[list[int], str]:
-        """The prompt's token ids and its text (the chat rendered, for messages, ending with `turn`'s prefill)."""
+                  turn: Turn = Turn(), chat: bool = False) -> tuple[list[int], str]:
+        """The prompt's token ids and its text (the chat rendered, for messages or a `chat` of none, ending with
+        `turn`'s prefill)."""
         model = self.model
         if prompt and messages:
             raise BadRequest("send either prompt or messages, not both")
-        if messages or turn.prefill is not None:
+        chat = chat or bool(messages) or turn.prefill is not None
+        if chat:
             if variables and RENDERER_NAMES & set(variables):
                 raise BadRequest(f"chat_template_kwargs may not set {', '.join(sorted(RENDERER_NAMES & set(variables)))}",
                                  param="chat_template_kwargs")
@@ -66,7 +68,7 @@ class Preparer:
                              param="messages" if messages else "prompt") from error
         if size > self.max_prompt_bytes:
             raise self._far_too_long(size)
-        if not (messages or turn.prefill is not None):
+        if not chat:
             return model.tokenize(prompt), prompt
         return chat_tokens(model, messages, prompt, tools, variables, turn), prompt
 
@@ -97,7 +99,7 @@ class Preparer:
         tokens, prompt = (self._fim_tokens(request), "") if request.fim else (self._mixed(request.prompt_tokens), "") \
             if request.prompt_tokens is not None else self._chat_rendered(request)
         self._check_prompt(tokens)
-        opened = bool(request.messages or request.prefill is not None) and thinking_opened(prompt, self._format(request))
+        opened = rendered_chat(request) and thinking_opened(prompt, self._format(request))
         return Request(prompt_tokens=tokens, params=params, seed=request.seed, max_tokens=request.max_tokens,
                        cache_prompt=request.cache_prompt, grammar=self._grammar(spec) if spec else "",
                        penalties=penalties, logprobs=request.logprobs, post_sampling=request.post_sampling_probs,
@@ -112,7 +114,7 @@ class Preparer:
             if self._format(request) is GENERIC:
                 messages, tools = with_tools_described([dict(m) for m in messages], tools), ()
         return self._rendered(request.prompt, messages, tools, request.chat_template_kwargs,
-                              Turn(request.prefill, request.generation_prompt))
+                              Turn(request.prefill, request.generation_prompt), rendered_chat(request))
 
     def _format(self, request: CompletionRequest) -> Any:
         """The template's call format where the request has tools (None without)."""

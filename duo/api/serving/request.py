@@ -46,6 +46,7 @@ class CompletionRequest:
     prompt: str = ""
     messages: Sequence[Mapping[str, Any]] = ()  # rendered with the model's chat template
     prefill: str | None = None                 # chat: the assistant's text the prompt ends with (duo.api.serving.prefill)
+    chat: bool = False                         # the chat template renders the prompt, even of no message at all
     generation_prompt: bool = True             # chat: the template's add_generation_prompt
     # A prompt already tokenized (an empty one is refused); llama-server's texts among the ids are tokenized in place.
     prompt_tokens: Sequence[int | str] | None = None
@@ -70,6 +71,12 @@ class CompletionRequest:
     warm_up: bool = False                      # read the prompt into the cache; the answer drops what follows
     progress: bool = False                     # a stream tells how far the prompt's read got (return_progress)
     arrived: float = field(default_factory=time.monotonic)
+
+
+def rendered_chat(request: CompletionRequest) -> bool:
+    """Whether the chat template renders `request`'s prompt: a chat (as llama-server, one of no message too), messages
+    or a prefill."""
+    return request.chat or bool(request.messages) or request.prefill is not None
 
 
 def too_long(message: str, *, n_prompt_tokens: int, n_ctx: int, param: str = "prompt") -> BadRequest:
