@@ -101,12 +101,11 @@ def test_chat_template_takes_jinja_a_file_or_a_built_in_name_and_names_what_duo_
 
 
 def test_flags_that_change_no_answer_are_accepted_with_a_line_saying_duo_ignores_them():
-    args = parse("-ub 512 -b 2048 --mlock -cb --threads-batch 4 -v")
+    args = parse("-ub 512 --mlock -cb --threads-batch 4")
     assert refusal(args) is None
     assert ignored_lines(args) == [f"duo-target ignores llama-server's {flag}: {why}" for flag, why in (
-        ("-ub", "performance only"), ("-b", "performance only"), ("--mlock", "performance only"),
-        ("-cb", "performance only"), ("--threads-batch", "performance only"),
-        ("-v", "logging only: duo logs with --log-level"))]
+        ("-ub", "performance only"), ("--mlock", "performance only"), ("-cb", "performance only"),
+        ("--threads-batch", "performance only"))]
 
 
 @pytest.mark.parametrize("line, flag", [("--lora adapter.gguf", "--lora"), ("--embeddings", "--embeddings"),
