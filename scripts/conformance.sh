@@ -18,7 +18,7 @@
 #
 # Runs the suite's fast tests (-m "not slow", as its CI does without SLOW_TESTS) of the files of features duo has;
 # the files the expectations list as not run test features duo does not have. DUO_CONFORMANCE_WORKERS pytest-xdist
-# workers (default: the number of cores), the first on port DUO_CONFORMANCE_PORT (default: one picked at random, so
+# workers (default: the number of cores; each server gets its share of the cores), the first on port DUO_CONFORMANCE_PORT (default: one picked at random, so
 # that two runs on one machine do not meet, below Linux's ephemeral ports, 32768 on, which any client's connection
 # may hold), each next 10 further. Cached in ~/.cache/duo/conformance.
 set -euo pipefail
@@ -97,16 +97,20 @@ name=llama-server
 if [ "$SERVER" = duo ]; then name=duo-target; fi
 if [ "$DRAFT" = 1 ]; then name="$name with a duo-draft attached"; fi
 echo "conformance: llama.cpp's server tests (llama-cpp-python $VERSION) against $name"
+WORKERS="${DUO_CONFORMANCE_WORKERS:-$(nproc)}"
+THREADS=$(( $(nproc) / (WORKERS > 0 ? WORKERS : 1) ))
+[ "$THREADS" -gt 0 ] || THREADS=1
 started=$(date +%s)
 (
     cd "$SUITE"
     export LLAMA_SERVER_BIN_PATH="$STANDIN" DUO_CONFORMANCE_SERVER="$SERVER" DUO_CONFORMANCE_DRAFT="$DRAFT" \
         DUO_CONFORMANCE_TINY="$MODELS/tiny.gguf" DUO_CONFORMANCE_TINY_DRAFT="$MODELS/tiny-draft.gguf" \
         DUO_CONFORMANCE_CHAT="$CHAT" DUO_CONFORMANCE_CHAT_DRAFT="$CHAT_DRAFT" \
-        DUO_CONFORMANCE_ACCEPTANCE="$RUN/acceptance.tsv" PYTHONPATH="$REPO/scripts" \
+        DUO_CONFORMANCE_ACCEPTANCE="$RUN/acceptance.tsv" DUO_CONFORMANCE_THREADS="$THREADS" \
+        PYTHONPATH="$REPO/scripts" \
         DUO_CONFORMANCE_PORT="${DUO_CONFORMANCE_PORT:-$((10000 + RANDOM % 1000 * 20))}" LLAMA_CACHE="$CACHE/hub-unused"
     "$VENV/bin/python" -m pytest -p conformance -q -m "not slow" --timeout 180 -p no:cacheprovider \
-        -n "${DUO_CONFORMANCE_WORKERS:-$(nproc)}" --junitxml "$RUN/junit.xml" "$@" > "$RUN/pytest.log" 2>&1 || true
+        -n "$WORKERS" --junitxml "$RUN/junit.xml" "$@" > "$RUN/pytest.log" 2>&1 || true
 )
 echo "ran in $(( $(date +%s) - started )) s (pytest's log and junit.xml: ${DUO_CONFORMANCE_KEEP:-not kept; set DUO_CONFORMANCE_KEEP=DIR})"
 if [ -n "${DUO_CONFORMANCE_KEEP:-}" ]; then mkdir -p "$DUO_CONFORMANCE_KEEP" && cp "$RUN"/* "$DUO_CONFORMANCE_KEEP"; fi

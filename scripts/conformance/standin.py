@@ -4,8 +4,8 @@ flags (a duo-draft beside it in the draft pass), or the real llama-server on the
 It reads its settings from the environment scripts/conformance.sh sets: DUO_CONFORMANCE_SERVER (duo or the path of a
 llama-server binary), DUO_CONFORMANCE_TINY / _TINY_DRAFT (the tiny models), DUO_CONFORMANCE_CHAT / _CHAT_DRAFT (the
 real chat model and its draft; empty where the run downloads no model), DUO_CONFORMANCE_DRAFT=1 (attach a duo-draft
-to every duo-target) and DUO_CONFORMANCE_ACCEPTANCE (a file where each drafted server adds its draft tokens verified
-and accepted).
+to every duo-target), DUO_CONFORMANCE_THREADS (each server's threads) and DUO_CONFORMANCE_ACCEPTANCE (a file where
+each drafted server adds its draft tokens verified and accepted).
 """
 
 from __future__ import annotations
@@ -88,6 +88,17 @@ def duo_arguments(rest: list[str]) -> list[str]:
     return kept + DUO_EXTRA
 
 
+def with_threads(argv: list[str], env: dict[str, str]) -> list[str]:
+    """`argv` with --threads DUO_CONFORMANCE_THREADS where the suite sets none: the cores shared out between the
+    parallel workers' servers, else each would take every core and their llama.cpp threads, which spin while they
+    wait, would take turns on them (measured on 2 cores, 2 workers: 10.7 s of CPU a test of
+    test_compat_anthropic.py where a test on one core takes 6.6 s in all)."""
+    threads = env.get("DUO_CONFORMANCE_THREADS")
+    if not threads or {"-t", "--threads"} & set(argv):
+        return argv
+    return [*argv, "--threads", threads]
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -146,6 +157,7 @@ def serve_with_draft(target: list[str], draft: list[str], env: dict[str, str]) -
 def serve(argv: list[str], env: dict[str, str]) -> int:
     """The suite's llama-server: the model it names resolved locally, then the server this pass runs."""
     flags, model_draft, rest = split_model_flags(argv)
+    rest = with_threads(rest, env)
     model = local_model(flags, env)
     env.pop("PYTHONPATH", None)  # set for pytest to find the plugin (scripts/), not for the servers
     server = env["DUO_CONFORMANCE_SERVER"]
@@ -158,6 +170,6 @@ def serve(argv: list[str], env: dict[str, str]) -> int:
         os.execve(target[0], target, env)
     port = free_port()
     # llama-server's -md FNAME is duo-draft --model FNAME beside duo-target, which dials it.
-    draft = [str(bin_dir / "duo-draft"), "--model", model_draft or draft_for(model, env), "--listen",
-             f"127.0.0.1:{port}"]
+    draft = with_threads([str(bin_dir / "duo-draft"), "--model", model_draft or draft_for(model, env), "--listen",
+                          f"127.0.0.1:{port}"], env)
     return serve_with_draft([*target, "--peer", f"127.0.0.1:{port}"], draft, env)

@@ -14,7 +14,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from conformance.expectations import expected_lines  # noqa: E402
 from conformance.results import failure_place, read_expectations, report  # noqa: E402
-from conformance.standin import DUO_EXTRA, draft_for, duo_arguments, local_model, split_model_flags  # noqa: E402
+from conformance.standin import (DUO_EXTRA, draft_for, duo_arguments, local_model, split_model_flags,  # noqa: E402
+                                 with_threads)
 
 ENV = {"DUO_CONFORMANCE_TINY": "/m/tiny.gguf", "DUO_CONFORMANCE_TINY_DRAFT": "/m/tiny-draft.gguf",
        "DUO_CONFORMANCE_CHAT": "/m/qwen-0.5b.gguf", "DUO_CONFORMANCE_CHAT_DRAFT": "/m/qwen-0.5b-q4.gguf"}
@@ -158,3 +159,10 @@ def test_ci_runs_the_conformance_check_without_a_download_after_the_projects_tes
     assert "scripts/test.sh" in ci
     test_sh = ROOT.joinpath("scripts", "test.sh").read_text()
     assert "scripts/conformance.sh --no-download" in test_sh
+
+
+def test_each_server_takes_its_share_of_the_cores_unless_the_suite_sets_its_threads():
+    env = {**ENV, "DUO_CONFORMANCE_THREADS": "1"}
+    assert with_threads(["--port", "8080"], env) == ["--port", "8080", "--threads", "1"]
+    assert with_threads(["--port", "8080", "--threads", "4"], env) == ["--port", "8080", "--threads", "4"]
+    assert with_threads(["--port", "8080"], ENV) == ["--port", "8080"]
