@@ -38,8 +38,8 @@ while [ $# -gt 0 ]; do
         --refresh)
             shift
             runs="$(mktemp -d)"
-            DUO_CONFORMANCE_KEEP="$runs/llama" "$0" --llama-server "$@" || true
-            DUO_CONFORMANCE_KEEP="$runs/duo" "$0" "$@" || true
+            DUO_CONFORMANCE_KEEP="$runs/llama" "$REPO/scripts/conformance.sh" --llama-server "$@" || true
+            DUO_CONFORMANCE_KEEP="$runs/duo" "$REPO/scripts/conformance.sh" "$@" || true
             exec .venv/bin/python scripts/conformance expect "$runs/llama/junit.xml" "$runs/duo/junit.xml" "$EXPECTED" ;;
         *) break ;;
     esac
