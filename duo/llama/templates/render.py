@@ -64,7 +64,9 @@ class ChatTemplate:
 
     def __init__(self, source: str, *, bos_token: str, eos_token: str, defaults: Mapping[str, Any] | None = None,
                  clock: Callable[[], datetime] = datetime.now) -> None:
-        environment = _LlamaCppJinja(trim_blocks=True, lstrip_blocks=True,
+        # An item or attribute of an undefined value is undefined, as llama.cpp's engine reads it: Qwen's
+        # `messages[0]['role']` with no message at all (llama-server answers an empty chat; Jinja proper raises).
+        environment = _LlamaCppJinja(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.ChainableUndefined,
                                      extensions=[_IgnoreGenerationTags, jinja2.ext.loopcontrols])
         environment.filters["tojson"] = _tojson
         self.source = source
