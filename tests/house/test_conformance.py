@@ -4,6 +4,7 @@ llama-server), the lead's refresh of the expectations, and CI running the check.
 
 from __future__ import annotations
 
+import io
 import sys
 from pathlib import Path
 
@@ -14,8 +15,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from conformance.expectations import expected_lines  # noqa: E402
 from conformance.results import failure_place, read_expectations, report  # noqa: E402
-from conformance.standin import (DUO_EXTRA, draft_for, duo_arguments, local_model, split_model_flags,  # noqa: E402
-                                 with_threads)
+from conformance.standin import (DUO_EXTRA, Acceptance, draft_for, duo_arguments, local_model,  # noqa: E402
+                                 split_model_flags, with_threads)
 
 ENV = {"DUO_CONFORMANCE_TINY": "/m/tiny.gguf", "DUO_CONFORMANCE_TINY_DRAFT": "/m/tiny-draft.gguf",
        "DUO_CONFORMANCE_CHAT": "/m/qwen-0.5b.gguf", "DUO_CONFORMANCE_CHAT_DRAFT": "/m/qwen-0.5b-q4.gguf"}
@@ -166,3 +167,15 @@ def test_each_server_takes_its_share_of_the_cores_unless_the_suite_sets_its_thre
     assert with_threads(["--port", "8080"], env) == ["--port", "8080", "--threads", "1"]
     assert with_threads(["--port", "8080", "--threads", "4"], env) == ["--port", "8080", "--threads", "4"]
     assert with_threads(["--port", "8080"], ENV) == ["--port", "8080"]
+
+
+def test_the_draft_pass_adds_up_the_drafts_each_request_line_of_duo_target_tells(tmp_path, capfdbinary):
+    log = io.BytesIO(b"duo.target INFO request done (length): 64 tokens, accepted 11/85 drafts from draft x in 9 steps\n"
+                     b"duo.target INFO request done (length): 8 tokens, no drafts verified in 8 steps\n"
+                     b"duo.target INFO request done (stop): 16 tokens, accepted 4/9 drafts (4/9 from the context)\n")
+    acceptance = Acceptance()
+    acceptance.relay(log)
+    assert capfdbinary.readouterr().err == log.getvalue(), "the server's log still reaches the suite"
+    acceptance.record({"DUO_CONFORMANCE_ACCEPTANCE": str(tmp_path / "acceptance.tsv"),
+                       "PYTEST_CURRENT_TEST": "unit/test_x.py::test_a (call)"})
+    assert (tmp_path / "acceptance.tsv").read_text() == "unit/test_x.py::test_a\t94\t15\n"
