@@ -70,7 +70,7 @@ class SourcedTarget:
     model: object = field(default_factory=ScriptedModel)
     pool: None = None  # no drafts
 
-    async def generate(self, request: Request, stats: GenerationStats | None = None):
+    async def generate(self, request: Request, stats: GenerationStats | None = None, progress: bool = False):
         stats = stats if stats is not None else GenerationStats(prompt_tokens=len(request.prompt_tokens))
         for i, (tokens, sources) in enumerate(self.steps):
             stats.generated_tokens += len(tokens)

@@ -42,7 +42,7 @@ class ScriptedTarget:
     closed: int = 0
     generated: int = 0
 
-    async def generate(self, request: Request, stats: GenerationStats | None = None):
+    async def generate(self, request: Request, stats: GenerationStats | None = None, progress: bool = False):
         stats = stats if stats is not None else GenerationStats(prompt_tokens=len(request.prompt_tokens))
         try:
             for i, tokens in enumerate(self.steps):
