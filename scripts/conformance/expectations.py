@@ -11,9 +11,9 @@ MODEL_REASON = "model: fails on llama-server too, at the same place, with the sa
 
 def expected_lines(llama_junit: Path, duo_junit: Path, expectations_path: Path) -> tuple[list[str], list[str]]:
     """(the expectation lines of the tests duo fails, what is left off and why). A test duo fails is written when its
-    reason is a feature duo lacks (kept from the file: only a person says that) or when llama-server fails it at the
-    same place (a `model:` line with that place); the rest are duo's differences, which the check must show. A test
-    the runs did not run (a refresh of some files) keeps its line."""
+    reason is a feature duo lacks or an API's owner duo follows (`api:`; both kept from the file: only a person says
+    that) or when llama-server fails it at the same place (a `model:` line with that place); the rest are duo's
+    differences, which the check must show. A test the runs did not run (a refresh of some files) keeps its line."""
     old = read_expectations(expectations_path)
     llama, duo = read_results(llama_junit), read_results(duo_junit)
     lines, left_off = [], []
@@ -25,7 +25,7 @@ def expected_lines(llama_junit: Path, duo_junit: Path, expectations_path: Path) 
         if outcome != "failed":
             continue
         reason = old.tests.get(test, "")
-        if reason.startswith("feature: "):
+        if reason.startswith(("feature: ", "api: ")):
             lines.append(f"{test} | {reason}")
         elif llama.outcomes.get(test) == "failed" and llama.places[test] == duo.places[test]:
             reason = reason if reason.startswith("model: ") else MODEL_REASON

@@ -68,11 +68,11 @@ def test_an_explicit_parallel_keeps_llama_servers_meaning_of_the_context():
     assert "--no-kv-unified" not in duo_arguments(["--ctx-size", "512"])
 
 
-def test_the_expectations_give_each_test_one_of_the_two_reasons_allowed_and_a_model_test_its_llama_server_place():
+def test_the_expectations_give_each_test_one_of_the_reasons_allowed_and_a_model_test_its_llama_server_place():
     expectations = read_expectations(EXPECTED)
     assert expectations.files, "the files of features duo does not have are listed"
     for test, reason in {**expectations.tests, **expectations.files}.items():
-        assert reason.startswith(("feature: ", "model: ")), f"{test}: {reason!r}"
+        assert reason.startswith(("feature: ", "model: ", "api: ")), f"{test}: {reason!r}"
     for test, reason in expectations.tests.items():
         assert test.split("::")[0] not in expectations.files, f"{test} is in a file that is not run"
         if reason.startswith("model: "):
@@ -126,13 +126,16 @@ def test_a_model_test_failing_elsewhere_than_on_llama_server_fails_the_check(tmp
 def test_the_refresh_lists_what_fails_on_both_at_one_place_and_leaves_duos_differences_off(tmp_path):
     expected = tmp_path / "expected.txt"
     expected.write_text("unit/test_x.py::test_feature | feature: embeddings\n"
+                        "unit/test_x.py::test_owner | api: the owner's event\n"
                         "unit/test_x.py::test_model | model: asserts the stories model's words\n"
                         "unit/test_y.py::test_not_run | model: asserts the stories model's words"
                         " | llama-server: unit/test_y.py:7: AssertionError\n")
     llama = junit(tmp_path / "llama.xml", {"test_feature": "passed", "test_model": "12", "test_new_model": "20",
-                                           "test_elsewhere": "30", "test_difference": "passed", "test_fixed": "5"})
+                                           "test_elsewhere": "30", "test_difference": "passed", "test_fixed": "5",
+                                           "test_owner": "passed"})
     duo = junit(tmp_path / "duo.xml", {"test_feature": "3", "test_model": "12", "test_new_model": "20",
-                                       "test_elsewhere": "31", "test_difference": "40", "test_fixed": "passed"})
+                                       "test_elsewhere": "31", "test_difference": "40", "test_fixed": "passed",
+                                       "test_owner": "50"})
     lines, left_off = expected_lines(llama, duo, expected)
     assert lines == [
         "unit/test_x.py::test_feature | feature: embeddings",
@@ -140,6 +143,7 @@ def test_the_refresh_lists_what_fails_on_both_at_one_place_and_leaves_duos_diffe
         " | llama-server: unit/test_x.py:12: AssertionError",
         "unit/test_x.py::test_new_model | model: fails on llama-server too, at the same place, with the same stand-in"
         " models | llama-server: unit/test_x.py:20: AssertionError",
+        "unit/test_x.py::test_owner | api: the owner's event",
         "unit/test_y.py::test_not_run | model: asserts the stories model's words"
         " | llama-server: unit/test_y.py:7: AssertionError",
     ]
