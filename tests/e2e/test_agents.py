@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers.agents.clients import AGENTS, Agent
-from helpers.agents.forcing import ANSWER
-from helpers.agents.runs import AgentRun, run_agent
-from helpers.agents.streams import called, malformations, returned_results
+from duo.bench.live.clients import AGENTS, Agent
+from duo.bench.live.runs import AgentRun, run_agent
+from duo.bench.live.streams import called, malformations, returned_results
+from helpers.agents.forcing import ANSWER, FirstCallForcer
 from helpers.http import scrape
 from helpers.processes import Process, start, wait_for_draft
 from helpers.tiny_models import DRAFT_NOISE, DRAFT_SEED, TARGET_SEED, write_tiny_model
@@ -63,7 +63,7 @@ def run(request: pytest.FixtureRequest, agents_target: Process,
     agent: Agent = request.param
     agent.executable()  # installed (minutes, once) before the run's clock starts
     before = scrape(agents_target).get(ACCEPTED, 0.0)
-    done = run_agent(agent, agents_target.http_url, tmp_path_factory.mktemp(agent.name))
+    done = run_agent(agent, agents_target.http_url, tmp_path_factory.mktemp(agent.name), FirstCallForcer(agent))
     accepted = scrape(agents_target).get(ACCEPTED, 0.0) - before
     print(f"{done.report()}\n  draft tokens accepted: {accepted:g}")  # shown with -s: the run as it went
     return done, accepted
@@ -89,12 +89,13 @@ def test_every_stream_is_well_formed_and_the_agent_takes_it(run):
 
 def test_the_forced_tool_call_goes_out_and_its_result_comes_back(run):
     done, _ = run
-    assert done.forced.forced is not None, f"no call offered any of {done.agent.harmless_tools}\n{done.report()}"
-    forced = done.exchanges[done.forced.forced_index]
+    forcer = done.rewrite
+    assert forcer.forced is not None, f"no call offered any of {done.agent.harmless_tools}\n{done.report()}"
+    forced = done.exchanges[forcer.forced_index]
     calls = called(forced.path, forced.answer)
     # One call or more (the clients allow parallel calls), each to the forced tool, each answered in a later request.
-    assert calls and {name for _, name in calls} == {done.forced.forced}, done.report()
-    later = [e for e in done.exchanges[done.forced.forced_index + 1:] if e.path == done.agent.model_path]
+    assert calls and {name for _, name in calls} == {forcer.forced}, done.report()
+    later = [e for e in done.exchanges[forcer.forced_index + 1:] if e.path == done.agent.model_path]
     returned = {call for e in later for call in returned_results(e.path, e.sent_json() or {})}
     assert {call for call, _ in calls} <= returned, done.report()
 

@@ -1,1 +1,1 @@
-"""Real coding agents (Codex CLI, Claude Code, Qwen Code) run from npm against duo-target, through a logging proxy."""
+"""The e2e tests' forcing of the agents' model calls (the machinery to run them is duo/bench/live)."""

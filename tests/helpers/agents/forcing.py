@@ -14,7 +14,7 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
-from helpers.agents.clients import Agent
+from duo.bench.live.clients import Agent
 
 MAX_TOKENS = 256
 ANSWER = {"type": "string", "enum": ["Done."]}

@@ -4,6 +4,7 @@ rewrite a model call's body on its way (to force the first tool call, to clamp t
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -22,6 +23,9 @@ from duo.net.listening import free_port
 HOP_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection", "keep-alive"})
 # Not passed on either: answers come back uncompressed, so that the record of each is readable.
 NOT_FORWARDED = HOP_HEADERS | {"accept-encoding"}
+# An event of a stream that carries generated text or call arguments, in any of the protocols: the Responses API's
+# *.delta events, the Messages API's content_block_delta, a chat chunk's non-empty content, reasoning or arguments.
+TOKEN_EVENT = re.compile(rb'\.delta\b|content_block_delta|"(content|reasoning_content|arguments)": ?"[^"]')
 
 
 @dataclass
@@ -40,6 +44,7 @@ class Exchange:
     done: bool = False
     started: float = field(default_factory=time.monotonic)
     seconds: float = 0.0  # from the request's arrival to the answer's end
+    first_token: float | None = None  # from the request's arrival to the first piece of a stream that carries a token
 
     def sent_json(self) -> dict | None:
         return json_object(self.sent)
@@ -120,6 +125,8 @@ class LoggingProxy:
     async def relay(upstream: httpx.Response, exchange: Exchange) -> AsyncIterator[bytes]:
         try:
             async for chunk in upstream.aiter_raw():
+                if exchange.first_token is None and TOKEN_EVENT.search(chunk):
+                    exchange.first_token = time.monotonic() - exchange.started
                 exchange.answer += chunk
                 yield chunk
         finally:

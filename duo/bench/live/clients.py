@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from helpers.agents.npm import installed
+from duo.bench.live.npm import installed
 
 TASK = "create hello.py that prints hello"
 API_KEY = "sk-duo-test"  # duo-target runs without --api-key: any key is accepted; the clients insist on one
@@ -25,13 +25,20 @@ class Agent:
     # How a connection beyond 127.0.0.1 is caught: "proxy", HTTP(S)_PROXY pointed at a trap (with NO_PROXY=127.0.0.1,
     # for a client that honours it), or "node", a guard preloaded into a client that runs on Node.
     guard: str
+    # The flags that let it edit files in its working folder. Run non-interactively, each agent refuses by default
+    # every write (Codex's exec sandbox is read-only, Claude Code's -p and Qwen Code's default approval mode deny an
+    # edit that no one is there to approve): TASK needs them; the tool set stays the default one.
+    edit_flags: tuple[str, ...]
 
     def executable(self) -> Path:
         return installed(self.package, self.version, self.binary)
 
-    def command(self, home: Path, proxy_url: str) -> tuple[list[str], dict[str, str]]:
-        """The command line and the environment variables (beyond HOME) that run TASK against `proxy_url`."""
-        return CONFIGURE[self.name](self, home, proxy_url)
+    def command(self, home: Path, proxy_url: str, may_edit: bool = False) -> tuple[list[str], dict[str, str]]:
+        """The command line and the environment variables (beyond HOME) that run TASK against `proxy_url`,
+        allowed to edit files in its folder with `may_edit`."""
+        argv, variables = CONFIGURE[self.name](self, home, proxy_url)
+        # TASK stays last: each takes it as its trailing positional argument.
+        return (argv[:-1] + list(self.edit_flags) + argv[-1:] if may_edit else argv), variables
 
 
 def codex(agent: Agent, home: Path, proxy_url: str) -> tuple[list[str], dict[str, str]]:
@@ -92,12 +99,13 @@ def qwen_code(agent: Agent, home: Path, proxy_url: str) -> tuple[list[str], dict
 CONFIGURE = {"codex": codex, "claude-code": claude_code, "qwen-code": qwen_code}
 
 AGENTS = (
-    Agent("codex", "@openai/codex", "0.171.0", "codex", "/v1/responses", ("get_goal", "view_image"), "proxy"),
+    Agent("codex", "@openai/codex", "0.171.0", "codex", "/v1/responses", ("get_goal", "view_image"), "proxy",
+          ("--sandbox", "workspace-write")),
     # Claude Code's npm package is a native executable: no Node guard can be preloaded into it.
     Agent("claude-code", "@anthropic-ai/claude-code", "2.1.197", "claude", "/v1/messages",
-          ("TaskList", "Read", "Glob"), "proxy"),
+          ("TaskList", "Read", "Glob"), "proxy", ("--permission-mode", "acceptEdits")),
     # Qwen Code sends every request through HTTPS_PROXY when it is set, 127.0.0.1 included (its OpenAI client
     # takes a ProxyAgent that reads no NO_PROXY): a trap would catch duo's traffic too.
     Agent("qwen-code", "@qwen-code/qwen-code", "0.15.10", "qwen", "/v1/chat/completions",
-          ("list_directory", "glob", "read_file"), "node"),
+          ("list_directory", "glob", "read_file"), "node", ("--approval-mode", "auto-edit")),
 )

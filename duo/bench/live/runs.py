@@ -9,10 +9,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from helpers.agents.clients import Agent
-from helpers.agents.forcing import FirstCallForcer
-from helpers.agents.proxy import Exchange, LoggingProxy
-from helpers.agents.trap import ProxyTrap
+from duo.bench.live.clients import Agent
+from duo.bench.live.proxy import Exchange, LoggingProxy, Rewrite
+from duo.bench.live.trap import ProxyTrap
 
 TIMEOUT = 240  # seconds for one run: the tiny models read a 19k-token prompt in a minute on a loaded core
 NODE_GUARD = Path(__file__).with_name("node_guard.cjs")
@@ -24,7 +23,7 @@ class AgentRun:
     returncode: int
     output: str  # stdout and stderr together
     exchanges: list[Exchange]
-    forced: FirstCallForcer
+    rewrite: Rewrite | None  # the proxy's rewrite of the model calls (a test's forcing), None for none
     attempts: list[str]  # connections refused (by the trap or the Node guard): anything headed beyond 127.0.0.1
     seconds: float
 
@@ -32,31 +31,32 @@ class AgentRun:
         return [e for e in self.exchanges if e.path == self.agent.model_path]
 
     def report(self) -> str:
-        lines = [f"{self.agent.name} {self.agent.version}: exit {self.returncode} after {self.seconds:.1f}s,"
-                 f" forced {self.forced.forced!r}"]
+        lines = [f"{self.agent.name} {self.agent.version}: exit {self.returncode} after {self.seconds:.1f}s"]
         lines += [f"  {e.summary()} {e.answer[:300]!r}" if e.status >= 300 else f"  {e.summary()}"
                   for e in self.exchanges]
         lines += [f"  refused: {a}" for a in self.attempts]
         return "\n".join(lines + ["--- output (tail) ---", self.output[-3000:]])
 
 
-def run_agent(agent: Agent, upstream: str, tmp: Path) -> AgentRun:
-    """Run `agent` on TASK with HOME and the working folder in `tmp`, its model calls through a logging proxy."""
+def run_agent(agent: Agent, upstream: str, tmp: Path, rewrite: Rewrite | None = None,
+              timeout: float = TIMEOUT, may_edit: bool = False) -> AgentRun:
+    """Run `agent` on TASK with HOME and the working folder (tmp/work) in `tmp`, its model calls through a logging
+    proxy that applies `rewrite` (none: the agent's requests go to duo-target as sent), for `timeout` seconds at most;
+    with `may_edit`, allowed to edit files in its folder (Agent.edit_flags)."""
     home, work = tmp / "home", tmp / "work"
     home.mkdir()
     work.mkdir()
-    forcer = FirstCallForcer(agent)
-    with LoggingProxy(upstream, forcer) as proxy, ProxyTrap() as trap:
-        argv, variables = agent.command(home, proxy.url)
+    with LoggingProxy(upstream, rewrite) as proxy, ProxyTrap() as trap:
+        argv, variables = agent.command(home, proxy.url, may_edit)
         guard_log = tmp / "node-guard.log"
         guard_log.touch()
         env = {**isolated_environment(home), **variables, **guarded(agent, trap, guard_log)}
         started = time.monotonic()
-        returncode, output = run_bounded(argv, work, env)
+        returncode, output = run_bounded(argv, work, env, timeout)
         seconds = time.monotonic() - started
         wait_for_answers(proxy)
     attempts = trap.attempts + guard_log.read_text().splitlines()
-    return AgentRun(agent, returncode, output, list(proxy.exchanges), forcer, attempts, seconds)
+    return AgentRun(agent, returncode, output, list(proxy.exchanges), rewrite, attempts, seconds)
 
 
 def guarded(agent: Agent, trap: ProxyTrap, guard_log: Path) -> dict[str, str]:
@@ -66,19 +66,19 @@ def guarded(agent: Agent, trap: ProxyTrap, guard_log: Path) -> dict[str, str]:
     return {"HTTPS_PROXY": trap.url, "HTTP_PROXY": trap.url, "ALL_PROXY": trap.url, "NO_PROXY": "127.0.0.1,localhost"}
 
 
-def run_bounded(argv: list[str], cwd: Path, env: dict[str, str]) -> tuple[int, str]:
-    """Exit status (-1 when killed after TIMEOUT) and output of `argv`. It runs in a process group of its own, killed
+def run_bounded(argv: list[str], cwd: Path, env: dict[str, str], timeout: float = TIMEOUT) -> tuple[int, str]:
+    """Exit status (-1 when killed after `timeout`) and output of `argv`. It runs in a process group of its own, killed
     whole at the timeout: Qwen Code relaunches itself in a child (relaunchAppInChildProcess, for a larger heap), which
     would otherwise outlive it, holding the pipe open."""
     with subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, start_new_session=True) as child:
         try:
-            output, _ = child.communicate(timeout=TIMEOUT)
+            output, _ = child.communicate(timeout=timeout)
             return child.returncode, output.decode(errors="replace")
         except subprocess.TimeoutExpired:
             os.killpg(child.pid, signal.SIGKILL)
             output, _ = child.communicate()
-            return -1, output.decode(errors="replace") + f"\n(killed after {TIMEOUT}s)"
+            return -1, output.decode(errors="replace") + f"\n(killed after {timeout:g}s)"
 
 
 def isolated_environment(home: Path) -> dict[str, str]:

@@ -1,0 +1,132 @@
+"""`duo bench --live-agents`: the agents run for real against duo-target with its draft attached, and what came of it.
+
+duo-draft (pinned to the draft cores) and duo-target (the target cores, the draft attached, default flags but for
+--metrics) are started from this checkout; then each chosen agent, as it ships on npm with its default settings and
+tools (allowed to edit files in its folder: Agent.edit_flags), runs TASK non-interactively in an empty folder, every
+request through the logging proxy and nothing past 127.0.0.1 (runs.py). Nothing rewrites the requests: the kit
+measures what a user gets (a test may pass a rewrite of its own, `rewrite_for`, where the tiny models cannot choose).
+The runs take turns, so the /metrics deltas around each are its drafts. The records go to
+scripts/bench-results/live-agents-<time>.json and the table to stdout."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import grpc
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from duo.bench.cluster import ROOT, Code, generate, spawn
+from duo.bench.live.clients import AGENTS, TASK, Agent
+from duo.bench.live.outcome import Drafts, Record, record, table
+from duo.bench.live.proxy import Rewrite
+from duo.bench.live.runs import run_agent
+from duo.models import hub
+from duo.net.listening import free_port
+
+RESULTS = ROOT / "scripts" / "bench-results"
+# One agent's run at most: the 1.5B target on one core reads Claude Code's 19k-token first prompt in ~12 minutes,
+# and every later turn adds its tool results.
+LIVE_TIMEOUT = 3600
+READY_TIMEOUT = 900  # for both processes to load their models and the draft to attach
+VERIFIED, ACCEPTED = "duo:spec_decode_num_draft_tokens_total", "duo:spec_decode_num_accepted_tokens_total"
+AGENT_NAMES = tuple(agent.name for agent in AGENTS)
+
+
+def command(module: str, args: list[str], cores: set[int]) -> list[str]:
+    return [sys.executable, "-m", module, *args, "--threads", str(len(cores))]
+
+
+@contextlib.contextmanager
+def served(target: Path, draft: Path, cores: tuple[set[int], set[int]], logs: Path) -> Iterator[str]:
+    """duo-target's HTTP URL, with duo-draft attached, both stopped on exit. `cores`: (target's, draft's)."""
+    code, (target_cores, draft_cores) = Code.at(ROOT), cores
+    draft_address, address = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    http = f"127.0.0.1:{free_port()}"
+    processes = [spawn(command(code.draft_module, ["--model", str(draft), "--listen", draft_address], draft_cores),
+                       draft_cores, logs / "duo-draft.log", code)]
+    processes.append(spawn(command(code.target_module, ["--model", str(target), "--listen", address, "--http", http,
+                                                        "--peer", draft_address, "--metrics"], target_cores),
+                           target_cores, logs / "duo-target.log", code))
+    try:
+        wait_attached(address, processes, logs)
+        yield f"http://{http}"
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.wait(60)
+
+
+def wait_attached(address: str, processes: list[subprocess.Popen], logs: Path) -> None:
+    """Until duo-target answers with its draft connected; SystemExit if a process exits or READY_TIMEOUT passes."""
+    deadline = time.monotonic() + READY_TIMEOUT
+    while time.monotonic() < deadline:
+        if any(p.poll() is not None for p in processes):
+            raise SystemExit(f"live agents: duo-draft or duo-target exited; see the logs in {logs}")
+        try:
+            if generate(address, "hi", 0.0, 2, 0).last.stats.draft_connected:
+                return
+        except grpc.RpcError:
+            pass
+        time.sleep(1)
+    raise SystemExit(f"live agents: no draft attached after {READY_TIMEOUT}s; see the logs in {logs}")
+
+
+def drafts_so_far(http_url: str) -> Drafts:
+    """The draft tokens duo-target has verified and accepted since it started, from its /metrics."""
+    samples = {s.name: s.value for family in text_string_to_metric_families(httpx.get(f"{http_url}/metrics").text)
+               for s in family.samples if not s.labels}
+    return Drafts(samples.get(VERIFIED, 0.0), samples.get(ACCEPTED, 0.0))
+
+
+def run_live_agents(names: Sequence[str], target: Path, draft: Path, cores: tuple[set[int], set[int]],
+                    timeout: float = LIVE_TIMEOUT, results: Path = RESULTS,
+                    rewrite_for: Callable[[Agent], Rewrite] | None = None) -> tuple[Path, list[Record]]:
+    """Run the agents `names` (in AGENTS' order) one after the other against the pair; the JSON's path and records."""
+    agents = [agent for agent in AGENTS if agent.name in names]
+    for agent in agents:
+        agent.executable()  # installed (minutes, once) before the servers start
+    folder = Path(tempfile.mkdtemp(prefix="duo-live-agents-"))
+    started = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    records = []
+    with served(target, draft, cores, folder) as http_url:
+        for agent in agents:
+            print(f"live agents: {agent.name} on {TASK!r} (logs and folders in {folder})", file=sys.stderr)
+            before = drafts_so_far(http_url)
+            run = run_agent(agent, http_url, mkdir(folder / agent.name), rewrite_for(agent) if rewrite_for else None,
+                            timeout, may_edit=True)
+            records.append(record(run, drafts_so_far(http_url) - before, folder / agent.name / "work"))
+            print(run.report(), file=sys.stderr)
+    report = {"task": TASK, "target": str(target), "draft": str(draft), "started": started,
+              "cores": {"target": sorted(cores[0]), "draft": sorted(cores[1])}, "timeout_s": timeout,
+              "edit_flags": {agent.name: list(agent.edit_flags) for agent in agents}, "agents": records}
+    results.mkdir(parents=True, exist_ok=True)
+    path = results / f"live-agents-{started}.json"
+    path.write_text(json.dumps(report, indent=1) + "\n")
+    return path, records
+
+
+def mkdir(path: Path) -> Path:
+    path.mkdir()
+    return path
+
+
+def live_agents_command(args: argparse.Namespace) -> int:
+    """`duo bench --live-agents [AGENT ...]`: 0 when every agent got the task done, 1 otherwise."""
+    if len(args.target) != 1:
+        raise SystemExit("bench: --live-agents runs against one --target")
+    target, draft = hub.resolve_model(args.target[0]), hub.resolve_model(args.draft)
+    path, records = run_live_agents(args.live_agents or AGENT_NAMES, target, draft,
+                                    (set(args.target_cores), set(args.draft_cores)), args.live_timeout)
+    print(table(records))
+    print(f"\nwritten to {path}")
+    return 0 if all(entry["task"]["done"] for entry in records) else 1

@@ -1,0 +1,30 @@
+"""How `duo bench --live-agents` runs each agent: its default command with the one permission TASK needs, to edit
+files in its folder, and nothing else changed."""
+
+from __future__ import annotations
+
+import pytest
+
+from duo.bench.live.clients import AGENTS, TASK, Agent
+
+EDIT_FLAGS = {"codex": ["--sandbox", "workspace-write"], "claude-code": ["--permission-mode", "acceptEdits"],
+              "qwen-code": ["--approval-mode", "auto-edit"]}
+
+
+@pytest.fixture(autouse=True)
+def no_install(monkeypatch):
+    monkeypatch.setattr(Agent, "executable", lambda self: f"/bin/{self.binary}")
+
+
+@pytest.mark.parametrize("agent", AGENTS, ids=lambda agent: agent.name)
+def test_an_agent_allowed_to_edit_gets_its_edit_flags_before_the_task(agent, tmp_path):
+    plain, variables = agent.command(tmp_path, "http://127.0.0.1:1")
+    editing, same_variables = agent.command(tmp_path, "http://127.0.0.1:1", may_edit=True)
+    assert editing == plain[:-1] + EDIT_FLAGS[agent.name] + [TASK]
+    assert same_variables == variables
+
+
+@pytest.mark.parametrize("agent", AGENTS, ids=lambda agent: agent.name)
+def test_an_agent_not_allowed_to_edit_runs_its_default_command(agent, tmp_path):
+    argv, _ = agent.command(tmp_path, "http://127.0.0.1:1")
+    assert argv[-1] == TASK and not set(EDIT_FLAGS[agent.name]) & set(argv)
