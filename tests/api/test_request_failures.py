@@ -32,7 +32,7 @@ class FailsOnce(ScriptedTarget):
         super().__init__(STEPS)
         self.error: Exception | None = error
 
-    async def generate(self, request: Request, stats=None):
+    async def generate(self, request: Request, stats=None, progress: bool = False):
         async for step in super().generate(request, stats):
             yield step
             if self.error is not None:

@@ -33,7 +33,7 @@ STEPS = [[3], [4]]  # " the end"
 class SlowPrefill(ScriptedTarget):
     """A target whose prompt takes PREFILL_S before the first token (a 70B target's prefill takes minutes)."""
 
-    async def generate(self, request, stats=None):
+    async def generate(self, request, stats=None, progress=False):
         await asyncio.sleep(PREFILL_S)
         async for step in super().generate(request, stats):
             yield step
