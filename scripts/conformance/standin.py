@@ -61,11 +61,9 @@ def local_model(flags: dict[str, str], env: dict[str, str]) -> str:
     reference = " ".join(flags.values())
     if any(repo.lower() in reference.lower() for repo in TINY_REPOS):
         return env["DUO_CONFORMANCE_TINY"]
-    if not env.get("DUO_CONFORMANCE_CHAT"):
-        # Only the suite's slow tests name a real model; a run that downloads none (CI's) runs the fast ones.
-        raise SystemExit(f"conformance: {reference} stands in as Qwen2.5-Coder-0.5B, which this run does not "
-                         "download: run scripts/conformance.sh without --no-download")
-    return env["DUO_CONFORMANCE_CHAT"]
+    # A run that downloads no model (CI's) serves the tiny one for a real model too: the fast tests that name one
+    # (the router preset of test_security's CORS tests) read headers, not the model's words.
+    return env.get("DUO_CONFORMANCE_CHAT") or env["DUO_CONFORMANCE_TINY"]
 
 
 def draft_for(model: str, env: dict[str, str]) -> str:

@@ -151,10 +151,10 @@ def test_the_refresh_lists_what_fails_on_both_at_one_place_and_leaves_duos_diffe
                                                              "unit/test_x.py::test_elsewhere"]
 
 
-def test_a_run_without_the_download_serves_no_real_model_and_says_so():
+def test_a_run_without_the_download_serves_the_tiny_model_for_a_real_one():
     flags, _, _ = split_model_flags(["--hf-repo", "bartowski/Phi-3.5-mini-instruct-GGUF:Q4_K_M"])
-    with pytest.raises(SystemExit, match="without --no-download"):
-        local_model(flags, {**ENV, "DUO_CONFORMANCE_CHAT": ""})
+    assert local_model(flags, {**ENV, "DUO_CONFORMANCE_CHAT": ""}) == ENV["DUO_CONFORMANCE_TINY"]
+    assert local_model(flags, ENV) == ENV["DUO_CONFORMANCE_CHAT"]
     tiny, _, _ = split_model_flags(["--hf-repo", "ggml-org/test-model-stories260K"])
     assert local_model(tiny, {**ENV, "DUO_CONFORMANCE_CHAT": ""}) == ENV["DUO_CONFORMANCE_TINY"]
 
