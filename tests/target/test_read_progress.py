@@ -28,17 +28,22 @@ def read(target: Target, prompt: list[int], progress: bool) -> tuple[list[ReadPr
     return items, [token for item in items if not isinstance(item, ReadProgress) for token in item]
 
 
+def reads(target: Target, prompt: list[int], *asked: bool) -> list[tuple[list[ReadProgress | list[int]], list[int]]]:
+    """`read` of `prompt` once per entry of `asked` (whether that read asks for progress), one after the other on
+    `target`, which is closed after them."""
+    try:
+        return [read(target, prompt, progress) for progress in asked]
+    finally:
+        asyncio.run(target.close())
+
+
 def alone(target_model, **settings) -> Target:
     return Target(target_model, ModelWorker(), None, n_ctx=1024, settings=SpecSettings(lookup=False, **settings),
                   n_batch=N_BATCH)
 
 
 def test_a_prompt_read_alone_is_told_before_its_first_call_then_after_each_of_n_batch_tokens(target_model):
-    target = alone(target_model)
-    try:
-        items, tokens = read(target, PROMPT, progress=True)
-    finally:
-        asyncio.run(target.close())
+    [(items, tokens)] = reads(alone(target_model), PROMPT, True)
     told = [item for item in items if isinstance(item, ReadProgress)]
     assert items[:len(told)] == told  # every report before the first token
     # llama-server's count: one before the read, then one a call of n_batch tokens (the last with the first token)
@@ -52,12 +57,7 @@ def test_a_prompt_read_alone_is_told_before_its_first_call_then_after_each_of_n_
 
 
 def test_a_prompt_found_in_the_cache_is_told_with_its_cache_and_then_its_end(target_model):
-    target = alone(target_model)
-    try:
-        _, first = read(target, PROMPT, progress=False)
-        items, again = read(target, PROMPT, progress=True)
-    finally:
-        asyncio.run(target.close())
+    (_, first), (items, again) = reads(alone(target_model), PROMPT, False, True)
     told = [item for item in items if isinstance(item, ReadProgress)]
     cached = len(PROMPT) - 1  # the last token is read with the first step
     assert [(p.cache, p.processed) for p in told] == [(cached, cached), (cached, len(PROMPT))]
@@ -65,20 +65,13 @@ def test_a_prompt_found_in_the_cache_is_told_with_its_cache_and_then_its_end(tar
 
 
 def test_a_read_that_did_not_ask_is_not_told(target_model):
-    target = alone(target_model)
-    try:
-        items, _ = read(target, PROMPT, progress=False)
-    finally:
-        asyncio.run(target.close())
+    [(items, _)] = reads(alone(target_model), PROMPT, False)
     assert not any(isinstance(item, ReadProgress) for item in items)
 
 
 def test_a_batch_smaller_than_the_draft_length_reads_and_verifies_within_it(target_model):
     target = Target(target_model, ModelWorker(), None, n_ctx=1024, settings=SpecSettings(draft_max=16), n_batch=8)
-    try:
-        items, tokens = read(target, PROMPT[:50], progress=True)
-    finally:
-        asyncio.run(target.close())
+    [(items, tokens)] = reads(target, PROMPT[:50], True)
     told = [item.processed for item in items if isinstance(item, ReadProgress)]
     assert told == [0, 8, 16, 24, 32, 40, 48, 50]
     assert leaves_greedy_path_only_at_a_near_tie(target_model, PROMPT[:50], tokens, 6)
