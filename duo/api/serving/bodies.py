@@ -198,12 +198,13 @@ class GenerationBody(LlamaServerFields, SamplerFields):
                 return value
         return None
 
-    def penalties(self) -> Penalties:
-        """The request's logit transforms (checked against the vocabulary when the request is prepared)."""
+    def penalties(self, bias: tuple[tuple[int, float], ...]) -> Penalties:
+        """The request's logit transforms with its token ids' `bias` (checked against the vocabulary when the request
+        is prepared)."""
         return Penalties(presence=self.presence_penalty or 0.0, frequency=self.frequency_penalty or 0.0,
                          repeat=1.0 if self.repeat_penalty is None else self.repeat_penalty,
                          repeat_last_n=Penalties.repeat_last_n if self.repeat_last_n is None else self.repeat_last_n,
-                         bias=self._biases()[0])
+                         bias=bias)
 
     def _biases(self) -> tuple[tuple[tuple[int, float], ...], tuple[tuple[str, float], ...]]:
         """logit_bias as llama-server reads it: token ids with their biases (a token named twice gets both), and
@@ -235,7 +236,8 @@ class GenerationBody(LlamaServerFields, SamplerFields):
         params = self.sampling_params(on, temperature=temperature, top_k=(self.top_k or 0) if "k" in on else 0,
                                       top_p=1.0 if self.top_p is None or "p" not in on else self.top_p,
                                       min_p=(self.min_p or 0.0) if "m" in on else 0.0)
-        penalties = self.sampler_penalties(self.penalties() if "e" in on else Penalties(bias=self._biases()[0]), on)
+        bias, bias_texts = self._biases()  # one walk of a list a client may make 150k entries long
+        penalties = self.sampler_penalties(self.penalties(bias) if "e" in on else Penalties(bias=bias), on)
         check_chain(on, params, penalties, self.model_extra or {})
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         # A warm-up's one token is dropped: no logprobs to read. Its grammar is compiled all the same: a schema that
@@ -243,7 +245,7 @@ class GenerationBody(LlamaServerFields, SamplerFields):
         warm_up = self.warm_up
         return CompletionRequest(max_tokens=max_tokens or 0, params=params, seed=self.seed, stop=stop,
                                  cache_prompt=self.cache_prompt, grammar=self.grammar_spec(),
-                                 warm_up=warm_up, penalties=penalties, bias_texts=self._biases()[1],
+                                 warm_up=warm_up, penalties=penalties, bias_texts=bias_texts,
                                  logprobs=-1 if warm_up else self.logprob_count(), infill_sampler="i" in on,
                                  post_sampling_probs=self.post_sampling_probs,
                                  ignore_eos=self.ignore_eos, progress=bool(self.stream and self.return_progress),
