@@ -12,9 +12,12 @@ from pathlib import Path
 import pytest
 
 from helpers.tiny_models import (
+    DRAFT_NOISE,
+    DRAFT_SEED,
     MISMATCH_TOKEN_ID,
     MISMATCH_TOKEN_TEXT,
     OVERSIZED_EXTRA_TOKENS,
+    TARGET_SEED,
     write_tiny_model,
     write_tiny_pair,
 )
@@ -29,6 +32,15 @@ def tiny_models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_pair(tiny_models_dir: Path) -> tuple[Path, Path]:
     """(target, draft): the draft is the target's weights plus noise."""
     return write_tiny_pair(tiny_models_dir)
+
+
+@pytest.fixture(scope="session")
+def long_tiny_pair(tiny_models_dir: Path) -> tuple[Path, Path]:
+    """(target, draft) with a 32k context (f32 embeddings): room for the coding agents' 9k-19k-token prompts."""
+    target = write_tiny_model(tiny_models_dir / "long-target.gguf", seed=TARGET_SEED, embedding_type="f32",
+                              n_ctx=32768)
+    draft = write_tiny_model(tiny_models_dir / "long-draft.gguf", seed=DRAFT_SEED, base=target, noise=DRAFT_NOISE)
+    return target, draft
 
 
 @pytest.fixture(scope="session")

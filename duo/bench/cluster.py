@@ -120,7 +120,8 @@ def spawn(command: list[str], cores: set[int], log: Path, code: Code) -> subproc
         return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, preexec_fn=pin, cwd=code.root, env=env)
 
 
-def _duo(module: str, args: list[str], cores: set[int]) -> list[str]:
+def duo_command(module: str, args: list[str], cores: set[int]) -> list[str]:
+    """`python -m module args` with as many threads as `cores`."""
     return [sys.executable, "-m", module, *args, "--threads", str(len(cores))]
 
 
@@ -160,14 +161,14 @@ def _start_alone_rpc(variant: Variant, code: Code, address: str, target_args: li
     """alone-rpc: two RPC servers and the target, all on the target's cores, each with as many threads
     as those cores; the target's layers split evenly over the servers."""
     endpoints = [f"127.0.0.1:{port}" for port in _free_ports(2, {int(address.rpartition(":")[2])})]
-    servers = [spawn(_duo("duo.cli.main", ["rpc-server", "--listen", endpoint, "--device", "cpu"], cores), cores,
+    servers = [spawn(duo_command("duo.cli.main", ["rpc-server", "--listen", endpoint, "--device", "cpu"], cores), cores,
                      logs / f"{name}-server{i}.log", code) for i, endpoint in enumerate(endpoints, 1)]
     try:
         wait_listening(endpoints, servers)
     except SystemExit:
         Cluster(variant, "", servers).stop()
         raise
-    target = spawn(_duo(code.target_module, [*target_args, "--rpc", ",".join(endpoints), "--tensor-split", "1,1"],
+    target = spawn(duo_command(code.target_module, [*target_args, "--rpc", ",".join(endpoints), "--tensor-split", "1,1"],
                         cores), cores, logs / f"{name}-target.log", code)
     # The target first: stopped before its servers, it does not abort over a lost server.
     return Cluster(variant, address, [target, *servers], in_turn=True)
@@ -191,14 +192,14 @@ def start_variant(variant: Variant, code: Code, models: tuple[Path, Path], cores
         # The target alone is the plain target; lookup-tcores is the same with its context lookup (no draft).
         cores_used = all_cores if variant.mode == "alone-all" else target_cores
         alone_args = target_args + ([] if variant.mode == "lookup-tcores" else ["--no-lookup"])
-        return Cluster(variant, address, [spawn(_duo(code.target_module, alone_args, cores_used), cores_used,
+        return Cluster(variant, address, [spawn(duo_command(code.target_module, alone_args, cores_used), cores_used,
                                                 logs / f"{name}.log", code)])
     if variant.mode == "sync-shared":
         target_cores = draft_cores = all_cores
     processes, peers = [], []
     for i, cores_of_draft in enumerate(split_cores(draft_cores, drafts)):
         draft_address = f"127.0.0.1:{free_port()}"
-        processes.append(spawn(_duo(code.draft_module, ["--model", str(draft), "--listen", draft_address, "--device",
+        processes.append(spawn(duo_command(code.draft_module, ["--model", str(draft), "--listen", draft_address, "--device",
                                                         "cpu", "--log-level", "WARNING"], cores_of_draft),
                                cores_of_draft, logs / f"{name}-draft{i or ''}.log", code))
         peer = draft_address
@@ -213,7 +214,7 @@ def start_variant(variant: Variant, code: Code, models: tuple[Path, Path], cores
         extra += ["--unseeded", UNSEEDED[variant.mode]]
     if variant.mode == "duo-nolookup":
         extra += ["--no-lookup"]
-    processes.append(spawn(_duo(code.target_module, [*target_args, *peers, *extra], target_cores),
+    processes.append(spawn(duo_command(code.target_module, [*target_args, *peers, *extra], target_cores),
                            target_cores, logs / f"{name}-target.log", code))
     return Cluster(variant, address, processes, speculative=True)
 

@@ -43,7 +43,7 @@ def codex_run(output: str = "I wrote hello.py\n") -> AgentRun:
                                                                "name": "apply_patch"}]}).encode(),
                  {"content-type": "application/json"}, 2.0, 2.0),
     ]
-    return AgentRun(CODEX, 0, output, exchanges, None, [], 71.4)
+    return AgentRun(CODEX, 0, output, exchanges, [], 71.4)
 
 
 def folder_with(tmp_path: Path, script: str | None) -> Path:

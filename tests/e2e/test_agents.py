@@ -22,11 +22,10 @@ from duo.bench.live.streams import called, malformations, returned_results
 from helpers.agents.forcing import ANSWER, FirstCallForcer
 from helpers.http import scrape
 from helpers.processes import Process, start, wait_for_draft
-from helpers.tiny_models import DRAFT_NOISE, DRAFT_SEED, TARGET_SEED, write_tiny_model
 
 pytestmark = pytest.mark.skipif(shutil.which("npm") is None, reason="npm is not on PATH: the agents install from npm")
 
-# The agents' first prompts are 9k (Codex) to 19k (Claude Code) tokens: the tiny pair with room for them.
+# The agents' first prompts are 9k (Codex) to 19k (Claude Code) tokens: the long tiny pair has room for them.
 CONTEXT = 32768
 ACCEPTED = ("duo:spec_decode_num_accepted_tokens_total", ())
 # What the clients print when a stream or an answer did not parse, or a request failed.
@@ -35,18 +34,10 @@ CLIENT_ERRORS = re.compile(r"\bERROR\b|API Error|stream (error|disconnected)|[Ff
 
 
 @pytest.fixture(scope="module")
-def long_pair(tiny_models_dir: Path) -> tuple[Path, Path]:
-    target = write_tiny_model(tiny_models_dir / "agents-target.gguf", seed=TARGET_SEED, embedding_type="f32",
-                              n_ctx=CONTEXT)
-    draft = write_tiny_model(tiny_models_dir / "agents-draft.gguf", seed=DRAFT_SEED, base=target, noise=DRAFT_NOISE)
-    return target, draft
-
-
-@pytest.fixture(scope="module")
-def agents_target(long_pair: tuple[Path, Path], process_logs: Path):
+def agents_target(long_tiny_pair: tuple[Path, Path], process_logs: Path):
     """duo-target beside its draft. The draft length is fixed and lookup off, so that the draft takes part in every
     answer whatever the adaptive policy would make of a tiny draft, and every accepted token is the draft's."""
-    target, draft = long_pair
+    target, draft = long_tiny_pair
     drafting = start("duo.cli.draft", ["--model", str(draft), "--ctx-size", str(CONTEXT)], process_logs)
     process = start("duo.cli.target", ["--model", str(target), "--ctx-size", str(CONTEXT), "--peer", drafting.address,
                                        "--draft-max", "4", "--no-lookup"], process_logs, http=True)
@@ -58,25 +49,26 @@ def agents_target(long_pair: tuple[Path, Path], process_logs: Path):
 
 @pytest.fixture(scope="module", params=AGENTS, ids=lambda agent: agent.name)
 def run(request: pytest.FixtureRequest, agents_target: Process,
-        tmp_path_factory: pytest.TempPathFactory) -> tuple[AgentRun, float]:
-    """The agent's run, and the draft tokens the target accepted during it (the runs take turns)."""
+        tmp_path_factory: pytest.TempPathFactory) -> tuple[AgentRun, float, FirstCallForcer]:
+    """The agent's run, the draft tokens the target accepted during it (the runs take turns), and the forcing."""
     agent: Agent = request.param
     agent.executable()  # installed (minutes, once) before the run's clock starts
     before = scrape(agents_target).get(ACCEPTED, 0.0)
-    done = run_agent(agent, agents_target.http_url, tmp_path_factory.mktemp(agent.name), FirstCallForcer(agent))
+    forcer = FirstCallForcer(agent)
+    done = run_agent(agent, agents_target.http_url, tmp_path_factory.mktemp(agent.name), forcer)
     accepted = scrape(agents_target).get(ACCEPTED, 0.0) - before
     print(f"{done.report()}\n  draft tokens accepted: {accepted:g}")  # shown with -s: the run as it went
-    return done, accepted
+    return done, accepted, forcer
 
 
 def test_every_request_the_agent_sends_is_answered_2xx(run):
-    done, _ = run
+    done, _, _ = run
     assert done.model_calls(), done.report()
     assert all(200 <= e.status < 300 for e in done.exchanges), done.report()
 
 
 def test_every_stream_is_well_formed_and_the_agent_takes_it(run):
-    done, _ = run
+    done, _, _ = run
     streams = [e for e in done.model_calls() if e.is_stream()]
     assert streams, done.report()
     for exchange in streams:
@@ -88,8 +80,7 @@ def test_every_stream_is_well_formed_and_the_agent_takes_it(run):
 
 
 def test_the_forced_tool_call_goes_out_and_its_result_comes_back(run):
-    done, _ = run
-    forcer = done.rewrite
+    done, _, forcer = run
     assert forcer.forced is not None, f"no call offered any of {done.agent.harmless_tools}\n{done.report()}"
     forced = done.exchanges[forcer.forced_index]
     calls = called(forced.path, forced.answer)
@@ -101,10 +92,10 @@ def test_the_forced_tool_call_goes_out_and_its_result_comes_back(run):
 
 
 def test_drafts_are_accepted_while_the_agent_works(run):
-    done, accepted = run
+    done, accepted, _ = run
     assert accepted > 0, done.report()
 
 
 def test_nothing_the_agent_sends_leaves_localhost(run):
-    done, _ = run
+    done, _, _ = run
     assert done.attempts == [], done.report()

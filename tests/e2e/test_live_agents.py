@@ -17,18 +17,15 @@ import pytest
 from duo.bench.live.kit import run_live_agents
 from duo.bench.live.outcome import table
 from helpers.agents.forcing import FirstCallForcer
-from helpers.tiny_models import DRAFT_NOISE, DRAFT_SEED, TARGET_SEED, write_tiny_model
 
-pytestmark = pytest.mark.skipif(shutil.which("npm") is None, reason="npm is not on PATH: the agents install from npm")
-
-CONTEXT = 32768  # room for the agents' prompts, as duo-target's default context reads it from the model
+# The kit starts duo-draft and duo-target itself (not through helpers.processes): marked here as conftest would.
+pytestmark = [pytest.mark.processes,
+              pytest.mark.skipif(shutil.which("npm") is None, reason="npm is not on PATH: the agents install from npm")]
 
 
 @pytest.fixture(scope="module")
-def kit(tiny_models_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    target = write_tiny_model(tiny_models_dir / "live-target.gguf", seed=TARGET_SEED, embedding_type="f32",
-                              n_ctx=CONTEXT)
-    draft = write_tiny_model(tiny_models_dir / "live-draft.gguf", seed=DRAFT_SEED, base=target, noise=DRAFT_NOISE)
+def kit(long_tiny_pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory):
+    target, draft = long_tiny_pair
     cores = sorted(os.sched_getaffinity(0))
     forcers: dict[str, FirstCallForcer] = {}
 

@@ -13,22 +13,21 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-import grpc
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from duo.bench.cluster import ROOT, Code, generate, spawn
+from duo.bench.cluster import ROOT, Cluster, Code, duo_command, spawn, wait_ready
 from duo.bench.live.clients import AGENTS, TASK, Agent
 from duo.bench.live.outcome import Drafts, Record, record, table
 from duo.bench.live.proxy import Rewrite
 from duo.bench.live.runs import run_agent
+from duo.bench.report import Variant
 from duo.models import hub
 from duo.net.listening import free_port
 
@@ -41,44 +40,24 @@ VERIFIED, ACCEPTED = "duo:spec_decode_num_draft_tokens_total", "duo:spec_decode_
 AGENT_NAMES = tuple(agent.name for agent in AGENTS)
 
 
-def command(module: str, args: list[str], cores: set[int]) -> list[str]:
-    return [sys.executable, "-m", module, *args, "--threads", str(len(cores))]
-
-
 @contextlib.contextmanager
 def served(target: Path, draft: Path, cores: tuple[set[int], set[int]], logs: Path) -> Iterator[str]:
     """duo-target's HTTP URL, with duo-draft attached, both stopped on exit. `cores`: (target's, draft's)."""
     code, (target_cores, draft_cores) = Code.at(ROOT), cores
     draft_address, address = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     http = f"127.0.0.1:{free_port()}"
-    processes = [spawn(command(code.draft_module, ["--model", str(draft), "--listen", draft_address], draft_cores),
+    processes = [spawn(duo_command(code.draft_module, ["--model", str(draft), "--listen", draft_address], draft_cores),
                        draft_cores, logs / "duo-draft.log", code)]
-    processes.append(spawn(command(code.target_module, ["--model", str(target), "--listen", address, "--http", http,
+    processes.append(spawn(duo_command(code.target_module, ["--model", str(target), "--listen", address, "--http", http,
                                                         "--peer", draft_address, "--metrics"], target_cores),
                            target_cores, logs / "duo-target.log", code))
+    cluster = Cluster(Variant("duo"), address, processes, speculative=True)
     try:
-        wait_attached(address, processes, logs)
+        print(f"live agents: duo-draft and duo-target starting (logs in {logs})", file=sys.stderr)
+        wait_ready(cluster, READY_TIMEOUT)
         yield f"http://{http}"
     finally:
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            process.wait(60)
-
-
-def wait_attached(address: str, processes: list[subprocess.Popen], logs: Path) -> None:
-    """Until duo-target answers with its draft connected; SystemExit if a process exits or READY_TIMEOUT passes."""
-    deadline = time.monotonic() + READY_TIMEOUT
-    while time.monotonic() < deadline:
-        if any(p.poll() is not None for p in processes):
-            raise SystemExit(f"live agents: duo-draft or duo-target exited; see the logs in {logs}")
-        try:
-            if generate(address, "hi", 0.0, 2, 0).last.stats.draft_connected:
-                return
-        except grpc.RpcError:
-            pass
-        time.sleep(1)
-    raise SystemExit(f"live agents: no draft attached after {READY_TIMEOUT}s; see the logs in {logs}")
+        cluster.stop()
 
 
 def drafts_so_far(http_url: str) -> Drafts:

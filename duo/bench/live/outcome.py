@@ -69,17 +69,18 @@ def request_record(exchange: Exchange) -> Record:
 def record(run: AgentRun, drafts: Drafts, work: Path) -> Record:
     """The JSON record of `run`, whose working folder was `work` and during which the target saw `drafts`."""
     done, why = task_check(work)
-    model_calls = run.model_calls()
+    requests = [request_record(e) for e in run.exchanges]
+    model_calls = [entry for entry in requests if entry["path"] == run.agent.model_path]
     return {
         "agent": run.agent.name, "package": f"{run.agent.package}@{run.agent.version}", "exit": run.returncode,
         "wall_s": round(run.seconds, 1),
         "statuses": dict(sorted(Counter(str(e.status) for e in run.exchanges).items())),
         "model_calls": len(model_calls),
-        "tool_calls": [name for e in model_calls for name in answer_calls(e)],
+        "tool_calls": [name for entry in model_calls for name in entry["tool_calls"]],
         "drafts": {"verified": drafts.verified, "accepted": drafts.accepted},
-        "first_token_s": request_record(model_calls[0])["first_token_s"] if model_calls else None,
+        "first_token_s": model_calls[0]["first_token_s"] if model_calls else None,
         "task": {"done": done, "why": why},
-        "requests": [request_record(e) for e in run.exchanges],
+        "requests": requests,
         "refused": run.attempts, "folder": str(work), "output_tail": run.output[-OUTPUT_TAIL:],
     }
 

@@ -23,7 +23,6 @@ class AgentRun:
     returncode: int
     output: str  # stdout and stderr together
     exchanges: list[Exchange]
-    rewrite: Rewrite | None  # the proxy's rewrite of the model calls (a test's forcing), None for none
     attempts: list[str]  # connections refused (by the trap or the Node guard): anything headed beyond 127.0.0.1
     seconds: float
 
@@ -56,7 +55,7 @@ def run_agent(agent: Agent, upstream: str, tmp: Path, rewrite: Rewrite | None = 
         seconds = time.monotonic() - started
         wait_for_answers(proxy)
     attempts = trap.attempts + guard_log.read_text().splitlines()
-    return AgentRun(agent, returncode, output, list(proxy.exchanges), rewrite, attempts, seconds)
+    return AgentRun(agent, returncode, output, list(proxy.exchanges), attempts, seconds)
 
 
 def guarded(agent: Agent, trap: ProxyTrap, guard_log: Path) -> dict[str, str]:
