@@ -44,6 +44,12 @@ def test_what_is_neither_an_id_nor_a_text_with_a_bias_is_refused_naming_logit_bi
     assert refused.value.param == "logit_bias"
 
 
+def test_a_key_of_more_digits_than_python_reads_as_a_number_is_refused_naming_logit_bias():
+    with pytest.raises(BadRequest) as refused:  # int() gives up past 4300 digits: that was a 500
+        request_of({"9" * 5000: 1})
+    assert refused.value.param == "logit_bias"
+
+
 def completion(process, **fields) -> dict:
     response = post(process, "/completion", {"prompt": PROMPT, "n_predict": 16, "temperature": 0, **fields})
     assert response.status_code == 200, response.text

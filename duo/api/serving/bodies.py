@@ -218,7 +218,7 @@ class GenerationBody(LlamaServerFields, SamplerFields):
         for pair in pairs:
             key, value = pair if isinstance(pair, (list, tuple)) and len(pair) == 2 else (None, None)
             if keyed and WHOLE_NUMBER.fullmatch(key):
-                ids.append((int(key), _bias_value(value)))
+                ids.append((_token_id(key), _bias_value(value)))
             elif isinstance(key, str):
                 texts.append((key, _bias_value(value)))
             elif isinstance(key, int) and not isinstance(key, bool):
@@ -279,6 +279,16 @@ class GenerationBody(LlamaServerFields, SamplerFields):
             raise BadRequest(f"send one of response_format, grammar and json_schema, not {len(given)} of them",
                              param=given[1].param)
         return given[0] if given else None
+
+
+def _token_id(key: str) -> int:
+    """An object key of logit_bias read as the token id it spells; past Python's 4300 digits int() refuses (no token
+    id comes near: the vocabulary check would refuse it anyway)."""
+    try:
+        return int(key)
+    except ValueError:
+        raise BadRequest(f"logit_bias names token {key.strip()[:40]}..., outside any vocabulary",
+                         param="logit_bias") from None
 
 
 def _bias_value(value: Any) -> float:
