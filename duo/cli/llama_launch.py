@@ -14,9 +14,8 @@ from pydantic import ValidationError
 from duo.api.http.launch import LaunchSettings
 from duo.api.openai.bodies import ChatBody
 from duo.api.serving.defaults import ServerDefaults
-from duo.api.serving.prepare import RENDERER_NAMES
 from duo.cli.llama_flags import DEFAULT, LLAMA_FLAGS
-from duo.llama.templates import BUILTIN_SOURCES, LLAMA_CPP_NAMES, ChatTemplate
+from duo.llama.templates import BUILTIN_SOURCES, LLAMA_CPP_NAMES, ChatTemplate, reserved_names
 from duo.models.hub import CATALOG
 
 LLAMA_SERVER_PORT = 8080  # llama-server's --port default
@@ -82,9 +81,9 @@ def template_variables(args: argparse.Namespace) -> dict[str, Any]:
     llama-server merges them: --chat-template-kwargs, then enable_thinking from --reasoning on/off or
     --reasoning-budget 0 (auto, the default, leaves llama-server's true). ValueError naming the flag."""
     kwargs = dict(args.chat_template_kwargs or {})
-    if RENDERER_NAMES & set(kwargs):
-        raise ValueError(f"--chat-template-kwargs may not set {', '.join(sorted(RENDERER_NAMES & set(kwargs)))}: "
-                         "the renderer gives them")
+    reserved = reserved_names(kwargs)
+    if reserved:
+        raise ValueError(f"--chat-template-kwargs may not set {', '.join(reserved)}: the renderer gives them")
     if args.reasoning_budget not in (-1, 0):
         raise ValueError(f"--reasoning-budget {args.reasoning_budget}: duo does not bound the reasoning's tokens; "
                          "it takes -1 (unbounded, the default) or 0 (no reasoning, as --reasoning off)")

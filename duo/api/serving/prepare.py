@@ -17,14 +17,10 @@ from duo.api.serving.request import BadRequest, CompletionRequest, check_stops, 
 from duo.api.tools import GENERIC, ToolError, call_format, call_grammar, thinking_opened, with_tools_described
 from duo.constraint import GrammarError, GrammarSpec, grammar_of
 from duo.llama.model import Model, ModelError
+from duo.llama.templates import reserved_names
 from duo.sampling.ops.infill import infill_vocab
 from duo.sampling.ops.penalties import Penalties, summed_biases
 from duo.target.request import Request
-
-# The names the template renderer gives values of its own: chat_template_kwargs may not set them.
-RENDERER_NAMES = frozenset({"messages", "tools", "functions", "function_call", "tool_choice", "eos_token", "bos_token",
-                            "raise_exception", "add_generation_prompt", "strftime_now"})
-
 
 class Preparer:
     """Requests for one loaded model and context: Request objects for the target, or BadRequest saying what to fix.
@@ -53,9 +49,9 @@ class Preparer:
             raise BadRequest("send either prompt or messages, not both")
         chat = chat or bool(messages) or turn.prefill is not None
         if chat:
-            if variables and RENDERER_NAMES & set(variables):
-                raise BadRequest(f"chat_template_kwargs may not set {', '.join(sorted(RENDERER_NAMES & set(variables)))}",
-                                 param="chat_template_kwargs")
+            reserved = reserved_names(variables or {})
+            if reserved:
+                raise BadRequest(f"chat_template_kwargs may not set {', '.join(reserved)}", param="chat_template_kwargs")
             try:
                 prompt = model.chat_prompt(messages, tools, variables, generation_prompt=turn.generation_prompt) + \
                     (turn.prefill or "")

@@ -50,7 +50,18 @@ def _raise_exception(message: str) -> None:
     raise ValueError(message)
 
 
-def server_variables(now: datetime) -> dict[str, Any]:
+# The names ChatTemplate.render gives values of its own (functions, function_call and tool_choice too, as
+# llama-cpp-python's formatter before it did): the variables of a request or the launch line may not set them.
+RENDERER_NAMES = frozenset({"messages", "tools", "functions", "function_call", "tool_choice", "eos_token", "bos_token",
+                            "raise_exception", "add_generation_prompt", "strftime_now"})
+
+
+def reserved_names(variables: Mapping[str, Any]) -> list[str]:
+    """The names among `variables` that the renderer gives itself (RENDERER_NAMES), sorted: what may not be set."""
+    return sorted(RENDERER_NAMES & set(variables))
+
+
+def _server_variables(now: datetime) -> dict[str, Any]:
     """What llama-server gives every template before the launch line's and the request's variables: today's date in
     its formats (common/chat.cpp's extra context: Llama 3.x's `date_string`, 28 Nov 2026; firefunction-v2's
     `datetime`, Nov 28 2026), and enable_thinking true (its --reasoning auto, for a template that can think; one that
@@ -80,7 +91,7 @@ class ChatTemplate:
         """The chat as the template writes it. Raises jinja2.TemplateError for a template that fails, ValueError for
         one that refuses the messages (its raise_exception)."""
         return self._template.render(
-            server_variables(self._clock()) | self._defaults | dict(variables or {}),
+            _server_variables(self._clock()) | self._defaults | dict(variables or {}),
             messages=[dict(message) for message in messages], tools=list(tools) or None,
             add_generation_prompt=add_generation_prompt, raise_exception=_raise_exception,
             strftime_now=lambda format_: self._clock().strftime(format_), **self._tokens)
