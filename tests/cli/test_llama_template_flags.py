@@ -7,7 +7,7 @@ import pytest
 
 from duo.cli.llama_launch import chat_template, template_options, template_variables
 from duo.cli.target import build_parser, main
-from duo.llama.templates import BUILTIN_SOURCES, ChatTemplate
+from duo.llama.templates import BUILTIN_SOURCES, ChatTemplate, reserved_names
 
 
 def parse(line: str):
@@ -74,3 +74,10 @@ def test_a_template_file_is_checked_as_the_chat_renders_it_loop_controls_include
     source = chat_template(parse(f"--chat-template-file {template}"))
     messages = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
     assert ChatTemplate(source, bos_token="", eos_token="").render(messages) == "a"
+
+
+
+def test_variables_the_renderer_gives_itself_are_refused_from_the_launch_line():
+    with pytest.raises(ValueError, match="--chat-template-kwargs may not set add_generation_prompt, messages: "):
+        template_variables(parse('--chat-template-kwargs {"messages":[],"add_generation_prompt":true,"x":1}'))
+    assert reserved_names({"enable_thinking": False, "x": 1}) == []
