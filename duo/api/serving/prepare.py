@@ -42,12 +42,12 @@ class Preparer:
     def _rendered(self, prompt: str = "", messages: Sequence[Mapping[str, Any]] = (),
                   tools: Sequence[Mapping[str, Any]] = (), variables: Mapping[str, Any] | None = None,
                   turn: Turn = Turn(), chat: bool = False) -> tuple[list[int], str]:
-        """The prompt's token ids and its text (the chat rendered, for messages or a `chat` of none, ending with
-        `turn`'s prefill)."""
+        """The prompt's token ids and its text (the chat rendered, for messages or where `chat` says so, ending with
+        `turn`'s prefill: a request's `chat` is request.rendered_chat, which a prefill makes true)."""
         model = self.model
         if prompt and messages:
             raise BadRequest("send either prompt or messages, not both")
-        chat = chat or bool(messages) or turn.prefill is not None
+        chat = chat or bool(messages)
         if chat:
             reserved = reserved_names(variables or {})
             if reserved:
