@@ -16,12 +16,15 @@ class ReadProgress:
     cache: int
     processed: int
     seconds: float
-    read_seconds: float
 
     @property
     def read(self) -> int:
         """Tokens read so far (not the cache's)."""
         return self.processed - self.cache
+
+    @property
+    def read_seconds(self) -> float:
+        return self.seconds if self.read else 0.0
 
 
 class ReadClock:
@@ -34,5 +37,4 @@ class ReadClock:
 
     def at(self, processed: int) -> ReadProgress:
         """The progress once `processed` tokens of the prompt are in the sequence, told right after its read call."""
-        seconds = time.monotonic() - self.started
-        return ReadProgress(self.total, self.cache, processed, seconds, seconds if processed > self.cache else 0.0)
+        return ReadProgress(self.total, self.cache, processed, time.monotonic() - self.started)
