@@ -245,7 +245,7 @@ class Target:
         return 0.0, 0.0
 
     async def _step(self, generation: Generation, batcher: StepBatcher, seq: int,
-                    prompt_tail: Sequence[int] = (), clock: DecodeClock | None = None) -> Step:
+                    prompt_tail: Sequence[int], clock: DecodeClock) -> Step:
         """One step of the request: gather drafts, plan what to verify, verify it in the batched call, commit, and
         let speculation control observe what the step did; `clock` counts where its time went."""
         began = time.monotonic()
@@ -267,8 +267,7 @@ class Target:
             observer.on_step(record)
         self.control.observe(generation, result, record)
         self._tell_draft(generation, plan.policy)
-        if clock is not None:
-            clock.step(began, drafts, returned - submitted - result.seconds, result, time.monotonic())
+        clock.step(began, drafts, returned - submitted - result.seconds, result, time.monotonic())
         return step
 
     def _tell_draft(self, generation: Generation, policy: AdaptivePolicy | None) -> None:

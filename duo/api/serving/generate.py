@@ -244,7 +244,7 @@ class Completions:
         return self._markers
 
     async def _pieces(self, target: Target, request: Request, stops: StopMatcher | FimStops, reasoning: Reasoning,
-                      preserved: frozenset[int], progress: bool = False) -> AsyncGenerator[Piece, None]:
+                      preserved: frozenset[int], progress: bool) -> AsyncGenerator[Piece, None]:
         # Characters may span tokens: the decoder holds back bytes until they complete a character.
         decoder = SourcedDecoder(target.model, preserved)
         # Filled by the target as it runs: a request whose client left during the prompt read is logged and counted
