@@ -18,6 +18,7 @@ import statistics
 from pathlib import Path
 
 from duo.bench.report import Run, Variant, summarise_variant
+from duo.bench.step_times import cell
 
 # The single-client numbers a level carries too, over all its requests (bench_report's vocabulary).
 CARRIED = ("verification", "token_acceptance", "mean_accepted_length", "alone_share", "branch_hit_rate",
@@ -89,13 +90,9 @@ def with_concurrency(summary: dict[str, dict], runs: list[Run], variants: list[V
     return merged
 
 
-def _cell(value: float | None, form: str) -> str:
-    return "-" if value is None else format(value, form)
-
-
 def speedup_line(label: str, levels: dict[int, dict]) -> str:
     """'duo: 2 clients: 1.60x, 4 clients: 2.10x the aggregate of one at a time'."""
-    parts = [f"{clients} clients: {_cell(level['speedup'], '.2f')}x"
+    parts = [f"{clients} clients: {cell(level['speedup'], '.2f')}x"
              for clients, level in levels.items() if clients > 1]
     return f"{label}: {', '.join(parts)} the aggregate of one at a time"
 
@@ -118,9 +115,9 @@ def print_concurrency(summary: dict[str, dict], sequence_costs: dict[int, float]
             for clients, v in levels.items():
                 rates = v["per_request_tokens_per_second"]
                 print(f"{label if clients == min(levels) else '':<24}{clients:>8}"
-                      f"{v['aggregate_tokens_per_second']:>10.2f}{_cell(v['speedup'], '.2f') + 'x':>9}"
+                      f"{v['aggregate_tokens_per_second']:>10.2f}{cell(v['speedup'], '.2f') + 'x':>9}"
                       f"{rates['mean']:>13.2f}{rates['min']:>7.2f}{v['ttft_s']['p50']:>9.2f}{v['ttft_s']['p95']:>6.2f}"
-                      f"{_cell(v['token_acceptance'], '.2f'):>7}{_cell(v['mean_accepted_length'], '.2f'):>9}")
+                      f"{cell(v['token_acceptance'], '.2f'):>7}{cell(v['mean_accepted_length'], '.2f'):>9}")
         for label, levels in entry["concurrency"].items():
             print(f"  {speedup_line(label, levels)}")
     print("\naggregate: all tokens / wall time from a batch's first request sent to its last finished (tok/s);\n"
@@ -153,7 +150,7 @@ def plot_concurrency(summary: dict[str, dict], machine: dict, path: Path) -> Non
                     marker=".", color=line.get_color(), label=f"{label} per request")
             for c, v in levels.items():
                 if c > 1:  # its speedup over one client
-                    ax.annotate(f"{_cell(v['speedup'], '.2f')}x", (c, v["aggregate_tokens_per_second"]), fontsize=7,
+                    ax.annotate(f"{cell(v['speedup'], '.2f')}x", (c, v["aggregate_tokens_per_second"]), fontsize=7,
                                 textcoords="offset points", xytext=(4, 4))
         ax.set_xscale("log", base=2)
         ax.set_xticks(sorted({c for levels in by_label.values() for c in levels}))

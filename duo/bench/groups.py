@@ -16,7 +16,7 @@ import statistics
 
 from duo.bench.report import PEER_BASE, Run, Variant, duo_ratios, is_llama_server, peer_ratios, summarise_variant
 from duo.bench.specbench import GROUPS, group_of
-from duo.bench.step_times import LEGEND, step_table
+from duo.bench.step_times import step_table
 
 OVERALL = "overall"
 DUO, ALONE = "duo", "alone-tcores"  # the labels the printed table compares
@@ -121,8 +121,7 @@ def print_groups(summary: dict[str, dict]) -> None:
         for line in step_table(f"\n== Spec-Bench, temperature {temperature}: duo per group, against the bounds at its "
                                "acceptance there, and where its decode time goes ==", rows, "group"):
             print(line)
-    if any(entry.get("groups") for entry in summary.values()):
-        print(LEGEND)
+    if any(entry.get("groups") for entry in summary.values()):  # the step table's LEGEND: print_table's, just before
         print("n: questions; ratios end to end; bound: the pace-aware bound at duo's acceptance in the group over the "
               "target alone, decode rates (what speculation can give there on this machine);\nbest llama-server: the "
               "fastest on duo's cores (no -all mode); bench.json: summary[T]['groups'][group]")

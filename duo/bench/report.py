@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from duo.bench.pace_bound import pace_bound
-from duo.bench.step_times import LEGEND, PARTS, step_table, summarise_step_times
+from duo.bench.step_times import LEGEND, PARTS, cell, step_table, summarise_step_times
 
 # Modes whose target talks to a draft over the link: these run once per --link-delay-ms.
 # sync-shared puts both models on the same cores, one machine: it runs with a direct link only.
@@ -282,14 +282,10 @@ def summarise(runs: list[Run], variants: list[Variant], costs: dict[int, float],
     return summary
 
 
-def _cell(value: float | None, form: str) -> str:
-    return "-" if value is None else format(value, form)
-
-
 def _compared(numbers: dict) -> str:
     """coupled/residual = ratio, for one of coupled_vs_residual's numbers."""
     ratio = "-" if numbers["ratio"] is None else f"{numbers['ratio']:.2f}x"
-    return f"{_cell(numbers['coupled'], '.2f')}/{_cell(numbers['residual'], '.2f')} = {ratio}"
+    return f"{cell(numbers['coupled'], '.2f')}/{cell(numbers['residual'], '.2f')} = {ratio}"
 
 
 def print_table(summary: dict[str, dict], costs: dict[int, float], machine: dict) -> None:
@@ -303,10 +299,10 @@ def print_table(summary: dict[str, dict], costs: dict[int, float], machine: dict
             prompts = "  ".join(f"{t:.2f}" for t in v["per_prompt"].values())
             verification = v.get("verification") or "-"
             print(f"{label:<24}{verification:>9}{v['tokens_per_second']:>7.2f}{v['decode_tokens_per_second']:>8.2f}"
-                  f"{_cell(v['token_acceptance'], '.2f'):>7}{_cell(v['mean_accepted_length'], '.2f'):>9}"
-                  f"{_cell(v['alone_share'], '.0%'):>7}{_cell(v['branch_hit_rate'], '.0%'):>8}"
-                  f"{v['waits']:>7}{v['wait_seconds']:>8.2f}{_cell(v.get('ideal', {}).get('fraction'), '.0%'):>7}"
-                  f"{_cell(v.get('pace_bound', {}).get('fraction'), '.0%'):>6}{_cell(v.get('draft_cpu_share'), '.0%'):>6}"
+                  f"{cell(v['token_acceptance'], '.2f'):>7}{cell(v['mean_accepted_length'], '.2f'):>9}"
+                  f"{cell(v['alone_share'], '.0%'):>7}{cell(v['branch_hit_rate'], '.0%'):>8}"
+                  f"{v['waits']:>7}{v['wait_seconds']:>8.2f}{cell(v.get('ideal', {}).get('fraction'), '.0%'):>7}"
+                  f"{cell(v.get('pace_bound', {}).get('fraction'), '.0%'):>6}{cell(v.get('draft_cpu_share'), '.0%'):>6}"
                   f"{v['ttft_s']:>6.2f}   {prompts}")
         for line in step_table("where the decode time goes, and the bounds:", entry["modes"], "mode"):
             print(f"  {line}")
@@ -349,7 +345,7 @@ def _annotation(v: dict) -> str:
         parts.append(v["verification"])
     if v["token_acceptance"] is not None:
         parts += [f"α {v['token_acceptance']:.2f}", f"{v['mean_accepted_length']:.2f} tok/step",
-                  f"alone {v['alone_share']:.0%}", f"branch {_cell(v['branch_hit_rate'], '.0%')}",
+                  f"alone {v['alone_share']:.0%}", f"branch {cell(v['branch_hit_rate'], '.0%')}",
                   f"waits {v['waits']} ({v['wait_seconds']:.1f}s)"]
     if "ideal" in v:
         parts.append(f"ideal {v['ideal']['fraction']:.0%}")

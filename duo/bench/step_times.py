@@ -44,7 +44,8 @@ def summarise_step_times(runs: Sequence[Timed]) -> dict | None:
             "round_trip_ms": 1000 * sum(run.round_trip_s for run in runs) / round_trips if round_trips else None}
 
 
-def _cell(value: float | None, form: str) -> str:
+def cell(value: float | None, form: str) -> str:
+    """A table's cell: `value` formatted, "-" for none (a server that does not report it)."""
     return "-" if value is None else format(value, form)
 
 
@@ -82,10 +83,10 @@ def step_table(title: str, rows: dict[str, dict], heading: str = "") -> list[str
         times = entry.get("step_times")
         parts = "".join(f"{_part(times, column) if times else '-':>{PART_WIDTH}}" for column in COLUMNS)
         lines.append(f"{name:<{width}}{entry['decode_tokens_per_second']:>8.2f}"
-                     f"{_cell(entry.get('token_acceptance'), '.2f'):>7}{_bound(entry, 'ideal'):>{BOUND_WIDTH}}"
+                     f"{cell(entry.get('token_acceptance'), '.2f'):>7}{_bound(entry, 'ideal'):>{BOUND_WIDTH}}"
                      f"{_bound(entry, 'pace_bound'):>{BOUND_WIDTH}}"
-                     f"{_cell(times and times['decode_ms_per_step'], '.1f'):>9}"
-                     f"{parts}{_cell(times and times['round_trip_ms'], '.1f'):>10}")
+                     f"{cell(times and times['decode_ms_per_step'], '.1f'):>9}"
+                     f"{parts}{cell(times and times['round_trip_ms'], '.1f'):>10}")
     return lines
 
 
