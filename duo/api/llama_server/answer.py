@@ -7,7 +7,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from typing import Any
 
 from duo.api.llama_server.settings import generation_settings
-from duo.api.llama_server.timings import timings
+from duo.api.output.timings import timings
 from duo.api.openai.answers import sse
 from duo.api.openai.errors import api_error, generation_error
 from duo.api.output.logprobs import native_probabilities

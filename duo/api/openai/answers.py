@@ -11,7 +11,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable
 from typing import Any
 
 from duo import __version__
-from duo.api.llama_server.timings import timings
+from duo.api.output.timings import timings
 from duo.api.openai.errors import api_error, generation_error
 from duo.api.output.deltas import (CallArguments, CallClosed, CallOpened, Delta, Reasoning, ReasoningDelta, TextDelta,
                                    answer_splitter, whole_answer)

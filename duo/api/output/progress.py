@@ -1,9 +1,10 @@
-"""llama-server's prompt_progress on a streamed answer, and the timings a progress event carries."""
+"""llama-server's prompt_progress on a streamed answer."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from duo.api.output.timings import progress_timings
 from duo.target.progress import ReadProgress
 
 
@@ -12,17 +13,6 @@ def prompt_progress(progress: ReadProgress) -> dict[str, int]:
     (`processed`, the cache's included) and the milliseconds since the read began."""
     return {"total": progress.total, "cache": progress.cache, "processed": progress.processed,
             "time_ms": int(1000 * progress.seconds)}
-
-
-def progress_timings(progress: ReadProgress) -> dict[str, Any]:
-    """The timings of a progress event (timings_per_token), as llama-server's at that point: the prompt's part so
-    far (0 before its first read), nothing predicted yet; the names of duo.api.llama_server.timings."""
-    prompt_ms, prompt_n = 1000 * progress.read_seconds, progress.read
-    return {"cache_n": progress.cache, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
-            "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
-            "prompt_per_second": 1000 * prompt_n / prompt_ms if prompt_ms > 0 else 0.0,
-            "predicted_n": 0, "predicted_ms": 0.0, "predicted_per_token_ms": 0.0, "predicted_per_second": 0.0,
-            "draft_n": 0, "draft_n_accepted": 0}
 
 
 def progress_event(event: dict[str, Any], progress: ReadProgress, timings: bool) -> dict[str, Any]:

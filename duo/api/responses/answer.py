@@ -8,7 +8,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from typing import Any
 
-from duo.api.llama_server.timings import timings
+from duo.api.output.timings import timings
 from duo.api.openai.errors import ApiError, api_error, generation_error
 from duo.api.output.progress import progress_event
 from duo.api.serving.generate import Piece
