@@ -67,6 +67,8 @@ def test_the_server_defaults_reach_every_protocol(launched):
                                                      "temperature": 0}).json()["choices"][0]["message"]["content"]
     anthropic = post(launched, "/v1/messages", {"messages": messages, "max_tokens": 16}).json()
     assert anthropic["content"][0]["text"] == greedy  # no temperature sent: the server's 0
+    responses = post(launched, "/v1/responses", {"input": messages, "max_output_tokens": 16}).json()
+    assert responses["output"][-1]["content"][0]["text"] == greedy
 
 
 def test_ctx_size_with_no_kv_unified_is_the_total_shared_by_the_parallel_requests(launched):

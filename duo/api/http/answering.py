@@ -56,6 +56,12 @@ class Answering:
             self.defaults.fill(body)
         return body
 
+    def fill_defaults(self, body: GenerationBody) -> GenerationBody:
+        """`body`, one a route made from another protocol's (Anthropic's, Responses'), with the launch line's defaults
+        for the fields it leaves out, as `read` gives a body it reads."""
+        self.defaults.fill(body)
+        return body
+
     def native_format(self, body: GenerationBody, response_fields: list[str] | None = None) -> NativeFormat:
         """llama-server's native answer for `body` (its /completion, and the __verbose of a verbose OpenAI answer):
         the prompt shown with its special tokens, an answer that filled the context `truncated`."""
@@ -90,8 +96,8 @@ class Answering:
 
     async def answer_batch(self, body: GenerationBody, to_requests: Callable[[], list[CompletionRequest]],
                            request: Request, output: AnswerShape) -> Response:
-        """The answer of `body`'s n choices of each of its prompts (llama-server's batch; one prompt, most often)."""
-        self.defaults.fill(body)
+        """The answer of `body`'s n choices of each of its prompts (llama-server's batch; one prompt, most often).
+        `body` has the launch line's defaults: `read` gave them, or the route that translated it (fill_defaults)."""
         parallel = self.completions.admission.parallel
         n = body.choice_count(parallel)
         batch = await asyncio.to_thread(to_requests)  # a loop over the client's biases, tools and messages

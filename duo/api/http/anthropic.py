@@ -36,7 +36,8 @@ class MessagesApi:
         completions = self.answering.completions
         with too_long_in_anthropics_words():
             body = await self.answering.read(request, MessagesBody)
-            chat = await asyncio.to_thread(chat_body, body)  # a loop over the client's messages and tools
+            # A loop over the client's messages and tools: off the event loop.
+            chat = self.answering.fill_defaults(await asyncio.to_thread(chat_body, body))
             functions = chat.callable_functions()
             call_format = completions.call_format()
             # Any model name is served (Claude Code names Claude's): the answer carries the one asked for.

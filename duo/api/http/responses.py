@@ -36,6 +36,7 @@ class ResponsesApi:
         tools = await asyncio.to_thread(ResponsesTools, body.tools or [])
         conversation, size, chat = await asyncio.to_thread(self._translated, body, history, tools,
                                                          completions.body_limits().items)
+        self.answering.fill_defaults(chat)
         functions = chat.callable_functions()
 
         def keep(response_id: str, output: list[dict[str, Any]]) -> None:  # the answer's few messages counted here
