@@ -170,25 +170,13 @@ def add_demo_command(subparsers: argparse._SubParsersAction) -> None:
 
 def add_bench_command(subparsers: argparse._SubParsersAction) -> None:
     from duo.bench import run
+    from duo.bench.live import kit
 
     parser = subparsers.add_parser("bench", help="benchmark duo beside its peers (the target alone, llama-server)",
                                    description=run.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_bench_arguments(parser)
-    add_live_agents_arguments(parser)
+    kit.add_live_agents_arguments(parser)
     parser.set_defaults(func=run_bench_or_live_agents)
-
-
-def add_live_agents_arguments(parser: argparse.ArgumentParser) -> None:
-    from duo.bench.live.clients import AGENTS
-
-    names = [agent.name for agent in AGENTS]
-    parser.add_argument("--live-agents", nargs="*", choices=names, default=None, metavar="AGENT",
-                        help=f"instead of the bench: run the coding agents ({', '.join(names)}; none named: all) "
-                             "as they ship, with their default settings and tools, on 'create hello.py that prints "
-                             "hello' against duo-target (--target, --target-cores) with duo-draft attached (--draft, "
-                             "--draft-cores); a table, and a JSON in scripts/bench-results")
-    parser.add_argument("--live-timeout", type=float, default=3600, metavar="SECONDS",
-                        help="--live-agents: the longest one agent's run may take (default: %(default)g)")
 
 
 def run_bench_or_live_agents(args: argparse.Namespace) -> int:

@@ -99,6 +99,17 @@ def mkdir(path: Path) -> Path:
     return path
 
 
+def add_live_agents_arguments(parser: argparse.ArgumentParser) -> None:
+    """`duo bench`'s --live-agents and --live-timeout."""
+    parser.add_argument("--live-agents", nargs="*", choices=AGENT_NAMES, default=None, metavar="AGENT",
+                        help=f"instead of the bench: run the coding agents ({', '.join(AGENT_NAMES)}; none named: "
+                             "all) as they ship, with their default settings and tools, on 'create hello.py that "
+                             "prints hello' against duo-target (--target, --target-cores) with duo-draft attached "
+                             "(--draft, --draft-cores); a table, and a JSON in scripts/bench-results")
+    parser.add_argument("--live-timeout", type=float, default=LIVE_TIMEOUT, metavar="SECONDS",
+                        help="--live-agents: the longest one agent's run may take (default: %(default)g)")
+
+
 def live_agents_command(args: argparse.Namespace) -> int:
     """`duo bench --live-agents [AGENT ...]`: 0 when every agent got the task done, 1 otherwise."""
     if len(args.target) != 1:
