@@ -38,8 +38,8 @@ class Metrics:
 
     def __init__(self) -> None:
         self.started = int(time.time())  # the Unix time llama-server's /metrics sends as Process-Start-Time-Unix
-        self.llamacpp = LlamaCppMetrics()
         self.registry = CollectorRegistry()
+        self.llamacpp = LlamaCppMetrics(self.registry)
         r = self.registry
         self.waits = Counter("duo:spec_decode_waits", "Steps that waited for drafts known to be coming instead of "
                              "decoding alone.", registry=r)
@@ -126,7 +126,6 @@ class Metrics:
 
     # duo.target.target.StepObserver
     def on_step(self, record: StepRecord) -> None:
-        self.llamacpp.on_step(record)
         self.num_steps.inc()
         self.num_emitted_tokens.inc(record.n_committed)
         if record.waited:
@@ -142,7 +141,6 @@ class Metrics:
 
     # duo.target.batching.CallObserver
     def on_call(self, requests: int, tokens: int) -> None:
-        self.llamacpp.on_call(requests)
         self.iteration_requests.observe(requests)
         self.iteration_tokens.observe(tokens)
 
