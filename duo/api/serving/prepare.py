@@ -133,11 +133,14 @@ class Preparer:
         return replace(request.penalties, bias=summed_biases([*request.penalties.bias, *texts, *banned]))
 
     def _bias_tokens(self, text: str) -> list[int]:
+        return self._tokens(text, f"logit_bias: {text!r:.40}", "logit_bias", add_special=False, parse_special=False)
+
+    def _tokens(self, text: str, what: str, param: str, **options: bool) -> list[int]:
+        """`text`'s token ids (model.tokenize's `options`), or a 400 naming `param` where it is no valid Unicode."""
         try:
-            return self.model.tokenize(text, add_special=False, parse_special=False)
+            return self.model.tokenize(text, **options)
         except UnicodeEncodeError as error:  # JSON can carry lone surrogates, which UTF-8 cannot
-            raise BadRequest(f"logit_bias: {text!r:.40} is not valid Unicode text ({error.reason})",
-                             param="logit_bias") from error
+            raise BadRequest(f"{what} is not valid Unicode text ({error.reason})", param=param) from error
 
     def _fim_tokens(self, request: CompletionRequest) -> list[int]:
         try:
@@ -153,10 +156,8 @@ class Preparer:
         tokens parsed, with the model's BOS only where a text comes first."""
         tokens: list[int] = []
         for i, part in enumerate(parts):
-            try:
-                tokens += self.model.tokenize(part, add_special=i == 0) if isinstance(part, str) else [part]
-            except UnicodeEncodeError as error:  # JSON can carry lone surrogates, which UTF-8 cannot
-                raise BadRequest(f"prompt[{i}] is not valid Unicode text ({error.reason})", param="prompt") from error
+            is_text = isinstance(part, str)
+            tokens += self._tokens(part, f"prompt[{i}]", "prompt", add_special=i == 0) if is_text else [part]
         return tokens
 
     def _check_no_markup(self, request: CompletionRequest) -> None:
