@@ -40,10 +40,6 @@ _GEMMA = ("{%- set ns = namespace(system='') -%}"
           "{{- content | trim + '<end_of_turn>\\n' -}}{%- endif -%}{%- endfor -%}"
           "{%- if add_generation_prompt -%}{{- '<start_of_turn>model\\n' -}}{%- endif -%}")
 
-# AlphaMonarch writes a BOS before every message but the first (the tokenizer adds that one).
-_MONARCH = ("{%- for message in messages -%}{%- set content = message.content if message.content is string else '' -%}"
-            "{{- ('' if loop.first else '<s>') + message.role + '\\n' + content + '</s>\\n' -}}{%- endfor -%}"
-            "{%- if add_generation_prompt -%}{{- '<s>assistant\\n' -}}{%- endif -%}")
 
 # The names duo renders, each as llama.cpp's C++ writes it (tests/llama/test_builtin_templates.py holds llama.cpp's
 # expected renderings, tests/test-chat-template.cpp); chatml is the Jinja source llama.cpp's common/chat.cpp uses.
@@ -62,7 +58,9 @@ BUILTIN_SOURCES: dict[str, str] = {
     "falcon3": _any_role("'<|' + message.role + '|>\\n' + content + '\\n'", "<|assistant|>\n"),
     "zephyr": _any_role("'<|' + message.role + '|>\\n' + content + '<|endoftext|>\\n'", "<|assistant|>\n"),
     "gemma": _GEMMA,
-    "monarch": _MONARCH,
+    # AlphaMonarch writes a BOS before every message but the first (the tokenizer adds that one).
+    "monarch": _any_role("('' if loop.first else '<s>') + message.role + '\\n' + content + '</s>\\n'",
+                         "<s>assistant\n"),
     "openchat": _each_role({
         "system": "content + '<|end_of_turn|>'",
         "user": "'GPT4 Correct User: ' + content + '<|end_of_turn|>'",
