@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from typing import Any, Protocol
 
@@ -18,7 +18,7 @@ from duo.api.llama_server.answer import NativeFormat
 from duo.api.openai.answers import OpenAIFormat, sse
 from duo.api.openai.errors import generation_error
 from duo.api.serving.bodies import GenerationBody
-from duo.api.serving.choices import Choices, choice_requests, merge
+from duo.api.serving.choices import Choice, Choices, choice_requests, merge
 from duo.api.serving.defaults import ServerDefaults
 from duo.api.serving.generate import Completions, Piece
 from duo.api.serving.metrics import Metrics
@@ -33,7 +33,7 @@ class AnswerShape(Protocol):
 
     def whole(self, pieces: list[Piece]) -> dict[str, Any]: ...
 
-    def events(self, choice: AsyncIterable[Piece], include_usage: bool) -> AsyncIterator[str]: ...
+    def events(self, choice: Choice, include_usage: bool) -> AsyncIterator[str]: ...
 
 
 class Answering:

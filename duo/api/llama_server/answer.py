@@ -3,15 +3,16 @@ object per event."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from duo.api.llama_server.settings import generation_settings
-from duo.api.output.timings import timings
 from duo.api.openai.answers import sse
 from duo.api.openai.errors import api_error, generation_error
 from duo.api.output.logprobs import native_probabilities
 from duo.api.output.progress import progress_event
+from duo.api.output.timings import timings
+from duo.api.serving.choices import Choice
 from duo.api.serving.generate import Piece
 from duo.api.serving.request import CompletionRequest, ShuttingDown
 
@@ -55,7 +56,7 @@ class NativeFormat:
                                                                       self._post_sampling)
         return self.fields(answer)
 
-    async def events(self, choice: AsyncIterable[Piece], include_usage: bool) -> AsyncIterator[str]:
+    async def events(self, choice: Choice, include_usage: bool) -> AsyncIterator[str]:
         """`include_usage` does not apply: every answer carries its timings."""
         try:
             async for piece in choice:

@@ -7,16 +7,17 @@ import json
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterable, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from duo import __version__
-from duo.api.output.timings import timings
 from duo.api.openai.errors import api_error, generation_error
 from duo.api.output.deltas import (CallArguments, CallClosed, CallOpened, Delta, Reasoning, ReasoningDelta, TextDelta,
                                    answer_splitter, whole_answer)
 from duo.api.output.logprobs import chat_logprobs, completion_logprobs
 from duo.api.output.progress import progress_event
+from duo.api.output.timings import timings
+from duo.api.serving.choices import Choice
 from duo.api.serving.decode import SourceAligner
 from duo.api.serving.generate import Piece
 from duo.api.serving.request import ShuttingDown
@@ -65,7 +66,7 @@ class OpenAIFormat(ABC):
             answer["__verbose"] = self.verbose(pieces)
         return answer
 
-    async def events(self, choice: AsyncIterable[Piece], include_usage: bool) -> AsyncIterator[str]:
+    async def events(self, choice: Choice, include_usage: bool) -> AsyncIterator[str]:
         try:
             for chunk in self.opening_chunks():
                 yield sse(self._chunk(chunk, include_usage))

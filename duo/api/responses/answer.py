@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from typing import Any
 
-from duo.api.output.timings import timings
 from duo.api.openai.errors import ApiError, api_error, generation_error
-from duo.api.output.progress import progress_event
-from duo.api.serving.generate import Piece
-from duo.api.output.deltas import AnswerSplitter, answer_splitter, whole_answer
-from duo.api.serving.request import ShuttingDown
 from duo.api.output.beats import beating
+from duo.api.output.deltas import AnswerSplitter, answer_splitter, whole_answer
+from duo.api.output.progress import progress_event
+from duo.api.output.timings import timings
 from duo.api.responses.items import Event, OutputItems, new_id
 from duo.api.responses.tools import ResponsesTools, chat_call
+from duo.api.serving.choices import Choice
+from duo.api.serving.generate import Piece
+from duo.api.serving.request import ShuttingDown
 from duo.api.tools import CallFormat, FunctionBody
 
 # While nothing else is sent (the prompt read), a response.in_progress this often: Codex drops a stream silent for
@@ -54,7 +55,7 @@ class ResponsesFormat:
         self._finish(last)
         return self._final(last)
 
-    async def events(self, choice: AsyncIterable[Piece], include_usage: bool) -> AsyncIterator[str]:
+    async def events(self, choice: Choice, include_usage: bool) -> AsyncIterator[str]:
         """The stream: response.created and .in_progress, each item's events, then response.completed (or
         .incomplete where the length ran out) with the whole response; a failure is an `error` event and
         response.failed. While nothing else is sent (the prompt read) a response.in_progress goes out every
