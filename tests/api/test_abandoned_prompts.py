@@ -21,6 +21,7 @@ from duo.target.request import SpecSettings
 from duo.target.target import Target
 from helpers.greedy import leaves_greedy_path_only_at_a_near_tie
 from helpers.held_calls import HOLD_S, HeldCalls
+from helpers.http import sse_events
 
 N_CTX = 2048  # the tiny model's training context
 PROMPT = [(7 * i) % 5000 + 100 for i in range(1700)]  # read in chunks of N_BATCH (512, 512, 512), then its end
@@ -51,7 +52,7 @@ async def post(app, body: dict, leave: asyncio.Event | None = None) -> str:
 
 def streamed(text: str) -> tuple[str, dict]:
     """A streamed completion's text and its usage."""
-    chunks = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+    chunks = sse_events(text.splitlines())
     return "".join(c["choices"][0]["text"] for c in chunks if c["choices"]), chunks[-1]["usage"]
 
 

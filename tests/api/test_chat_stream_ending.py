@@ -3,23 +3,14 @@ after every chunk of text; the text streamed is the target's own greedy answer w
 
 from __future__ import annotations
 
-import json
-
-import httpx
-
 from helpers.greedy import leaves_greedy_path_only_at_a_near_tie
-from helpers.http import post
+from helpers.http import post, streamed
 
 MESSAGES = [{"role": "system", "content": "Book"}, {"role": "user", "content": "What is the best book"}]
 
 
 def chat_chunks(process, body: dict) -> list[dict]:
-    with httpx.stream("POST", f"{process.http_url}/v1/chat/completions", timeout=60,
-                      json={"messages": MESSAGES, "temperature": 0, "stream": True, **body}) as response:
-        assert response.status_code == 200, response.read()
-        lines = [line for line in response.iter_lines() if line]
-    assert lines[-1] == "data: [DONE]"
-    return [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
+    return streamed(process, "/v1/chat/completions", {"messages": MESSAGES, "temperature": 0, **body}, done=True)
 
 
 def test_the_finish_reason_comes_alone_in_an_empty_delta_after_the_text(served_sync, target_model):

@@ -3,12 +3,9 @@ prompt decoded once and its cells shared, answered whole and streamed."""
 
 from __future__ import annotations
 
-import json
 from concurrent.futures import ThreadPoolExecutor
 
-import httpx
-
-from helpers.http import greedy_text, post
+from helpers.http import greedy_text, post, streamed
 
 PROMPT = "def fibonacci(n):"
 
@@ -31,12 +28,9 @@ def test_each_choice_is_the_request_alone_with_its_own_seed_and_shares_the_promp
 
 def test_streamed_chat_choices_come_marked_by_index_with_one_usage_and_one_done(served_sync):
     messages = [{"role": "user", "content": "Write a haiku."}]
-    with httpx.stream("POST", f"{served_sync.http_url}/v1/chat/completions", timeout=60,
-                      json={"messages": messages, "max_tokens": 10, "temperature": 0, "n": 2, "stream": True,
-                            "stream_options": {"include_usage": True}}) as response:
-        lines = [line.removeprefix("data: ") for line in response.iter_lines() if line]
-    assert lines[-1] == "[DONE]" and lines.count("[DONE]") == 1
-    chunks = [json.loads(line) for line in lines[:-1]]
+    chunks = streamed(served_sync, "/v1/chat/completions", {"messages": messages, "max_tokens": 10, "temperature": 0,
+                                                           "n": 2, "stream_options": {"include_usage": True}},
+                      done=True)  # one [DONE], last
     usage = [chunk["usage"] for chunk in chunks if chunk["choices"] == []]
     assert len(usage) == 1 and usage[0]["completion_tokens"] == 20
     texts = {0: "", 1: ""}

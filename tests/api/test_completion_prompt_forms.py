@@ -4,16 +4,13 @@ of prompts (an array of answers, each with its index; streamed, each chunk with 
 
 from __future__ import annotations
 
-import json
-
-import httpx
 import pytest
 
 from duo.api.llama_server.bodies import NativeCompletionBody
 from duo.api.serving.prepare import Preparer
 from duo.api.serving.request import BadRequest
 from helpers.greedy import leaves_greedy_path_only_at_a_near_tie
-from helpers.http import post
+from helpers.http import post, streamed
 
 TEXT = "I believe the meaning of life is"
 
@@ -79,12 +76,8 @@ def test_a_streamed_batch_marks_each_chunk_with_its_prompts_index(served_duo):
     body = {"prompt": [TEXT, "Once upon"], "n_predict": 8, "temperature": 0}
     whole = post(served_duo, "/completion", body).json()
     texts = {0: "", 1: ""}
-    with httpx.stream("POST", f"{served_duo.http_url}/completion", json={**body, "stream": True}, timeout=60) as events:
-        assert events.status_code == 200
-        for line in events.iter_lines():
-            if line.startswith("data: ") and line != "data: [DONE]":
-                chunk = json.loads(line[len("data: "):])
-                texts[chunk["index"]] += chunk["content"]
+    for chunk in streamed(served_duo, "/completion", body):
+        texts[chunk["index"]] += chunk["content"]
     assert texts == {0: whole[0]["content"], 1: whole[1]["content"]}
 
 

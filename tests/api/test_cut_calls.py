@@ -11,11 +11,10 @@ import json
 import time
 
 import anthropic
-import httpx
 import pytest
 
 from duo.api.anthropic.answer import cut_input
-from helpers.http import post
+from helpers.http import post, streamed
 from helpers.processes import Process
 from helpers.waiting import until
 
@@ -41,17 +40,8 @@ def served(served_alone: Process) -> Process:
     return served_alone
 
 
-def streamed(process: Process, path: str, body: dict) -> list[dict]:
-    """The data of each server-sent event of `body` streamed ([DONE] left out)."""
-    with httpx.stream("POST", f"{process.http_url}{path}", json={**body, "stream": True}, timeout=120) as answer:
-        assert answer.status_code == 200, answer.read()
-        text = answer.read().decode()
-    data = [line.removeprefix("data: ") for line in text.splitlines() if line.startswith("data: ")]
-    return [json.loads(item) for item in data if item != "[DONE]"]
-
-
 def test_a_streamed_chat_call_cut_by_max_tokens_ends_with_length_as_its_whole_answer_does(served):
-    chunks = streamed(served, "/v1/chat/completions", CHAT)
+    chunks = streamed(served, "/v1/chat/completions", CHAT, timeout=120)
     choices = [choice for chunk in chunks for choice in chunk["choices"]]
     opened = [call for choice in choices for call in choice["delta"].get("tool_calls", []) if "id" in call]
     assert [call["function"]["name"] for call in opened] == ["ls"]  # the call's opening went out before the cut
@@ -67,7 +57,7 @@ def test_a_streamed_chat_call_cut_by_max_tokens_ends_with_length_as_its_whole_an
 
 
 def test_a_streamed_tool_use_cut_by_max_tokens_stops_on_max_tokens_with_the_input_written(served):
-    events = streamed(served, "/v1/messages", MESSAGES)
+    events = streamed(served, "/v1/messages", MESSAGES, timeout=120)
     [stop] = [event["delta"] for event in events if event["type"] == "message_delta"]
     assert stop["stop_reason"] == "max_tokens"
     [block] = [event["content_block"] for event in events if event["type"] == "content_block_start"]
@@ -88,7 +78,7 @@ def test_a_streamed_tool_use_cut_by_max_tokens_stops_on_max_tokens_with_the_inpu
 
 
 def test_a_responses_call_cut_by_max_output_tokens_is_an_incomplete_item_of_an_incomplete_response(served):
-    events = streamed(served, "/v1/responses", RESPONSES)
+    events = streamed(served, "/v1/responses", RESPONSES, timeout=120)
     [done] = [event["item"] for event in events if event["type"] == "response.output_item.done"]
     assert done["type"] == "function_call" and done["status"] == "incomplete"
     final = events[-1]

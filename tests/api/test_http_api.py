@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from contextlib import suppress
@@ -17,7 +16,7 @@ from duo.net._proto import duo_pb2 as pb
 from duo.net._proto import duo_pb2_grpc as pb_grpc
 from helpers.greedy import leaves_greedy_path_only_at_a_near_tie
 from helpers.http import (LEAVE_EARLY_TOKENS, client, generated_tokens, greedy_text, health, model_name, post, scrape,
-                          stop_inside, wait_until_idle)
+                          sse_events, stop_inside, wait_until_idle)
 from helpers.processes import generate, start
 
 PROMPTS = ["def fibonacci(n):", "Once upon a time", "The quick brown fox", "import numpy as np\n",
@@ -94,9 +93,7 @@ def test_a_streamed_completion_is_server_sent_events_ending_in_done(served_alone
     with httpx.stream("POST", f"{served_alone.http_url}/v1/completions", timeout=60,
                       json={"prompt": PROMPTS[0], "max_tokens": 8, "temperature": 0, "stream": True}) as response:
         assert response.headers["content-type"].startswith("text/event-stream")
-        lines = [line for line in response.iter_lines() if line]
-    assert lines[-1] == "data: [DONE]"
-    chunks = [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
+        chunks = sse_events(response.iter_lines(), done=True)
     assert leaves_greedy_path_only_at_a_near_tie(target_model, PROMPTS[0], "".join(c["choices"][0]["text"] for c in chunks), 8)
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
 

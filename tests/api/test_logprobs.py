@@ -3,15 +3,13 @@ logprobs and llama-server's n_probs, whole and streamed, with the draft attached
 
 from __future__ import annotations
 
-import json
 import math
 
-import httpx
 import numpy as np
 import pytest
 
 from duo.sampling.distributions import log_probs
-from helpers.http import client, model_name, post
+from helpers.http import client, model_name, post, streamed
 
 PROMPT = "Once upon a time"
 
@@ -60,7 +58,6 @@ def test_llama_servers_n_probs_reports_completion_probabilities(served_alone):
     body = post(served_alone, "/completion", {"prompt": PROMPT, "n_predict": 5, "temperature": 0, "n_probs": 4}).json()
     probabilities = body["completion_probabilities"]
     assert [p["id"] for p in probabilities] == body["tokens"] and all(len(p["top_logprobs"]) == 4 for p in probabilities)
-    with httpx.stream("POST", f"{served_alone.http_url}/completion", timeout=60,
-                      json={"prompt": PROMPT, "n_predict": 5, "temperature": 0, "n_probs": 1, "stream": True}) as r:
-        events = [json.loads(line.removeprefix("data: ")) for line in r.iter_lines() if line]
+    events = streamed(served_alone, "/completion", {"prompt": PROMPT, "n_predict": 5, "temperature": 0, "n_probs": 1},
+                      done=False)
     assert sum(len(e.get("completion_probabilities", [])) for e in events) == 5

@@ -4,26 +4,14 @@ message_delta then says which of them the cache held."""
 
 from __future__ import annotations
 
-import json
-
-import httpx
-
-from helpers.http import post
+from helpers.http import post, streamed
 
 BODY = {"model": "duo", "max_tokens": 8, "messages": [{"role": "user", "content": "Say hello"}]}
 
 
-def streamed_events(process) -> list[dict]:
-    with httpx.stream("POST", f"{process.http_url}/v1/messages", json={**BODY, "stream": True},
-                      timeout=60) as response:
-        assert response.status_code == 200, response.read()
-        return [json.loads(line.removeprefix("data: ")) for line in response.iter_lines() if
-                line.startswith("data: ")]
-
-
 def test_message_start_carries_the_prompts_tokens_and_message_delta_their_split(served_sync):
     counted = post(served_sync, "/v1/messages/count_tokens", {"messages": BODY["messages"]}).json()["input_tokens"]
-    events = streamed_events(served_sync)
+    events = streamed(served_sync, "/v1/messages", BODY, done=False)
     assert events[0]["type"] == "message_start"
     start = events[0]["message"]["usage"]
     assert start["input_tokens"] == counted > 0 and start["output_tokens"] == 0

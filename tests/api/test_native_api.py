@@ -4,12 +4,10 @@ llama.vim/llama.vscode's warm-up, tokenizer scripts) send them: /completion, /to
 
 from __future__ import annotations
 
-import json
-
 import httpx
 
 from conftest import CONTEXT_SIZE
-from helpers.http import greedy_text, post
+from helpers.http import greedy_text, post, streamed
 
 PROMPT = "def fibonacci(n):"
 
@@ -28,11 +26,7 @@ def test_completion_answers_content_with_llama_servers_fields_and_drafts(served_
 
 
 def test_a_streamed_completion_is_json_events_ending_with_stop_and_no_done(served_alone):
-    with httpx.stream("POST", f"{served_alone.http_url}/completion", timeout=60,
-                      json={"prompt": PROMPT, "n_predict": 16, "temperature": 0, "stream": True}) as response:
-        lines = [line for line in response.iter_lines() if line]
-    events = [json.loads(line.removeprefix("data: ")) for line in lines]
-    assert all(line.startswith("data: {") for line in lines)  # no [DONE]
+    events = streamed(served_alone, "/completion", {"prompt": PROMPT, "n_predict": 16, "temperature": 0}, done=False)
     assert [e["stop"] for e in events] == [False] * (len(events) - 1) + [True]
     assert "".join(e["content"] for e in events) == greedy_text(served_alone, PROMPT, 16)
     assert events[-1]["stop_type"] == "limit" and events[-1]["timings"]["predicted_n"] == 16

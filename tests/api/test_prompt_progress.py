@@ -5,17 +5,15 @@ not streamed, and the same tokens with a draft attached."""
 
 from __future__ import annotations
 
-import json
 import math
 
-import httpx
 import pytest
 
 from conftest import CONTEXT_SIZE
 from duo.net._proto import duo_pb2 as pb
 from duo.net._proto import duo_pb2_grpc as pb_grpc
 from helpers.greedy import leaves_greedy_path_only_at_a_near_tie
-from helpers.http import post
+from helpers.http import post, responses_events, streamed
 from helpers.processes import channel, start, wait_for_draft
 
 BATCH = 32  # the suite's tinyllama2 preset reads its prompts in calls of 32 tokens
@@ -39,13 +37,6 @@ def served_batch_duo(tiny_target, served_draft, process_logs):
     wait_for_draft(process.address)
     yield process
     process.stop()
-
-
-def streamed(process, path: str, body: dict) -> list[dict]:
-    with httpx.stream("POST", f"{process.http_url}{path}", timeout=60, json={**body, "stream": True}) as response:
-        assert response.status_code == 200, response.read()
-        return [json.loads(line.removeprefix("data: ")) for line in response.iter_lines()
-                if line.startswith("data: {")]
 
 
 def told(events: list[dict]) -> list[dict]:
@@ -130,21 +121,16 @@ def test_a_grpc_client_that_asks_gets_the_read_in_messages_of_no_text_before_the
     assert not any(response.HasField("progress") for response in generated(served_batch))
 
 
-def responses_events(process, body: dict) -> list[dict]:
-    with httpx.stream("POST", f"{process.http_url}/v1/responses", timeout=60, json={**body, "stream": True}) as answer:
-        return [json.loads(line.removeprefix("data: ")) for line in answer.iter_lines() if line.startswith("data: ")]
-
-
 def test_a_responses_stream_tells_its_read_in_response_in_progress_events_and_its_timings_as_llama_server(
         served_batch):
     events = responses_events(served_batch, {"input": PROMPT, "max_output_tokens": 4, "timings_per_token": True,
-                                             "return_progress": True})
+                                             "return_progress": True, "stream": True})
     reports = [event for event in events if "prompt_progress" in event]
     assert reports and all(event["type"] == "response.in_progress" for event in reports)
     assert reports[-1]["prompt_progress"]["processed"] == reports[-1]["prompt_progress"]["total"]
     first_delta = next(i for i, event in enumerate(events) if event["type"] == "response.output_text.delta")
     assert events.index(reports[-1]) < first_delta and "timings" in events[first_delta]
     assert "timings" in events[-1] and events[-1]["type"] in ("response.completed", "response.incomplete")
-    plain = responses_events(served_batch, {"input": PROMPT, "max_output_tokens": 4})
+    plain = responses_events(served_batch, {"input": PROMPT, "max_output_tokens": 4, "stream": True})
     assert not any("prompt_progress" in event for event in plain)
     assert [("timings" in event) for event in plain] == [False] * (len(plain) - 1) + [True]

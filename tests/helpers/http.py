@@ -1,10 +1,11 @@
 """HTTP calls to a served duo-target: post, the OpenAI client, its model's name, /health, /metrics, greedy text, a
-streamed response's events."""
+streamed answer's events."""
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Iterable
 
 import grpc
 import httpx
@@ -52,6 +53,31 @@ def post(process: Process, path: str, body: dict | str, **kwargs) -> httpx.Respo
     content = body if isinstance(body, str) else json.dumps(body)
     return httpx.post(f"{process.http_url}{path}", content=content, headers={"Content-Type": "application/json"},
                       timeout=60, **kwargs)
+
+
+def sse_events(lines: Iterable[str], done: bool | None = None,
+               parse_constant: Callable[[str], object] | None = None) -> list[dict]:
+    """The JSON of each `data: ` line of a server-sent stream, every other line checked to be blank or an `event: `
+    one, and a [DONE] to stand only last. `done` True: the stream ends with [DONE] (OpenAI's APIs); False: it has
+    none (llama-server's own /completion, Anthropic's and the Responses API)."""
+    data = []
+    for line in lines:
+        if line.startswith("data: "):
+            data.append(line.removeprefix("data: "))
+        else:
+            assert not line or line.startswith("event: "), f"not a server-sent event's line: {line!r}"
+    assert "[DONE]" not in data[:-1], data
+    if done is not None:
+        assert (data[-1:] == ["[DONE]"]) == done, data[-1:]
+    return [json.loads(item, parse_constant=parse_constant) for item in data if item != "[DONE]"]
+
+
+def streamed(process: Process, path: str, body: dict, done: bool | None = None, timeout: float = 60,
+             parse_constant: Callable[[str], object] | None = None) -> list[dict]:
+    """The events of `body` POSTed to `path` with "stream": true, after a 200 (sse_events)."""
+    with httpx.stream("POST", f"{process.http_url}{path}", json={**body, "stream": True}, timeout=timeout) as answer:
+        assert answer.status_code == 200, answer.read()
+        return sse_events(answer.iter_lines(), done, parse_constant)
 
 
 def stop_inside(text: str) -> str:

@@ -8,7 +8,6 @@ import json
 import logging
 import math
 
-import httpx
 import numpy as np
 import pytest
 
@@ -19,7 +18,7 @@ from duo.sampling.ops.penalties import Penalties
 from duo.sampling.params import SamplingParams
 from duo.target.target import Target
 from duo.target.request import Request, SpecSettings
-from helpers.http import post
+from helpers.http import post, streamed
 
 ANSWER = "start: \"yes\" | \"no\""
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
@@ -60,14 +59,10 @@ def test_chat_logprobs_under_a_json_schema_are_finite_whole_and_streamed(served_
     content = json.loads(whole.text, parse_constant=finite_only)["choices"][0]["logprobs"]["content"]
     # Where the schema allows fewer than 5 tokens (`{"` forced, say), fewer alternatives are listed.
     assert any(len(entry["top_logprobs"]) < 5 for entry in content)
-    with httpx.stream("POST", f"{served_sync.http_url}/v1/chat/completions", timeout=60,
-                      json={**ask, "stream": True}) as response:
-        assert response.status_code == 200
-        events = [json.loads(line.removeprefix("data: "), parse_constant=finite_only)
-                  for line in response.iter_lines() if line and line != "data: [DONE]"]
-    streamed = [entry for event in events if event["choices"] and event["choices"][0].get("logprobs")
-                for entry in event["choices"][0]["logprobs"]["content"]]
-    assert [entry["token"] for entry in streamed] == [entry["token"] for entry in content]
-    for entry in content + streamed:
+    events = streamed(served_sync, "/v1/chat/completions", ask, parse_constant=finite_only)
+    parts = [entry for event in events if event["choices"] and event["choices"][0].get("logprobs")
+             for entry in event["choices"][0]["logprobs"]["content"]]
+    assert [entry["token"] for entry in parts] == [entry["token"] for entry in content]
+    for entry in content + parts:
         assert math.isfinite(entry["logprob"]) and 1 <= len(entry["top_logprobs"]) <= 5
         assert all(math.isfinite(top["logprob"]) for top in entry["top_logprobs"])
