@@ -11,13 +11,10 @@ import threading
 import time
 
 import pytest
-from fastapi.testclient import TestClient
 
 from duo.api.serving import bodies
 from duo.api.openai.bodies import ChatBody
-from duo.api.http import create_app
 from duo.api.serving.limits import MAX_ID_LENGTH, MAX_NAME_LENGTH, MAX_OBJECT_KEYS, MAX_TOOLS, BodyLimits
-from duo.api.serving.metrics import Metrics
 from duo.api.serving.read import check_shape, parse_body
 from duo.api.serving.prepare import Preparer
 from duo.api.serving.request import BadRequest
@@ -25,6 +22,7 @@ from duo.api.responses.body import ResponsesBody
 from duo.api.http.responses import ResponsesApi
 from duo.api.responses.store import ResponseStore, characters
 from duo.api.responses.tools import ResponsesTools
+from helpers.asgi import app_client
 from helpers.scripted import scripted
 from helpers.http import post
 
@@ -34,7 +32,7 @@ USER = {"role": "user", "content": "hi"}
 
 
 def posted(path: str, body: dict) -> tuple[int, dict]:
-    with TestClient(create_app(scripted(), Metrics(), None)) as http:
+    with app_client(scripted()) as http:
         response = http.post(path, json=body)
     return response.status_code, response.json()
 

@@ -14,6 +14,7 @@ from duo.api.serving.generate import MAX_BODY_BYTES, Completions
 from duo.api.http import create_app
 from duo.api.serving.metrics import Metrics
 from duo.api.serving.request import BadRequest, CompletionRequest, NotReady
+from helpers.asgi import app_client, unloaded_app
 from helpers.scripted import ScriptedModel, ScriptedTarget
 
 def completions(steps: list[list[int]], parallel: int = 1, queue_size: int = 0) -> tuple[Completions, ScriptedTarget]:
@@ -108,7 +109,7 @@ def test_while_loading_requests_are_not_ready_and_http_answers_503():
     service = Completions(Admission(1, 1), Metrics(), ["loading-model"])
     with pytest.raises(NotReady):
         service.prepare(CompletionRequest(prompt="hi"))
-    http = TestClient(create_app(service, Metrics(), api_key=None))
+    http = app_client(service)
     response = http.post("/v1/completions", json={"prompt": "hi"})
     assert response.status_code == 503 and response.json()["error"]["code"] == "model_loading"
     assert response.headers["retry-after"] == "1"
@@ -117,7 +118,7 @@ def test_while_loading_requests_are_not_ready_and_http_answers_503():
 
 
 def test_an_oversized_body_is_refused_before_it_is_read():
-    http = TestClient(create_app(Completions(Admission(1, 1), Metrics(), ["m"]), Metrics(), api_key=None))
+    http = TestClient(unloaded_app(names=["m"]))
     response = http.post("/v1/completions", content=b"x" * (17 * 1024 * 1024),
                          headers={"Content-Type": "application/json"})
     assert response.status_code == 413 and "larger than" in response.json()["error"]["message"]
@@ -134,7 +135,7 @@ def test_a_chat_templates_own_refusal_is_a_400_with_its_message(target_model, mo
     monkeypatch.setattr(target_model, "_chat_renderer", refusing)
     service = Completions(Admission(1, 1), Metrics(), ["m"])
     service.ready(ScriptedTarget([[3]], model=target_model), context_size=100)  # type: ignore[arg-type]
-    http = TestClient(create_app(service, Metrics(), api_key=None))
+    http = app_client(service)
     response = http.post("/v1/chat/completions", json={"messages": [{"role": "assistant", "content": "hi"},
                                                                     {"role": "user", "content": "hi"}]})
     assert response.status_code == 400
@@ -206,7 +207,7 @@ def test_a_prompt_of_no_token_ids_is_refused_not_generated_from_bos():
     service = Completions(Admission(1, 0), Metrics(), ["scripted"])
     target = ScriptedTarget([[3]], model=BosModel())
     service.ready(target, context_size=100)  # type: ignore[arg-type]
-    with TestClient(create_app(service, Metrics(), None)) as client:
+    with app_client(service) as client:
         response = client.post("/v1/completions", json={"prompt": []})
     assert response.status_code == 400 and response.json()["error"]["param"] == "prompt", response.text
     assert target.generated == 0
@@ -261,7 +262,7 @@ def test_once_the_model_is_loaded_a_body_larger_than_its_context_can_use_is_refu
     service, _ = completions([[3]])  # a context of 100 tokens of at most 4 bytes each
     limit = service.max_body_bytes()
     assert limit < MAX_BODY_BYTES
-    with TestClient(create_app(service, Metrics(), api_key=None)) as http:
+    with app_client(service) as http:
         response = http.post("/v1/completions", content=b" " * (limit + 1), headers={"Content-Type": "application/json"})
     assert response.status_code == 413 and "context" in response.json()["error"]["message"]
 
@@ -276,7 +277,7 @@ def test_a_list_longer_than_the_context_is_refused_before_its_items_are_validate
         monkeypatch.setattr(kind, "model_validate", classmethod(lambda cls, data: validated.append(data)))
     service, _ = completions([[3]])
     path = "/v1/completions" if "prompt" in body else "/v1/chat/completions"
-    with TestClient(create_app(service, Metrics(), api_key=None)) as http:
+    with app_client(service) as http:
         response = http.post(path, json=body)
     assert response.status_code == 400 and response.json()["error"]["code"] == "context_length_exceeded"
     assert validated == []
@@ -284,7 +285,7 @@ def test_a_list_longer_than_the_context_is_refused_before_its_items_are_validate
 
 def test_the_openapi_document_still_describes_the_request_bodies():
     service, _ = completions([[3]])
-    with TestClient(create_app(service, Metrics(), api_key=None)) as http:
+    with app_client(service) as http:
         schema = http.get("/openapi.json").json()
     for path, name in (("/v1/completions", "CompletionBody"), ("/v1/chat/completions", "ChatBody")):
         body = schema["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]

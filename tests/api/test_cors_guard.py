@@ -5,34 +5,14 @@ that are no browser (no Origin) go on as before."""
 
 from __future__ import annotations
 
-import asyncio
-
 import httpx
 import pytest
 
-from duo.api.serving.admit import Admission
-from duo.api.serving.generate import Completions
-from duo.api.http import create_app
-from duo.api.serving.metrics import Metrics
+from helpers.asgi import SERVER, asgi_call, unloaded_app
 
 PAGE = "https://page.example"  # a public page
 ALLOWED = "http://allowed.example:3000"
-SERVER = "http://duo:8000"  # the server as a browser reaches it: its own origin
 PRIVATE_NETWORK = "access-control-allow-private-network"
-
-
-def an_app(api_key: str | None = None, origins: list[str] | None = None):
-    """The app, its model not loaded (what these tests read is answered before a model is needed)."""
-    return create_app(Completions(Admission(1, 1), Metrics(), ["tiny-target"]), Metrics(), api_key,
-                      cors_origins=origins)
-
-
-def asgi_call(app, method: str, path: str, headers: dict[str, str] | None = None, body: bytes = b"") -> httpx.Response:
-    async def run() -> httpx.Response:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=SERVER) as client:
-            return await client.request(method, path, headers=headers or {}, content=body)
-
-    return asyncio.run(run())
 
 
 def preflight(app, origin: str, path: str = "/v1/chat/completions") -> httpx.Response:
@@ -43,7 +23,7 @@ def preflight(app, origin: str, path: str = "/v1/chat/completions") -> httpx.Res
 
 
 def test_without_a_key_or_a_list_a_public_page_is_not_let_reach_the_private_network():
-    answer = preflight(an_app(), PAGE)
+    answer = preflight(unloaded_app(), PAGE)
     assert answer.status_code == 200 and answer.headers["access-control-allow-origin"] == PAGE  # CORS as before
     assert PRIVATE_NETWORK not in answer.headers
 
@@ -52,17 +32,17 @@ def test_without_a_key_or_a_list_a_public_page_is_not_let_reach_the_private_netw
     ("sekrit", None, PAGE), ("sekrit", ["*"], PAGE), (None, [ALLOWED], ALLOWED)],
     ids=["a key", "a key and any origin", "the origin on the list"])
 def test_a_key_or_the_origin_named_on_the_list_lets_a_page_reach_the_private_network(api_key, origins, origin):
-    answer = preflight(an_app(api_key, origins), origin)
+    answer = preflight(unloaded_app(api_key, origins), origin)
     assert answer.status_code == 200 and answer.headers[PRIVATE_NETWORK] == "true"
 
 
 def test_any_origin_on_the_list_guards_nothing_without_a_key():
-    assert PRIVATE_NETWORK not in preflight(an_app(origins=["*"]), PAGE).headers
+    assert PRIVATE_NETWORK not in preflight(unloaded_app(origins=["*"]), PAGE).headers
 
 
 def test_with_a_list_a_simple_post_from_another_origin_is_refused_before_it_runs():
     # A form on another site posts text/plain: no preflight, and before, the request ran (its answer unread).
-    app = an_app(origins=[ALLOWED])
+    app = unloaded_app(origins=[ALLOWED])
     answer = asgi_call(app, "POST", "/completion", {"Origin": PAGE, "Content-Type": "text/plain"},
                        b'{"prompt": "hi", "n_predict": 8}')
     assert answer.status_code == 403 and "access-control-allow-origin" not in answer.headers
@@ -72,13 +52,13 @@ def test_with_a_list_a_simple_post_from_another_origin_is_refused_before_it_runs
 
 
 def test_a_refusal_on_the_messages_api_is_in_anthropics_shape():
-    answer = asgi_call(an_app(origins=[ALLOWED]), "POST", "/v1/messages", {"Origin": PAGE}, b"{}")
+    answer = asgi_call(unloaded_app(origins=[ALLOWED]), "POST", "/v1/messages", {"Origin": PAGE}, b"{}")
     assert answer.status_code == 403 and answer.json()["type"] == "error"
     assert answer.json()["error"]["type"] == "permission_error" and PAGE in answer.json()["error"]["message"]
 
 
 def test_with_a_list_the_servers_own_page_and_clients_without_an_origin_go_on():
-    app = an_app(origins=[ALLOWED])
+    app = unloaded_app(origins=[ALLOWED])
     own_page = asgi_call(app, "POST", "/tokenize", {"Origin": SERVER, "Content-Type": "application/json"},
                          b'{"content": "hi"}')
     no_browser = asgi_call(app, "POST", "/tokenize", {"Content-Type": "application/json"}, b'{"content": "hi"}')
@@ -90,6 +70,6 @@ def test_with_a_list_the_servers_own_page_and_clients_without_an_origin_go_on():
 
 
 def test_an_origin_that_only_looks_like_the_servers_is_another():
-    app = an_app(origins=[ALLOWED])
+    app = unloaded_app(origins=[ALLOWED])
     for origin in ("https://duo:8000", "http://duo:8001", "http://duo", "null"):
         assert asgi_call(app, "GET", "/v1/models", {"Origin": origin}).status_code == 403, origin

@@ -4,18 +4,11 @@ no other), with duo's guard standing for every origin off the list."""
 
 from __future__ import annotations
 
-import asyncio
-import shlex
-
-import httpx
 import pytest
 
-from duo.api.http import create_app
-from duo.api.serving.admit import Admission
-from duo.api.serving.generate import Completions
-from duo.api.serving.metrics import Metrics
 from duo.cli.llama_launch import cors_origins
-from duo.cli.target import build_parser
+from helpers.asgi import asgi_call, unloaded_app
+from helpers.flags import target_flags
 
 KEY = "sk-this-is-the-secret-key"
 LOCAL_ORIGINS = ["http://localhost", "http://localhost:8080", "https://localhost:8443", "http://127.0.0.1",
@@ -24,31 +17,13 @@ FOREIGN_ORIGINS = ["http://web.mydomain.fr", "http://evil.com", "http://notlocal
                    "http://127.0.0.1.evil.com", "ftp://localhost", "localhost", "http://[::1", "null"]
 
 
-def an_app(origins: list[str] | None = None, api_key: str | None = KEY):
-    """The app, its model not loaded (CORS is answered before a model is needed)."""
-    return create_app(Completions(Admission(1, 1), Metrics(), ["tiny-target"]), Metrics(), api_key,
-                      cors_origins=origins)
-
-
-def call(app, method: str, path: str, headers: dict[str, str], body: bytes = b"") -> httpx.Response:
-    async def run() -> httpx.Response:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://duo:8080") as client:
-            return await client.request(method, path, headers=headers, content=body)
-
-    return asyncio.run(run())
-
-
 def preflight(app, origin: str) -> dict[str, str]:
     """The suite's preflight (a POST with an Authorization header), its answer's headers as a plain dict, named as
     they were sent: what the suite reads (`dict(response.headers)` of requests)."""
-    answer = call(app, "OPTIONS", "/completions", {"Origin": origin, "Access-Control-Request-Method": "POST",
+    answer = asgi_call(app, "OPTIONS", "/completions", {"Origin": origin, "Access-Control-Request-Method": "POST",
                                                    "Access-Control-Request-Headers": "Authorization"})
     assert answer.status_code == 200
     return {name.decode(): value.decode() for name, value in answer.headers.raw}
-
-
-def parse(line: str):
-    return build_parser().parse_args(shlex.split(f"--model tiny {line}"))
 
 
 @pytest.mark.parametrize("origin, header, value", [
@@ -59,11 +34,11 @@ def parse(line: str):
     ("web.mydomain.fr", "Access-Control-Allow-Headers", "*"),
 ])
 def test_a_preflight_names_its_headers_as_llama_server_writes_them(origin, header, value):
-    assert preflight(an_app(), origin)[header] == value
+    assert preflight(unloaded_app(KEY), origin)[header] == value
 
 
 def test_an_answer_from_any_origin_names_its_cors_headers_as_llama_server_writes_them():
-    answer = call(an_app(), "GET", "/v1/models", {"Origin": "http://page.example"})
+    answer = asgi_call(unloaded_app(KEY), "GET", "/v1/models", {"Origin": "http://page.example"})
     headers = {name.decode(): value.decode() for name, value in answer.headers.raw}
     assert headers["Access-Control-Allow-Origin"] == "http://page.example"
     assert headers["Access-Control-Allow-Credentials"] == "true"
@@ -71,30 +46,31 @@ def test_an_answer_from_any_origin_names_its_cors_headers_as_llama_server_writes
 
 def test_an_origin_the_list_names_may_send_the_headers_it_asks_for_authorization_among_them():
     # "*" never covers Authorization in a browser: a page the operator listed sends its key there.
-    assert preflight(an_app(["http://app.example"]), "http://app.example")["Access-Control-Allow-Headers"] == \
-        "Authorization"
-    assert preflight(an_app(["localhost"]), "http://localhost:5173")["Access-Control-Allow-Headers"] == "Authorization"
+    listed = preflight(unloaded_app(KEY, ["http://app.example"]), "http://app.example")
+    assert listed["Access-Control-Allow-Headers"] == "Authorization"
+    local = preflight(unloaded_app(KEY, ["localhost"]), "http://localhost:5173")
+    assert local["Access-Control-Allow-Headers"] == "Authorization"
 
 
 @pytest.mark.parametrize("origin", LOCAL_ORIGINS)
 def test_the_localhost_keyword_reflects_every_origin_on_this_machine(origin):
-    app = an_app(cors_origins(parse("--cors-origins localhost")))
+    app = unloaded_app(KEY, cors_origins(target_flags("--cors-origins localhost")))
     assert preflight(app, origin)["Access-Control-Allow-Origin"] == origin
-    answer = call(app, "POST", "/completion", {"Origin": origin})
+    answer = asgi_call(app, "POST", "/completion", {"Origin": origin})
     assert answer.status_code == 401 and answer.headers["access-control-allow-origin"] == origin  # it ran: no key
 
 
 @pytest.mark.parametrize("origin", FOREIGN_ORIGINS)
 def test_the_localhost_keyword_gives_other_origins_no_cors_headers_and_duos_guard_refuses_them(origin):
-    app = an_app(cors_origins(parse("--cors-origins localhost")))
+    app = unloaded_app(KEY, cors_origins(target_flags("--cors-origins localhost")))
     assert not any(name.lower().startswith("access-control-") for name in preflight(app, origin))
-    refused = call(app, "POST", "/completion", {"Origin": origin, "Content-Type": "text/plain"}, b"{}")
+    refused = asgi_call(app, "POST", "/completion", {"Origin": origin, "Content-Type": "text/plain"}, b"{}")
     assert refused.status_code == 403 and refused.json()["error"]["code"] == "origin_not_allowed"
 
 
 def test_the_localhost_keyword_mixes_with_named_origins_and_duos_own_flag():
-    origins = cors_origins(parse("--cors-origin http://a.example --cors-origins localhost,http://b.example"))
-    app = an_app(origins)
+    origins = cors_origins(target_flags("--cors-origin http://a.example --cors-origins localhost,http://b.example"))
+    app = unloaded_app(KEY, origins)
     for origin in ("http://a.example", "http://b.example", "http://127.0.0.1:9000"):
         assert preflight(app, origin)["Access-Control-Allow-Origin"] == origin
     assert "Access-Control-Allow-Origin" not in preflight(app, "http://c.example")

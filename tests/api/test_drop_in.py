@@ -3,44 +3,25 @@
 
 from __future__ import annotations
 
-import asyncio
-import json
 import math
 
 import httpx
 import pytest
 
 from conftest import CONTEXT_SIZE
-from duo.api.serving.admit import Admission
-from duo.api.serving.generate import Completions
-from duo.api.http import create_app
-from duo.api.serving.metrics import Metrics
 from duo.cli.llama_launch import served_names
-from helpers.http import post
+from helpers.asgi import asgi_call, unloaded_app
+from helpers.http import post, streamed
 
 ORIGIN = "http://page.example:3000"
-
-
-def asgi_call(app, method: str, path: str, headers: dict[str, str] | None = None) -> httpx.Response:
-    """One request to the app in this process (the model need not be loaded for what these tests read)."""
-    async def run() -> httpx.Response:
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://duo") as client:
-            return await client.request(method, path, headers=headers or {})
-
-    return asyncio.run(run())
-
-
-def an_app(api_key: str | None = "sekrit", origins: list[str] | None = None, names: list[str] | None = None):
-    return create_app(Completions(Admission(1, 1), Metrics(), names or ["tiny-target"]), Metrics(), api_key,
-                      cors_origins=origins)
+KEY = "sekrit"
 
 
 # --- CORS and the key ----------------------------------------------------------------------------------
 
 
 def test_a_preflight_is_answered_without_the_key():
-    response = asgi_call(an_app(), "OPTIONS", "/v1/chat/completions", {
+    response = asgi_call(unloaded_app(KEY), "OPTIONS", "/v1/chat/completions", {
         "Origin": ORIGIN, "Access-Control-Request-Method": "POST",
         "Access-Control-Request-Headers": "authorization, content-type",
         "Access-Control-Request-Private-Network": "true"})
@@ -53,7 +34,7 @@ def test_a_preflight_is_answered_without_the_key():
 
 
 def test_cross_origin_answers_echo_the_origin_errors_included_so_a_page_can_read_them():
-    app = an_app()
+    app = unloaded_app(KEY)
     models = asgi_call(app, "GET", "/v1/models", {"Origin": ORIGIN})  # public, as llama-server's
     assert models.status_code == 200 and models.headers["access-control-allow-origin"] == ORIGIN
     refused = asgi_call(app, "POST", "/v1/chat/completions", {"Origin": ORIGIN})
@@ -66,7 +47,7 @@ def test_cross_origin_answers_echo_the_origin_errors_included_so_a_page_can_read
                                      {"X-Api-Key": "sekrit"}, {"authorization": "bearer sekrit"}],
                          ids=["Bearer", "bare key", "X-Api-Key", "lower-case bearer"])
 def test_the_key_is_taken_as_llama_server_takes_it(headers):
-    app = an_app()
+    app = unloaded_app(KEY)
     assert asgi_call(app, "GET", "/slots", headers).status_code == 200
     assert asgi_call(app, "GET", "/slots").status_code == 401
     assert asgi_call(app, "GET", "/slots", {"X-Api-Key": "wrong"}).status_code == 401
@@ -74,7 +55,7 @@ def test_the_key_is_taken_as_llama_server_takes_it(headers):
 
 
 def test_health_and_the_model_list_stay_public_with_a_key():
-    app = an_app()
+    app = unloaded_app(KEY)
     for path in ("/v1/models", "/models", "/v1/models/anything"):
         assert asgi_call(app, "GET", path).status_code == 200, path
     for path in ("/health", "/v1/health"):
@@ -83,7 +64,7 @@ def test_health_and_the_model_list_stay_public_with_a_key():
 
 
 def test_head_is_answered_as_get_without_a_body_as_llama_servers_http_server_answers_it():
-    app = an_app()  # Claude Code's first request: HEAD of its base URL, public as the page is
+    app = unloaded_app(KEY)  # Claude Code's first request: HEAD of its base URL, public as the page is
     for path in ("/", "/v1/models"):
         got, head = asgi_call(app, "GET", path), asgi_call(app, "HEAD", path)
         assert head.status_code == got.status_code == 200, path
@@ -94,7 +75,7 @@ def test_head_is_answered_as_get_without_a_body_as_llama_servers_http_server_ans
 
 
 def test_cors_origin_narrows_the_origins_answered():
-    app = an_app(origins=["http://allowed.example"])
+    app = unloaded_app(KEY, origins=["http://allowed.example"])
     allowed = asgi_call(app, "GET", "/v1/models", {"Origin": "http://allowed.example"})
     assert allowed.headers["access-control-allow-origin"] == "http://allowed.example"
     other = asgi_call(app, "GET", "/v1/models", {"Origin": ORIGIN})
@@ -110,7 +91,7 @@ def test_cors_origin_narrows_the_origins_answered():
 def test_the_model_is_listed_once_under_its_first_alias_as_llama_server_lists_it(tiny_target):
     names = served_names(tiny_target, str(tiny_target), ["qwen,gpt-4o", "gpt-4o"])
     assert names == ["gpt-4o", "qwen"]
-    listed = asgi_call(an_app(None, names=names), "GET", "/v1/models").json()["data"]
+    listed = asgi_call(unloaded_app(names=names), "GET", "/v1/models").json()["data"]
     assert [card["id"] for card in listed] == ["gpt-4o"]
 
 
@@ -186,8 +167,6 @@ def test_a_warm_up_reads_the_prompt_into_the_cache_for_the_request_that_follows(
                                              "temperature": 0}).json()
     assert real["tokens_cached"] >= warm["tokens_evaluated"] - 1  # all the warm prompt but its last cell at most
     assert real["timings"]["prompt_n"] < real["tokens_evaluated"] - 100
-    streamed = httpx.post(f"{served_sync.http_url}/completion", timeout=60, json={
-        "prompt": prompt[:-10], "n_predict": 0, "stream": True})
-    events = [json.loads(line[6:]) for line in streamed.text.splitlines() if line.startswith("data: ")]
+    events = streamed(served_sync, "/completion", {"prompt": prompt[:-10], "n_predict": 0}, done=False)
     assert len(events) == 1 and events[0]["stop"] is True and events[0]["content"] == ""
     assert math.isfinite(events[0]["timings"]["prompt_ms"])

@@ -4,7 +4,6 @@ gate's key and size checks, reading the body, the routes, admission, a generatio
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -19,9 +18,9 @@ from duo.api.serving.generate import Completions
 from duo.constraint import GrammarError
 from duo.api.serving.metrics import Metrics
 from duo.api.serving.request import ShuttingDown
+from helpers.asgi import asgi_call
 from helpers.scripted import ScriptedModel, ScriptedTarget
 
-SERVER = "http://duo:8000"
 PAGE = "https://page.example"
 CHAT = "/v1/chat/completions"
 MESSAGES = "/v1/messages"
@@ -116,18 +115,12 @@ def an_app(case: Case):
 
 def answered(case: Case, path: str) -> httpx.Response:
     """What the app answers `case`'s request to `path` (a bug's 500 answered, not raised)."""
-    async def run() -> httpx.Response:
-        transport = httpx.ASGITransport(app=an_app(case), raise_app_exceptions=False)
-        async with httpx.AsyncClient(transport=transport, base_url=SERVER) as client:
-            content = case.body(path) if case.method == "POST" else None
-            headers = {"Content-Type": "application/json", **case.headers}
-            if "Transfer-Encoding" in headers:  # sent in pieces, without a length: the gate counts as they come
-                headers.pop("Transfer-Encoding")
-                return await client.request(case.method, path + case.suffix, headers=headers,
-                                            content=in_pieces(content or b""))
-            return await client.request(case.method, path + case.suffix, headers=headers, content=content)
-
-    return asyncio.run(run())
+    content: bytes | AsyncIterator[bytes] | None = case.body(path) if case.method == "POST" else None
+    headers = {"Content-Type": "application/json", **case.headers}
+    if "Transfer-Encoding" in headers:  # sent in pieces, without a length: the gate counts as they come
+        headers.pop("Transfer-Encoding")
+        content = in_pieces(content or b"")
+    return asgi_call(an_app(case), case.method, path + case.suffix, headers, content, raise_app_exceptions=False)
 
 
 async def in_pieces(content: bytes) -> AsyncIterator[bytes]:

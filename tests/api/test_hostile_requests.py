@@ -8,19 +8,17 @@ import json
 import time
 
 import pytest
-from fastapi.testclient import TestClient
 
 from duo.net._proto import duo_pb2 as pb
 from duo.api.serving import choices, infill
 from duo.api.serving.admit import Admission, QueueFull
-from duo.api.http import create_app
 from duo.api.serving.limits import MAX_JSON_DEPTH
-from duo.api.serving.metrics import Metrics
 from duo.api.serving.request import CompletionRequest
 from duo import constraint
 from duo.constraint import Compiler, GrammarTooCostly, checked_cursor, grammar_of
 from duo.draft.metrics import DraftMetrics
 from duo.draft.service import Connection, SessionLimits
+from helpers.asgi import app_client
 from helpers.http import health, post
 from helpers.scripted import scripted
 
@@ -34,7 +32,7 @@ PATTERN_BOMB = {"type": "object", "properties": {"a": {"type": "string", "patter
 
 def test_a_458_byte_body_gets_a_400_naming_its_field_and_gives_its_place_back():
     service = scripted(parallel=1)
-    with TestClient(create_app(service, Metrics(), None)) as http:
+    with app_client(service) as http:
         for path in ("/completion", "/infill"):
             body = '{"prompt":[5,6,7],"n_predict":4,"t_max_predict_ms":1' + "0" * 400 + "}"
             response = http.post(path, content=body, headers={"Content-Type": "application/json"})
@@ -66,7 +64,7 @@ def test_whatever_fails_between_taking_the_places_and_starting_gives_them_back(m
 def test_numbers_out_of_their_range_are_a_400_naming_the_field(field, value):
     service = scripted()
     raw = json.dumps({"prompt": "hi", "max_tokens": 2}).rstrip("}") + f', "{field}": {value if value != "inf" else "1e400"}}}'
-    with TestClient(create_app(service, Metrics(), None)) as http:
+    with app_client(service) as http:
         response = http.post("/completion", content=raw, headers={"Content-Type": "application/json"})
     assert response.status_code == 400 and response.json()["error"]["param"] == field, response.text
     assert service.admission.running == 0
@@ -75,7 +73,7 @@ def test_numbers_out_of_their_range_are_a_400_naming_the_field(field, value):
 @pytest.mark.parametrize("bias", [[[3, HUGE]], {"3": 1e300}, [[HUGE, 1]], [[["x" * 5000], 1]]])
 def test_logit_bias_values_no_float_holds_are_a_400(bias):
     raw = '{"prompt": "hi", "max_tokens": 2, "logit_bias": ' + json.dumps(bias).replace('1e+300', '1e300') + "}"
-    with TestClient(create_app(scripted(), Metrics(), None)) as http:
+    with app_client(scripted()) as http:
         response = http.post("/v1/completions", content=raw, headers={"Content-Type": "application/json"})
     assert response.status_code == 400 and response.json()["error"]["param"] == "logit_bias", response.text
 
@@ -90,7 +88,7 @@ def test_logit_bias_values_no_float_holds_are_a_400(bias):
     ("/v1/completions", {"prompt": "hi", "stop": ["a"] * 17}, "stop"),
 ])
 def test_a_list_longer_than_what_the_model_can_use_is_refused_before_validation(path, body, param):
-    with TestClient(create_app(scripted(), Metrics(), None)) as http:  # a context of 100, a vocabulary of 10
+    with app_client(scripted()) as http:  # a context of 100, a vocabulary of 10
         response = http.post(path, json=body)
     assert response.status_code == 400 and response.json()["error"]["param"] == param, response.text
 
@@ -103,7 +101,7 @@ def test_detokenize_ids_no_machine_integer_holds_are_a_400(served_alone):
 @pytest.mark.parametrize("depth", [MAX_JSON_DEPTH + 1, 1000, 100_000])
 def test_a_body_nested_too_deeply_is_a_400_not_a_recursion_error(depth):
     raw = '{"prompt": "hi", "json_schema": ' + '{"a": ' * depth + "1" + "}" * depth + "}"
-    with TestClient(create_app(scripted(), Metrics(), None)) as http:
+    with app_client(scripted()) as http:
         response = http.post("/completion", content=raw, headers={"Content-Type": "application/json"})
     assert response.status_code == 400 and "levels deep" in response.json()["error"]["message"], response.text
 

@@ -5,15 +5,15 @@ CORS preflights answered 200 as llama-server answers them."""
 
 from __future__ import annotations
 
-import json
-
 import httpx
 
 from conftest import CONTEXT_SIZE
-from helpers.http import post
-from test_cors_guard import PAGE, ALLOWED, an_app, asgi_call
+from helpers.asgi import asgi_call, unloaded_app
+from helpers.http import post, streamed
 
 PROMPT = "I believe the meaning of life is"
+PAGE = "https://page.example"  # a public page
+ALLOWED = "http://allowed.example:3000"
 
 
 def completion(process, **fields) -> dict:
@@ -58,9 +58,7 @@ def test_response_fields_pick_paths_and_an_empty_list_answers_every_field(served
 
 
 def test_a_streamed_completion_ends_with_the_fields_of_a_whole_one(served_alone):
-    with httpx.stream("POST", f"{served_alone.http_url}/completion", timeout=60,
-                      json={"prompt": PROMPT, "n_predict": 8, "temperature": 0, "stream": True}) as response:
-        events = [json.loads(line.removeprefix("data: ")) for line in response.iter_lines() if line]
+    events = streamed(served_alone, "/completion", {"prompt": PROMPT, "n_predict": 8, "temperature": 0}, done=False)
     last = events[-1]
     assert all(event["index"] == 0 for event in events)
     assert last["generation_settings"]["n_predict"] == 8 and last["truncated"] is False
@@ -79,10 +77,7 @@ def test_openai_answers_carry_a_system_fingerprint_and_a_stream_opens_with_conte
     assert whole["system_fingerprint"].startswith("b")
     text = post(served_alone, "/v1/completions", {"prompt": PROMPT, "max_tokens": 4}).json()
     assert text["system_fingerprint"] == whole["system_fingerprint"]
-    with httpx.stream("POST", f"{served_alone.http_url}/v1/chat/completions", timeout=60,
-                      json={**chat, "stream": True}) as response:
-        chunks = [json.loads(line.removeprefix("data: ")) for line in response.iter_lines()
-                  if line.startswith("data: {")]
+    chunks = streamed(served_alone, "/v1/chat/completions", chat)
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
     assert all(chunk["system_fingerprint"] == whole["system_fingerprint"] for chunk in chunks)
 
@@ -94,7 +89,7 @@ def preflight(app, origin: str):
 
 
 def test_a_preflight_is_answered_200_with_llama_servers_methods():
-    answer = preflight(an_app(), PAGE)
+    answer = preflight(unloaded_app(), PAGE)
     assert answer.status_code == 200 and answer.headers["access-control-allow-origin"] == PAGE
     assert answer.headers["access-control-allow-methods"] == "GET, POST, DELETE, OPTIONS"
     assert answer.headers["access-control-allow-credentials"] == "true"
@@ -102,7 +97,7 @@ def test_a_preflight_is_answered_200_with_llama_servers_methods():
 
 
 def test_a_preflight_from_an_origin_off_the_list_gets_no_cors_headers_and_its_request_is_refused():
-    app = an_app(origins=[ALLOWED])
+    app = unloaded_app(origins=[ALLOWED])
     answer = preflight(app, PAGE)
     assert answer.status_code == 200 and not any(name.startswith("access-control-") for name in answer.headers)
     assert asgi_call(app, "POST", "/completion", {"Origin": PAGE}, b"{}").status_code == 403  # duo's guard stays
@@ -118,12 +113,6 @@ def test_the_token_counting_routes_count_the_prompt_the_generation_reads(served_
     answered = post(served_alone, "/v1/responses", {**items, "max_output_tokens": 16}).json()["usage"]["input_tokens"]
     for path in ("/responses/input_tokens", "/v1/responses/input_tokens"):
         assert post(served_alone, path, items).json() == {"input_tokens": answered}, path
-
-
-def streamed(process, path: str, body: dict) -> list[dict]:
-    with httpx.stream("POST", f"{process.http_url}{path}", timeout=60, json={**body, "stream": True}) as response:
-        return [json.loads(line.removeprefix("data: ")) for line in response.iter_lines()
-                if line.startswith("data: {")]
 
 
 def test_timings_per_token_puts_the_timings_so_far_on_every_event(served_alone):

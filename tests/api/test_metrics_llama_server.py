@@ -4,20 +4,17 @@ counted as it counts them, beside duo's own."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import httpx
 import pytest
 
-from duo.api.http import create_app
 from duo.api.http.launch import LaunchSettings
-from duo.api.serving.admit import Admission
-from duo.api.serving.generate import Completions
 from duo.api.serving.metrics import Metrics
 from duo.cli.llama_launch import launch_settings
-from duo.cli.target import build_parser
 from duo.target.request import GenerationStats, StepRecord
+from helpers.asgi import asgi_call, unloaded_app
+from helpers.flags import target_flags
 
 COUNTERS = ["prompt_tokens_total", "prompt_tokens_cached_total", "prompt_seconds_total", "tokens_predicted_total",
             "tokens_predicted_seconds_total", "n_decode_total", "n_tokens_max", "spec_decode_num_draft_tokens_total",
@@ -106,19 +103,8 @@ def test_requests_processing_and_deferred_are_the_running_and_the_waiting():
     assert found["requests_processing"][1] == 3 and found["requests_deferred"][1] == 2
 
 
-def get_metrics(launch: LaunchSettings) -> httpx.Response:
-    metrics = Metrics()
-    app = create_app(Completions(Admission(1, 1), metrics, ["tiny-target"]), metrics, None, launch=launch)
-
-    async def run() -> httpx.Response:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://duo") as client:
-            return await client.get("/metrics")
-
-    return asyncio.run(run())
-
-
 def test_without_the_metrics_flag_metrics_answer_501_in_llama_servers_words():
-    answer = get_metrics(LaunchSettings())
+    answer = asgi_call(unloaded_app(launch=LaunchSettings()), "GET", "/metrics")
     assert answer.status_code == 501
     assert answer.json()["error"]["message"] == "This server does not support metrics endpoint. Start it with " \
                                                 "`--metrics`"
@@ -126,20 +112,16 @@ def test_without_the_metrics_flag_metrics_answer_501_in_llama_servers_words():
 
 def test_with_the_metrics_flag_metrics_carry_the_process_start_time_named_as_llama_server_writes_it():
     before = int(time.time())
-    answer = get_metrics(LaunchSettings(metrics=True))
+    answer = asgi_call(unloaded_app(launch=LaunchSettings(metrics=True)), "GET", "/metrics")
     headers = {name.decode(): value.decode() for name, value in answer.headers.raw}
     assert answer.status_code == 200 and before - 1 <= int(headers["Process-Start-Time-Unix"]) <= time.time()
     assert "llamacpp:n_decode_total 0" in answer.text
 
 
-def parse(line: str):
-    return build_parser().parse_args(f"--model tiny {line}".split())
-
-
 @pytest.mark.parametrize("line, on_http, own_port", [("", False, None), ("--metrics", True, ""),
                                                      ("--metrics 127.0.0.1:9100", True, "127.0.0.1:9100")])
 def test_metrics_flag_turns_metrics_on_at_the_http_port_and_with_an_address_there_too(line, on_http, own_port):
-    args = parse(line)
+    args = target_flags(line)
     assert launch_settings(args).metrics is on_http and args.metrics == own_port
 
 

@@ -4,11 +4,9 @@ for that request alone: an SSE error event then [DONE], a JSON 500, or gRPC INTE
 from __future__ import annotations
 
 import asyncio
-import json
 
 import grpc
 import pytest
-from fastapi.testclient import TestClient
 from grpc_health.v1 import health
 
 from duo.net._proto import duo_pb2 as pb
@@ -16,9 +14,10 @@ from duo.net._proto import duo_pb2_grpc as pb_grpc
 from duo.api.serving.admit import Admission
 from duo.api.serving.generate import Completions
 from duo.api.grpc import client_server
-from duo.api.http import create_app
 from duo.api.serving.metrics import Metrics
 from duo.target.request import Request
+from helpers.asgi import app_client
+from helpers.http import sse_events
 from helpers.scripted import ScriptedTarget
 
 STEPS = [[3], [4], [5]]  # " the end."
@@ -48,11 +47,9 @@ def service_failing_with(error: Exception) -> Completions:
 
 @pytest.mark.parametrize("error", FAILURES, ids=lambda e: type(e).__name__)
 def test_a_streamed_completion_that_fails_ends_with_an_error_event_and_done(error):
-    with TestClient(create_app(service_failing_with(error), Metrics(), None)) as client:
+    with app_client(service_failing_with(error)) as client:
         with client.stream("POST", "/v1/completions", json={"prompt": "hi", "stream": True}) as response:
-            events = [line.removeprefix("data: ") for line in response.iter_lines() if line]
-        assert events[-1] == "[DONE]"
-        failure = json.loads(events[-2])
+            failure = sse_events(response.iter_lines(), done=True)[-1]
         assert failure["error"]["type"] == "server_error", failure
         assert "generation failed" in failure["error"]["message"]
         again = client.post("/v1/completions", json={"prompt": "hi"})
@@ -61,7 +58,7 @@ def test_a_streamed_completion_that_fails_ends_with_an_error_event_and_done(erro
 
 @pytest.mark.parametrize("error", FAILURES, ids=lambda e: type(e).__name__)
 def test_a_whole_completion_that_fails_is_a_json_500_of_openais_shape(error):
-    with TestClient(create_app(service_failing_with(error), Metrics(), None), raise_server_exceptions=False) as client:
+    with app_client(service_failing_with(error), raise_server_exceptions=False) as client:
         failed = client.post("/v1/completions", json={"prompt": "hi"})
         assert failed.status_code == 500 and failed.headers["content-type"] == "application/json"
         assert failed.json()["error"]["type"] == "server_error"
@@ -95,7 +92,7 @@ def test_a_request_that_fails_before_generating_is_a_json_500_too():
     """The scripted model has no chat template: rendering fails on an AttributeError, a bug, not a client's error."""
     service = Completions(Admission(1, 0), Metrics(), ["scripted"])
     service.ready(ScriptedTarget(STEPS), context_size=100)  # type: ignore[arg-type]
-    with TestClient(create_app(service, Metrics(), None), raise_server_exceptions=False) as client:
+    with app_client(service, raise_server_exceptions=False) as client:
         failed = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
         assert failed.status_code == 500 and failed.json()["error"]["type"] == "server_error", failed.text
         assert client.post("/v1/completions", json={"prompt": "hi"}).status_code == 200

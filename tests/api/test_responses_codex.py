@@ -5,7 +5,6 @@ such as apply_patch, and the items it sends back on the next turn, served by duo
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
 import re
@@ -26,7 +25,8 @@ from duo.api.responses.translate import chat_body, input_messages
 from duo.api.serving.metrics import Metrics
 from duo.api.serving.request import BadRequest
 from duo.api.tools import ToolCall
-from helpers.http import responses_events
+from helpers.asgi import asgi_call
+from helpers.http import responses_events, sse_events
 from helpers.processes import start, wait_for_draft
 from helpers.slow_model import SlowCompletions
 from helpers.tiny_models import DRAFT_NOISE, DRAFT_SEED, TARGET_SEED, write_tiny_model
@@ -301,11 +301,8 @@ def slow_response_events(prompt_s: float) -> list[dict]:
     """The events of a streamed response from a model that reads its prompt for `prompt_s` seconds."""
     app = create_app(SlowCompletions(["Hel", "lo."], prompt_s, 0.0), Metrics(), None)
 
-    async def streamed() -> list[dict]:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://duo") as http:
-            raw = await http.post("/v1/responses", json={"model": "m", "input": "hi", "stream": True})
-        return [json.loads(line[len("data: "):]) for line in raw.text.splitlines() if line.startswith("data: ")]
-    return asyncio.run(streamed())
+    raw = asgi_call(app, "POST", "/v1/responses", json={"model": "m", "input": "hi", "stream": True})
+    return sse_events(raw.text.splitlines(), done=False)
 
 
 def test_while_the_prompt_is_read_the_stream_says_it_is_in_progress_so_codexs_idle_timeout_does_not_fire(

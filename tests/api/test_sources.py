@@ -4,26 +4,25 @@ absent unless asked. And the page's files, served without the key."""
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
 from types import SimpleNamespace
 
-import httpx
 import pytest
 from fastapi.testclient import TestClient
 
 from duo.api.serving.admit import Admission
 from duo.api.serving.generate import Completions
-from duo.api.http import create_app
 from duo.api.serving.metrics import Metrics
 from duo.api.serving.decode import SourceAligner, runs
 from duo.sampling.params import SamplingParams
 from duo.sampling.verification import Verdict
 from duo.target.generation import Generation
 from duo.target.request import SOURCES, GenerationStats, Request, SpecSettings, Step, StepRecord
+from helpers.asgi import app_client, unloaded_app
+from helpers.http import sse_events, streamed
 from helpers.scripted import ScriptedModel
 
 # --- a step's sources --------------------------------------------------------------------------------------------
@@ -81,15 +80,13 @@ class SourcedTarget:
 def served(steps, model=None) -> TestClient:
     service = Completions(Admission(1, 1), Metrics(), ["scripted"])
     service.ready(SourcedTarget(steps, model or ScriptedModel()), context_size=100)  # type: ignore[arg-type]
-    return TestClient(create_app(service, Metrics(), api_key=None))
+    return app_client(service)
 
 
 def chunks(client: TestClient, path: str, body: dict) -> list[dict]:
     with client.stream("POST", path, json={**body, "stream": True}) as response:
         assert response.status_code == 200, response.read()
-        events = [line.removeprefix("data: ") for line in response.iter_lines() if line.startswith("data: ")]
-    assert events[-1] == "[DONE]"
-    return [json.loads(event) for event in events[:-1]]
+        return sse_events(response.iter_lines(), done=True)
 
 
 def check_pieces(chunk: dict, text: str) -> list[list[str]]:
@@ -156,10 +153,8 @@ def test_text_the_answer_writes_itself_takes_the_source_of_the_text_that_follows
 
 def test_a_chat_stream_from_a_target_with_a_draft_marks_accepted_drafts(served_sync):
     body = {"messages": [{"role": "user", "content": "Count from one to twenty."}], "max_tokens": 48,
-            "temperature": 0, "stream": True, "duo_sources": True, "stream_options": {"include_usage": True}}
-    with httpx.stream("POST", f"{served_sync.http_url}/v1/chat/completions", json=body, timeout=60) as response:
-        found = [json.loads(line[6:]) for line in response.iter_lines()
-                 if line.startswith("data: ") and line != "data: [DONE]"]
+            "temperature": 0, "duo_sources": True, "stream_options": {"include_usage": True}}
+    found = streamed(served_sync, "/v1/chat/completions", body)
     with_text = [chunk for chunk in found if chunk["choices"] and "duo" in chunk]
     labels = [source for chunk in with_text
               for _, source in check_pieces(chunk, chunk["choices"][0]["delta"].get("content", ""))]
@@ -178,7 +173,7 @@ def test_a_chat_stream_from_a_target_with_a_draft_marks_accepted_drafts(served_s
 @pytest.mark.parametrize("path, kind", [("/", "text/html"), ("/page/page.js", "text/javascript"),
                                         ("/page/page.css", "text/css")])
 def test_the_page_and_its_files_are_served_without_the_key_and_run_nothing_from_elsewhere(path, kind):
-    client = TestClient(create_app(Completions(Admission(1, 1), Metrics(), ["m"]), Metrics(), api_key="k"))
+    client = TestClient(unloaded_app("k", names=["m"]))
     response = client.get(path)
     assert response.status_code == 200 and response.headers["content-type"].startswith(kind)
     policy = response.headers["content-security-policy"]
@@ -198,7 +193,7 @@ def test_an_installed_wheel_carries_the_pages_files():
 
 
 def test_the_page_puts_no_model_text_in_as_markup():
-    client = TestClient(create_app(Completions(Admission(1, 1), Metrics(), ["m"]), Metrics(), api_key=None))
+    client = TestClient(unloaded_app(names=["m"]))
     script = client.get("/page/page.js").text
     assert "innerHTML" not in script and "insertAdjacentHTML" not in script and "document.write" not in script
     assert "http://" not in script and "https://" not in script  # nothing fetched from elsewhere
@@ -218,11 +213,9 @@ def test_text_a_grammar_forces_is_marked_as_the_grammars(served_alone):
     schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
               "required": ["name", "age"], "additionalProperties": False}
     body = {"messages": [{"role": "user", "content": "A person as JSON."}], "max_tokens": 40, "temperature": 0,
-            "stream": True, "duo_sources": True,
+            "duo_sources": True,
             "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": schema}}}
-    with httpx.stream("POST", f"{served_alone.http_url}/v1/chat/completions", json=body, timeout=60) as response:
-        found = [json.loads(line[6:]) for line in response.iter_lines()
-                 if line.startswith("data: ") and line != "data: [DONE]"]
+    found = streamed(served_alone, "/v1/chat/completions", body)
     pieces = [piece for chunk in found if "duo" in chunk
               for piece in check_pieces(chunk, chunk["choices"][0]["delta"].get("content", ""))]
     # Without a draft no chain competes: after the object's opening, the grammar forces the first key's name.
