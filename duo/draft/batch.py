@@ -12,6 +12,7 @@ import numpy as np
 
 from duo.constraint import GrammarError
 from duo.draft.branches import Branch, Doubt
+from duo.draft.confidence import softmax_scale
 from duo.draft.session import DraftSession, Drawn, Slot, draw, proposes
 from duo.draft.value import Round
 from duo.llama.model import Context, ModelError, Part, common_prefix_length
@@ -46,6 +47,7 @@ class Step:
     none of these: its catch-up goes on next round (it did not fit the batch)."""
 
     drawn: tuple[Drawn, ...] = ()
+    confidences: tuple[float, ...] = ()  # per drawn token: the draft model's probability of it (duo.draft.confidence)
     paused: bool = False
     error: Exception | None = None
     guessed: int = 0  # the guess's tokens decoded
@@ -101,6 +103,7 @@ class DraftCache:
         self.cells_used = 0
         self._held: dict[int, int] = {}  # a slot's chain sequence -> cells its session holds
         self._left: dict[int, int] = {}   # a chain sequence whose closed session's cells stay -> its window's offset
+        self._scratch = np.empty(0, np.float32)  # one row's softmax terms, for each drawn token's confidence
 
     def take_slot(self) -> Slot:
         if not self.free:
@@ -148,7 +151,9 @@ class DraftCache:
         fitted = self._fit(works, parts, steps)
         logits = self._decode(works, fitted, steps)
         for i, rows in logits.items():
-            steps[i] = draw_step(works[i], rows)
+            if self._scratch.shape != rows.shape[1:]:
+                self._scratch = np.empty(rows.shape[1:], np.float32)
+            steps[i] = draw_step(works[i], rows, self._scratch)
         decoded = sum(len(part.tokens) for part in fitted.values())
         sessions = len({works[i].session.session_id for i in fitted})  # a chain and its branch: one session
         report = RoundReport(time.perf_counter() - began, sessions, decoded, sum(len(step.drawn) for step in steps),
@@ -288,29 +293,35 @@ def with_guess(part: Part, guess: Sequence[int]) -> Part:
                                                                                 len(part.tokens) + len(guess)))
 
 
-def draw_step(work: Work, rows: np.ndarray) -> Step:
+def draw_step(work: Work, rows: np.ndarray, scratch: np.ndarray | None = None) -> Step:
     """Draw the work's token from its last token's logits (the first row), or pause the chain where the draft is
     too unsure (p_min). Rows after the first are the guess's (duo.draft.guess): where the draw equals the guessed
     token, the next row, computed after it, is the next position's; the first draw that differs ends the step (a
-    guess holds no end of generation: nothing is drawn after one)."""
+    guess holds no end of generation: nothing is drawn after one). `scratch`: a buffer a row's size for the
+    confidences' softmax (duo.draft.confidence)."""
     guessed = len(rows) - 1
     drawn: list[Drawn] = []
+    confidences: list[float] = []
     try:
         for j, logits in enumerate(rows):
-            one = draw_one(work, j, logits)
+            one = draw_one(work, j, logits, scratch)
             if one is None:
                 break  # paused (p_min, or the grammar ended): a pause after drawn tokens is found again next round
-            drawn.append(one)
-            if j == guessed or one[0] != work.guess[j]:
+            drawn.append(one[0])
+            confidences.append(one[1])
+            if j == guessed or one[0][0] != work.guess[j]:
                 break
     except Exception as error:  # whatever it is, it concerns this session alone
         return Step(error=error)
     kept = common_prefix_length([token for token, _, _ in drawn], work.guess[:guessed])
-    return Step(drawn=tuple(drawn), paused=not drawn, guessed=guessed, kept=kept)
+    return Step(drawn=tuple(drawn), confidences=tuple(confidences), paused=not drawn, guessed=guessed, kept=kept)
 
 
-def draw_one(work: Work, guessed: int, logits: np.ndarray) -> Drawn | None:
-    """The token after the work's tokens and the guess's first `guessed` ones, None where the chain pauses."""
+def draw_one(work: Work, guessed: int, logits: np.ndarray,
+             scratch: np.ndarray | None = None) -> tuple[Drawn, float] | None:
+    """The token after the work's tokens and the guess's first `guessed` ones, with the draft model's probability
+    of it at temperature 1 over the row as penalties and grammar leave it (what p_min reads: one softmax serves
+    both); None where the chain pauses."""
     session = work.session
     if session.penalties.active or session.cursor is not None:
         tokens = work.tokens + list(work.guess[:guessed])
@@ -318,9 +329,11 @@ def draw_one(work: Work, guessed: int, logits: np.ndarray) -> Drawn | None:
         if session.cursor is not None and allowed is None:
             return None
         session.transform(logits, tokens, work.committed, allowed)
-    if work.fork is None and not proposes(logits, session.p_min):
+    scale = softmax_scale(logits, scratch)
+    if work.fork is None and not proposes(logits, session.p_min, scale):
         return None
-    return draw(session, logits, len(work.tokens) + guessed, work.fork is None)
+    drawn = draw(session, logits, len(work.tokens) + guessed, work.fork is None)
+    return drawn, scale.probability(logits, drawn[0])
 
 
 def grammar_mask(work: Work, tokens: list[int]) -> np.ndarray | None:

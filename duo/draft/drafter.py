@@ -303,7 +303,8 @@ class Drafter:
         drawn = self._extend_chain(session, start, step.drawn)
         return pb.DraftChunk(session_id=session.session_id, epoch=work.epoch, start=start,
                              tokens=[token for token, _, _ in drawn],
-                             dists=self._dists(session, [dist for _, dist, _ in drawn]))
+                             dists=self._dists(session, [dist for _, dist, _ in drawn]),
+                             confidence=step.confidences[:len(drawn)])
 
     def _extend_chain(self, session: DraftSession, start: int, drawn: Sequence[Drawn]) -> Sequence[Drawn]:
         """Append `drawn` to the chain at `start`, up to an end of generation (nothing follows it: the chain pauses),
@@ -329,8 +330,9 @@ class Drafter:
         if session.closed or not step.drawn:
             return None
         token, dist, doubt = step.drawn[0]  # a branch's work guesses nothing: one token
+        confidence = step.confidences[:1]
         if growing is not None and session.epoch == growing.epoch:
-            return self._taken_branch_chunk(session, growing, token, dist, doubt)
+            return self._taken_branch_chunk(session, growing, token, dist, doubt, confidence)
         if not self._branch_round_holds(session, work):
             return None
         if growing is None:
@@ -339,10 +341,11 @@ class Drafter:
             session.branches.append(growing)
             chunk = pb.DraftChunk(session_id=session.session_id, epoch=growing.epoch, start=work.fork,
                                   tokens=[assumed[0], token], branch_of=session.epoch,
-                                  dists=self._dists(session, [work.doubt.dist, dist]))
+                                  dists=self._dists(session, [work.doubt.dist, dist]),
+                                  confidence=[0.0, *confidence] if confidence else [])  # [0]: never verified
         else:
             chunk = pb.DraftChunk(session_id=session.session_id, epoch=growing.epoch, start=growing.end,
-                                  tokens=[token], dists=self._dists(session, [dist]))
+                                  tokens=[token], dists=self._dists(session, [dist]), confidence=confidence)
         growing.tokens.append(token)
         growing.doubts.append(doubt)
         growing.finished = (len(growing.tokens) > branch_length(session.max_ahead, session.branch_len)
@@ -363,7 +366,7 @@ class Drafter:
                 and all(branch.fork != work.fork for branch in session.branches))
 
     def _taken_branch_chunk(self, session: DraftSession, taken: Branch, token: int, dist: SparseDist | None,
-                            doubt: Doubt | None) -> pb.DraftChunk | None:
+                            doubt: Doubt | None, confidence: Sequence[float]) -> pb.DraftChunk | None:
         """The target took the branch this round grew as its chain: the token continues the chain, if
         the chain still ends where the branch did (no later commit moved it)."""
         start = taken.fork + len(taken.tokens)
@@ -375,7 +378,7 @@ class Drafter:
         if self.model.is_end_of_generation(token):
             session.paused = True
         return pb.DraftChunk(session_id=session.session_id, epoch=session.epoch, start=start, tokens=[token],
-                             dists=self._dists(session, [dist]))
+                             dists=self._dists(session, [dist]), confidence=confidence)
 
     @staticmethod
     def _dists(session: DraftSession, dists: list[SparseDist | None]) -> list[pb.SparseDist]:

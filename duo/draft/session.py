@@ -9,6 +9,7 @@ import numpy as np
 
 from duo.constraint import Cursor
 from duo.draft.branches import Branch, Doubt, branch_length, doubt_of
+from duo.draft.confidence import SoftmaxScale, softmax_scale
 from duo.draft.guess import GuessRate
 from duo.draft.value import Calibration, Horizon, Round, ranked_rounds
 from duo.draft.window import Window
@@ -194,7 +195,7 @@ class DraftSession:
             self.calibration.judge(self.doubts.get(start + i), i < agreed, tokens[i])
 
 
-def proposes(logits: np.ndarray, p_min: float) -> bool:
+def proposes(logits: np.ndarray, p_min: float, scale: SoftmaxScale | None = None) -> bool:
     """--draft-p-min's rule: propose a token at this position unless the draft's top-1 probability
     (at temperature 1, as llama.cpp's common/speculative.cpp does) is below p_min.
 
@@ -206,11 +207,12 @@ def proposes(logits: np.ndarray, p_min: float) -> bool:
     0.5. The top-1 probability depends only on the tokens before this position, so whether it gets
     a proposal is independent of the proposal: a sent x follows q exactly (and verification makes
     the output follow p), and a position without one is sampled from p by the target itself.
+    `scale`: the row's softmax scale where the caller has it already (the draft computes it for every token's
+    confidence, duo.draft.confidence).
     """
     if p_min <= 0:
-        return True  # a softmax over the whole vocabulary is worth skipping on every drafted token
-    shifted = logits.astype(np.float64) - logits.max()
-    return bool(1.0 / np.exp(shifted).sum() >= p_min)
+        return True
+    return (scale or softmax_scale(logits)).top_probability >= p_min
 
 
 def draw(session: DraftSession, logits: np.ndarray, position: int, chain: bool = True) -> Drawn:

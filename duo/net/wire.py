@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -34,6 +34,8 @@ class ChainChunk:
     dists: list[SparseDist | None]
     branch_of: int | None = None  # set on a branch's first chunk: the epoch of the chain it forks from
     paused: bool = False  # the draft stopped this chain after these tokens, until the next commit
+    # The draft model's probability of each token, in [0, 1] (duo.draft.confidence); empty from a draft that sends none.
+    confidences: list[float] = field(default_factory=list)
 
 
 def sampling_to_pb(params: SamplingParams, seed: int | None, penalties: Penalties = Penalties()) -> pb.SamplingParams:
@@ -160,7 +162,7 @@ class ChunkBounds:
 
 
 # Why the link drops the end of a draft's chunk (labels of duo:draft_rejected_entries_total).
-REJECTION_REASONS = ("epoch", "position", "lead", "token", "distribution", "length")
+REJECTION_REASONS = ("epoch", "position", "lead", "token", "distribution", "confidence", "length")
 
 
 @dataclass(frozen=True)
@@ -184,30 +186,35 @@ def chunk_from_pb(message: pb.DraftChunk, bounds: ChunkBounds) -> tuple[ChainChu
     """
     if message.epoch <= bounds.epoch and message.epoch not in bounds.live:
         return ChainChunk(message.epoch, message.start, [], []), None
-    n_entries = max(len(message.tokens), len(message.dists))
-    n_paired = min(len(message.tokens), len(message.dists)) if message.dists else len(message.tokens)
+    lengths = [len(message.tokens)] + [len(entries) for entries in (message.dists, message.confidence) if entries]
+    n_entries, n_paired = max(lengths), min(lengths)
     tokens: list[int] = []
     dists: list[SparseDist | None] = []
+    confidences: list[float] = []
     try:
         _check_header(message, bounds)
         for i in range(n_paired):
             dist = _checked_entry(message, i, bounds)
+            if message.confidence:
+                confidences.append(_checked_confidence(message.confidence[i], message.start + i))
             tokens.append(message.tokens[i])
             if message.dists:
                 dists.append(dist)
         if n_paired < n_entries:
-            raise _Refused("length", f"{len(message.tokens)} tokens with {len(message.dists)} distributions")
+            raise _Refused("length", f"{len(message.tokens)} tokens with {len(message.dists)} distributions and "
+                                     f"{len(message.confidence)} confidences")
     except _Refused as refused:
         rejection = Rejection(refused.reason, str(refused), n_entries - len(tokens))
-        return _chunk(message, tokens, dists), rejection
-    return _chunk(message, tokens, dists), None
+        return _chunk(message, tokens, dists, confidences), rejection
+    return _chunk(message, tokens, dists, confidences), None
 
 
-def _chunk(message: pb.DraftChunk, tokens: list[int], dists: list[SparseDist | None]) -> ChainChunk:
+def _chunk(message: pb.DraftChunk, tokens: list[int], dists: list[SparseDist | None],
+           confidences: list[float]) -> ChainChunk:
     branch_of = message.branch_of if message.HasField("branch_of") else None
     # A pause applies after the chunk's last token: not when the link cut the chunk short.
     paused = message.paused and len(tokens) == len(message.tokens)
-    return ChainChunk(message.epoch, message.start, tokens, dists, branch_of, paused)
+    return ChainChunk(message.epoch, message.start, tokens, dists, branch_of, paused, confidences)
 
 
 def max_epoch(n_committed: int) -> int:
@@ -249,6 +256,13 @@ def _checked_entry(message: pb.DraftChunk, i: int, bounds: ChunkBounds) -> Spars
     return dist
 
 
+def _checked_confidence(confidence: float, position: int) -> float:
+    """A token's confidence as sent: a probability, else _Refused (NaN fails both comparisons)."""
+    if not 0.0 <= confidence <= 1.0:
+        raise _Refused("confidence", f"confidence {confidence} at position {position}, not a probability in [0, 1]")
+    return confidence
+
+
 def coalesce(events: list[pb.DraftEvent | None]) -> list[pb.DraftEvent | None]:
     """The same events in the same order, with each run of chunks that continue one line (same session
     and epoch, each starting where the previous ended) sent as one chunk.
@@ -265,6 +279,7 @@ def coalesce(events: list[pb.DraftEvent | None]) -> list[pb.DraftEvent | None]:
                 and _continues(previous.chunk, event.chunk)):
             previous.chunk.tokens.extend(event.chunk.tokens)
             previous.chunk.dists.extend(event.chunk.dists)
+            previous.chunk.confidence.extend(event.chunk.confidence)
             previous.chunk.paused = event.chunk.paused
             continue
         merged.append(event)
@@ -274,4 +289,4 @@ def coalesce(events: list[pb.DraftEvent | None]) -> list[pb.DraftEvent | None]:
 def _continues(line: pb.DraftChunk, chunk: pb.DraftChunk) -> bool:
     return (chunk.session_id == line.session_id and chunk.epoch == line.epoch and not line.paused
             and not chunk.HasField("branch_of") and chunk.start == line.start + len(line.tokens)
-            and bool(chunk.dists) == bool(line.dists))
+            and bool(chunk.dists) == bool(line.dists) and bool(chunk.confidence) == bool(line.confidence))

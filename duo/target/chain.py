@@ -17,6 +17,8 @@ class Line:
     start: int
     tokens: list[int] = field(default_factory=list)
     dists: list[SparseDist | None] = field(default_factory=list)
+    # The draft model's probability of each token (None: the draft sent none, or the branch's assumed token).
+    confidences: list[float | None] = field(default_factory=list)
 
     @property
     def end(self) -> int:
@@ -33,7 +35,7 @@ class Line:
         """Forget tokens now committed: they are no longer needed for verification."""
         overlap = min(self.end, n_committed) - self.start
         if overlap > 0:
-            del self.tokens[:overlap], self.dists[:overlap]
+            del self.tokens[:overlap], self.dists[:overlap], self.confidences[:overlap]
             self.start += overlap
 
 
@@ -76,21 +78,23 @@ class DraftChain:
         return frozenset(self.branches) | ({self.main.epoch} if self.main else set())
 
     def receive(self, epoch: int, start: int, tokens: Sequence[int], dists: Sequence[SparseDist | None],
-                branch_of: int | None = None, paused: bool = False) -> None:
-        """Take a chunk of line `epoch` holding `tokens` at positions start, start+1, ..."""
+                branch_of: int | None = None, paused: bool = False, confidences: Sequence[float] = ()) -> None:
+        """Take a chunk of line `epoch` holding `tokens` at positions start, start+1, ... (`confidences`: the draft
+        model's probability of each, as the link checked them; empty from a draft that sends none)"""
         self.received += len(tokens)
         entries = list(dists) if len(dists) == len(tokens) else [None] * len(tokens)
+        sure: list[float | None] = list(confidences) if len(confidences) == len(tokens) else [None] * len(tokens)
         if branch_of is not None:
-            self._open_branch(Line(epoch, start, list(tokens), [None] + entries[1:]), branch_of)
+            self._open_branch(Line(epoch, start, list(tokens), [None] + entries[1:], [None] + sure[1:]), branch_of)
         elif self.main is not None and epoch == self.main.epoch:
-            self._extend(self.main, start, tokens, entries)
+            self._extend(self.main, start, tokens, entries, sure)
         elif epoch in self.branches:
-            self._extend(self.branches[epoch], start, tokens, entries)
+            self._extend(self.branches[epoch], start, tokens, entries, sure)
         elif epoch > self.newest_epoch:
             # The draft restarted its chain from the committed tokens: every older line is moot. A new
             # chain is anchored at a committed position; one beyond it would be a protocol error.
             self.newest_epoch, self.branches, self.died = epoch, {}, None
-            self.main = Line(epoch, start, list(tokens), entries) if start <= len(self.committed) else None
+            self.main = Line(epoch, start, list(tokens), entries, sure) if start <= len(self.committed) else None
         self.on_commit()
         if paused and self.main is not None and epoch == self.main.epoch and start + len(tokens) == self.main.end:
             self.pause = (len(self.committed), epoch, self.main.end)
@@ -120,12 +124,14 @@ class DraftChain:
             return
         self.branches[branch.epoch] = branch
 
-    def _extend(self, line: Line, start: int, tokens: Sequence[int], dists: list[SparseDist | None]) -> None:
+    def _extend(self, line: Line, start: int, tokens: Sequence[int], dists: list[SparseDist | None],
+                confidences: list[float | None]) -> None:
         if start != line.end:  # a gap within one epoch: the stream lost order; wait for a new epoch
             self._drop(line)
             return
         line.tokens.extend(tokens)
         line.dists.extend(dists)
+        line.confidences.extend(confidences)
 
     def _drop(self, line: Line) -> None:
         if line is self.main:
@@ -173,3 +179,9 @@ class DraftChain:
             return [], []
         offset = len(self.committed) - self.main.start
         return self.main.tokens[offset:], self.main.dists[offset:]
+
+    def pending_confidences(self) -> list[float | None]:
+        """The draft model's probability of each of pending()'s tokens (None where it sent none)."""
+        if self.main is None:
+            return []
+        return self.main.confidences[len(self.committed) - self.main.start:]

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from duo.costs import StepCosts
 from duo.sampling.verification import COUPLED, GREEDY, RESIDUAL
 from duo.target.batching import VerifyResult
+from duo.target.confidence import Calibration
 from duo.target.generation import Generation
 from duo.target.lookup_policy import LookupRecord
 from duo.target.policy import Acceptance, AdaptivePolicy, DraftTiming, StepPlan
@@ -23,6 +24,7 @@ class ModeRecord:
     acceptance: Acceptance  # the draft's chain, by position
     free: Acceptance        # the free drafts (the lookup's, the grammar's forced text), by position
     lookup: LookupRecord = field(default_factory=LookupRecord)  # whether the lookup's rows pay
+    confidence: Calibration = field(default_factory=Calibration.prior)  # the chain's acceptance by draft confidence
 
     @classmethod
     def prior(cls, draft_max: int) -> ModeRecord:
@@ -65,7 +67,8 @@ class SpeculationControl:
         if self.settings.adaptive:
             learnt = self.by_mode[generation.verification]
             generation.policy = AdaptivePolicy(self.settings.draft_max, self.costs, learnt.acceptance,
-                                               generation.switch, learnt.free, shared_lookup=learnt.lookup)
+                                               generation.switch, learnt.free, shared_lookup=learnt.lookup,
+                                               calibration=learnt.confidence)
 
     def finish(self, generation: Generation) -> None:
         """The request ended: its switch counts it no more."""

@@ -97,7 +97,8 @@ class Generation:
 
     def on_chunk(self, chunk: ChainChunk) -> None:
         """Chain tokens the link has checked against this session's bounds."""
-        self.chain.receive(chunk.epoch, chunk.start, chunk.tokens, chunk.dists, chunk.branch_of, chunk.paused)
+        self.chain.receive(chunk.epoch, chunk.start, chunk.tokens, chunk.dists, chunk.branch_of, chunk.paused,
+                           chunk.confidences)
         self.stats.draft_tokens_received = self.chain.received
         self.stats.branch_hits = self.chain.branch_hits
         if chunk.tokens and chunk.epoch == self.chain.epoch and chunk.branch_of is None:  # the draft's pace
@@ -162,6 +163,7 @@ class Generation:
         if plan.policy is not None:  # where this step's drafts turn free, and to the lookup's: the policy's rates
             plan.policy.free_from = len(pending) if free else None
             plan.policy.lookup_from = len(pending) + len(forced) if found else None
+            plan.policy.judge_pending(self.chain.pending_confidences()[:len(pending)] if plan.chain else [])
         pending = pending + free
         return VerifyWork(seq=seq, pos=len(self.committed) - 1, last=self.committed[-1], pending=pending,
                           dists=dists, limit=min(len(pending), limit), draft_min=self.settings.draft_min,

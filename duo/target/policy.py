@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from duo.costs import MovingAverage, StepCosts
+from duo.target.confidence import Calibration
 from duo.target.lookup_policy import LOOKUP_MARGIN, LookupGate, LookupRecord, step_without_rows
 from duo.target.switch import Switch
 
@@ -90,6 +91,14 @@ class AdaptivePolicy:
     T is shared by all requests (`costs`); the acceptance is this request's own, started from and
     feeding back into `shared`, the estimate of every request of its sampling mode (greedy and
     sampled drafts are accepted at very different rates).
+
+    Where the draft sent its confidence in this step's pending drafts (duo.target.confidence), a draft's ai is the
+    `calibration`'s acceptance at that confidence alone, once its bin has seen a draft, and the positional rate
+    otherwise: the draft's probability of the very token says more about this text than what drafts at position i
+    of other steps did (a request's first steps otherwise draft at rates other requests measured), and the
+    calibration, shared by the mode's requests, is learnt from its first request on; an unobserved bin knows only
+    its prior, and the positional rate is measured. Drafts not yet pending (the lead, a wait) keep the positional
+    rates: their confidence is unknown.
     """
 
     max_draft: int = 16
@@ -107,6 +116,11 @@ class AdaptivePolicy:
     shared_lookup: LookupRecord | None = None
     lookup: LookupGate = field(init=False)
     lookup_from: int | None = None
+    # Acceptance by the draft's confidence, shared by the mode's requests (None: positional rates alone), and the
+    # calibrated rate of each of this step's pending chain drafts (None: no confidence, or its bin unobserved).
+    calibration: Calibration | None = None
+    calibrated: list[float | None] = field(default_factory=list)
+    confidences: list[float | None] = field(default_factory=list)
     draft_len: int = 0  # the best draft length given enough pending drafts (0 while off): exposed in metrics
     preferred: int = 0  # the same by the cost model alone, whatever the switch says
     _steps: int = 0
@@ -190,8 +204,16 @@ class AdaptivePolicy:
         """The chance that this step's draft at `position` is accepted given those before it were: the model's
         rate for its chain's drafts, the free drafts' rate (from their own first position) after them."""
         if self.free_from is None or position < self.free_from:
-            return self.acceptance.rates[position].value
+            calibrated = self.calibrated[position] if position < len(self.calibrated) else None
+            return self.acceptance.rates[position].value if calibrated is None else calibrated
         return self.free.rates[position - self.free_from].value
+
+    def judge_pending(self, confidences: list[float | None]) -> None:
+        """This step's pending chain drafts carry these confidences (until observe_acceptance ends the step)."""
+        self.confidences = confidences
+        if self.calibration is not None:
+            self.calibrated = [None if confidence is None else self.calibration.rate(confidence)
+                               for confidence in confidences]
 
     def observe(self, batch_size: int, n_verified: int, n_accepted: int, seconds: float) -> None:
         """Learn from one step: its cost (model work only), and which draft positions were accepted."""
@@ -206,11 +228,14 @@ class AdaptivePolicy:
             self.acceptance.observe(chain, n_accepted)
             if self.shared:
                 self.shared.observe(chain, n_accepted)
+            if self.calibration is not None:
+                self.calibration.observe(self.confidences[:chain], n_accepted)
         if n_verified > chain and n_accepted >= chain:  # the free drafts were reached
             self.free.observe(n_verified - chain, n_accepted - chain)
             if self.shared_free:
                 self.shared_free.observe(n_verified - chain, n_accepted - chain)
         self.free_from = self.lookup_from = None  # the step is over: what comes next (a wait, the lead) is the model's
+        self.confidences, self.calibrated = [], []  # and its drafts' confidences are unknown
 
     def observe_lookup(self, batch_size: int, n_accepted: int, call_tokens: int, seconds: float) -> int | None:
         """Meter a step (before observe_acceptance ends it): the lookup rows it decoded, None where it proposed none."""

@@ -118,7 +118,7 @@ class Hostile:
             return []
         session_id = event.open.session_id if kind == "open" else event.commit.session_id
         chunk = pb.DraftChunk(session_id=session_id, epoch=len(committed) - 1, start=len(committed))
-        self.break_in(chunk, self.guess(committed), next(self.turns) % 10)
+        self.break_in(chunk, self.guess(committed), next(self.turns) % 12)
         return [chunk]
 
     def guess(self, committed: list[int]) -> list[int]:
@@ -151,6 +151,10 @@ class Hostile:
             chunk.tokens.extend([5, 6])
         elif turn == 8:
             chunk.epoch = 2 ** 32 - 1
+        elif turn in (10, 11):  # a confidence that is no probability
+            chunk.tokens.append(5)
+            chunk.dists.append(point)
+            chunk.confidence.extend([1.0] * len(good) + [math.nan if turn == 10 else 1.5])
         else:
             chunk.start = 2 ** 32 - 1  # a new chain, far beyond the committed tokens
 

@@ -192,7 +192,7 @@ class DraftEvent(_message.Message):
     def __init__(self, chunk: _Optional[_Union[DraftChunk, _Mapping]] = ..., error: _Optional[_Union[SessionError, _Mapping]] = ...) -> None: ...
 
 class DraftChunk(_message.Message):
-    __slots__ = ("session_id", "epoch", "start", "tokens", "dists", "branch_of", "paused")
+    __slots__ = ("session_id", "epoch", "start", "tokens", "dists", "branch_of", "paused", "confidence")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
@@ -200,6 +200,7 @@ class DraftChunk(_message.Message):
     DISTS_FIELD_NUMBER: _ClassVar[int]
     BRANCH_OF_FIELD_NUMBER: _ClassVar[int]
     PAUSED_FIELD_NUMBER: _ClassVar[int]
+    CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
     session_id: int
     epoch: int
     start: int
@@ -207,7 +208,8 @@ class DraftChunk(_message.Message):
     dists: _containers.RepeatedCompositeFieldContainer[SparseDist]
     branch_of: int
     paused: bool
-    def __init__(self, session_id: _Optional[int] = ..., epoch: _Optional[int] = ..., start: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., dists: _Optional[_Iterable[_Union[SparseDist, _Mapping]]] = ..., branch_of: _Optional[int] = ..., paused: _Optional[bool] = ...) -> None: ...
+    confidence: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, session_id: _Optional[int] = ..., epoch: _Optional[int] = ..., start: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., dists: _Optional[_Iterable[_Union[SparseDist, _Mapping]]] = ..., branch_of: _Optional[int] = ..., paused: _Optional[bool] = ..., confidence: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class SparseDist(_message.Message):
     __slots__ = ("ids", "probs")

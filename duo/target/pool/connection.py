@@ -22,7 +22,7 @@ log = logging.getLogger("duo.link")
 LEAD_MARGIN = 64
 # Bounds an honest draft never breaks (duo.net.wire.REJECTION_REASONS): its epochs and positions may lag behind the
 # target's commits in a race, but its tokens, distributions, lengths and lead are its own.
-HOSTILE_REASONS = frozenset({"token", "distribution", "length", "lead"})
+HOSTILE_REASONS = frozenset({"token", "distribution", "confidence", "length", "lead"})
 # Longest text of the draft's own that is logged (its error messages are untrusted too).
 MAX_LOGGED_CHARS = 200
 # Longest model name a draft may give itself: it is kept for as long as the draft is in the pool, served on the
