@@ -6,12 +6,9 @@ from __future__ import annotations
 import pytest
 
 from duo.cli.llama_launch import chat_template, template_options, template_variables
-from duo.cli.target import build_parser, main
+from duo.cli.target import main
 from duo.llama.templates import BUILTIN_SOURCES, ChatTemplate, reserved_names
-
-
-def parse(line: str):
-    return build_parser().parse_args(line.split())
+from helpers.flags import target_flags
 
 
 @pytest.mark.parametrize("name, system, user, expected", [
@@ -25,7 +22,7 @@ def parse(line: str):
      "the best book<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"),
 ])
 def test_a_built_in_template_name_renders_as_llama_server_renders_it(name, system, user, expected):
-    source = chat_template(parse(f"--chat-template {name}"))
+    source = chat_template(target_flags(f"--chat-template {name}"))
     assert source == BUILTIN_SOURCES[name]
     messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
     assert ChatTemplate(source, bos_token="<s>", eos_token="</s>").render(messages) == expected
@@ -33,7 +30,7 @@ def test_a_built_in_template_name_renders_as_llama_server_renders_it(name, syste
 
 def test_a_built_in_name_duo_has_no_jinja_form_of_is_refused_naming_it_and_what_to_do():
     with pytest.raises(ValueError, match="--chat-template llama2: .*--chat-template-file"):
-        chat_template(parse("--chat-template llama2"))
+        chat_template(target_flags("--chat-template llama2"))
 
 
 @pytest.mark.parametrize("line, variables", [
@@ -48,21 +45,21 @@ def test_a_built_in_name_duo_has_no_jinja_form_of_is_refused_naming_it_and_what_
     ("--chat-template-kwargs {\"effort\":\"low\"} --reasoning off", {"effort": "low", "enable_thinking": False}),
 ])
 def test_reasoning_flags_set_the_templates_enable_thinking(line: str, variables: dict):
-    assert template_variables(parse(line)) == variables
+    assert template_variables(target_flags(line)) == variables
 
 
 @pytest.mark.parametrize("line, named", [("--reasoning-budget 512", "--reasoning-budget 512"),
                                          ("--chat-template-kwargs {\"messages\":[]}", "--chat-template-kwargs")])
 def test_what_duo_cannot_honour_stops_startup_naming_the_flag(line: str, named: str, capsys):
     with pytest.raises(ValueError, match=named):
-        template_options(parse(line))
+        template_options(target_flags(line))
     assert main(line.split()) == 1
     assert named in capsys.readouterr().err
 
 
 def test_reasoning_takes_on_off_or_auto_only(capsys):
     with pytest.raises(SystemExit):
-        parse("--reasoning maybe")
+        target_flags("--reasoning maybe")
     assert "--reasoning" in capsys.readouterr().err
 
 
@@ -71,7 +68,7 @@ def test_a_template_file_is_checked_as_the_chat_renders_it_loop_controls_include
     template = tmp_path / "breaks.jinja"
     template.write_text("{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}{{ m.content }}"
                         "{% endfor %}")
-    source = chat_template(parse(f"--chat-template-file {template}"))
+    source = chat_template(target_flags(f"--chat-template-file {template}"))
     messages = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
     assert ChatTemplate(source, bos_token="", eos_token="").render(messages) == "a"
 
@@ -79,5 +76,5 @@ def test_a_template_file_is_checked_as_the_chat_renders_it_loop_controls_include
 
 def test_variables_the_renderer_gives_itself_are_refused_from_the_launch_line():
     with pytest.raises(ValueError, match="--chat-template-kwargs may not set add_generation_prompt, messages: "):
-        template_variables(parse('--chat-template-kwargs {"messages":[],"add_generation_prompt":true,"x":1}'))
+        template_variables(target_flags('--chat-template-kwargs {"messages":[],"add_generation_prompt":true,"x":1}'))
     assert reserved_names({"enable_thinking": False, "x": 1}) == []
