@@ -11,11 +11,9 @@ import pytest
 
 from conftest import CONTEXT_SIZE
 from helpers.http import post
+from helpers.processes import start, wait_for_draft
+from helpers.templates import THINKING
 
-# The end of QwQ's template as llama.cpp's models/templates carries it: thinking off closes the think block.
-THINKING = ("{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + message.content + "
-            "'<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n<think>\\n' }}"
-            "{%- if not enable_thinking -%}{{- '</think>' -}}{%- endif -%}{%- endif %}")
 QUESTION = "What is today?"
 MESSAGES = [{"role": "user", "content": QUESTION}]
 LIMIT = 16
@@ -24,8 +22,6 @@ LIMIT = 16
 @pytest.fixture(scope="module")
 def thinking_off(tiny_target: Path, served_draft, process_logs: Path, tmp_path_factory: pytest.TempPathFactory):
     """duo-target with --reasoning off and a thinking template, greedy (--temp 0), speculating with a draft."""
-    from helpers.processes import start, wait_for_draft
-
     template = tmp_path_factory.mktemp("templates") / "thinking.jinja"
     template.write_text(THINKING)
     process = start("duo.cli.target", ["-m", str(tiny_target), "-c", str(CONTEXT_SIZE), "--temp", "0",

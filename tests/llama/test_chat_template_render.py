@@ -11,13 +11,10 @@ import pytest
 
 from duo.llama.model import Model, ModelError
 from duo.llama.templates import ChatTemplate
+from helpers.templates import THINKING
 
 USER = [{"role": "user", "content": "What is today?"}]
 NOW = datetime(2026, 11, 28, 21, 5)
-# The end of QwQ's template as llama.cpp's models/templates carries it: thinking off closes the think block.
-THINKING = ("{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + message.content + "
-            "'<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n<think>\\n' }}"
-            "{%- if not enable_thinking -%}{{- '</think>' -}}{%- endif -%}{%- endif %}")
 
 
 def render(source: str, defaults: dict | None = None, variables: dict | None = None, tools: list | None = None) -> str:
