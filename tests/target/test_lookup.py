@@ -18,6 +18,7 @@ from duo.target.target import Target
 from duo.target.policy import AdaptivePolicy, choose_together
 from duo.target.request import Request, SpecSettings
 from duo.target.switch import Switch
+from helpers.generation import generated
 from helpers.greedy import leaves_greedy_path_only_at_a_near_tie
 from helpers.lookup import catch_ups, dense
 from helpers.stats import ALPHA, P_TARGET, chi_square_pvalue, first_token_trials, probs_to_logits
@@ -72,7 +73,8 @@ def test_the_target_indexes_a_prompt_off_the_event_loop_and_each_step_only_what_
     prompt = target_model.tokenize("def area(r):\n    return 3.14 * r * r\n\n" * 60, add_special=False)
     seen = catch_ups(monkeypatch)
     settings = SpecSettings()
-    generate(Target(target_model, ModelWorker(), None, n_ctx=2048, settings=settings), prompt, 16)
+    generated(Target(target_model, ModelWorker(), None, n_ctx=2048, settings=settings),
+              Request(prompt, SamplingParams(), max_tokens=16))
     assert [n for on_loop, n in seen if not on_loop] == [len(prompt)]
     on_loop = [n for on_loop, n in seen if on_loop]
     assert on_loop and max(on_loop) <= settings.draft_max + 1  # a step commits at most its drafts and one more
@@ -87,26 +89,17 @@ def test_a_lookup_token_is_a_draft_with_q_one_and_verification_keeps_the_targets
         assert abs(accepted / counts.sum() - P_TARGET[token]) < 0.02  # accepted with probability p(x)
 
 
-def generate(target: Target, prompt: list[int], n: int) -> tuple[list[int], object]:
-    async def run():
-        tokens, stats = [], None
-        async for step, stats in target.generate(Request(prompt, SamplingParams(), max_tokens=n)):
-            tokens += step.tokens
-        return tokens, stats
-    return asyncio.run(run())
-
-
 def test_greedy_output_of_the_target_alone_with_lookup_is_its_own_and_takes_lookup_drafts(target_model):
     # A prompt that repeats itself, as an edit repeats the code it changes.
     prompt = target_model.tokenize("def area(r):\n    return 3.14 * r * r\n\n# the same, renamed\ndef area(",
                                    add_special=False)
     target = Target(target_model, ModelWorker(), None, n_ctx=512, settings=SpecSettings())
-    tokens, stats = generate(target, prompt, 48)
+    tokens, stats = generated(target, Request(prompt, SamplingParams(), max_tokens=48))
     assert leaves_greedy_path_only_at_a_near_tie(target_model, prompt, tokens, 48)
     assert stats.lookup_tokens_verified > 0 and 0 < stats.lookup_tokens_accepted <= stats.lookup_tokens_verified
     assert stats.draft_tokens_accepted >= stats.lookup_tokens_accepted
     plain = Target(target_model, ModelWorker(), None, n_ctx=512, settings=SpecSettings(lookup=False))
-    _, plain_stats = generate(plain, prompt, 48)
+    _, plain_stats = generated(plain, Request(prompt, SamplingParams(), max_tokens=48))
     assert plain_stats.lookup_tokens_verified == plain_stats.draft_tokens_verified == 0
 
 

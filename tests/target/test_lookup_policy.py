@@ -18,6 +18,7 @@ from duo.target.target import Target
 from duo.target.lookup_policy import GainMeter, LookupGate, LookupRecord, step_without_rows
 from duo.target.policy import AdaptivePolicy, choose_together, split_rate
 from duo.target.request import GenerationStats, Request, SpecSettings
+from helpers.generation import generated
 from helpers.greedy import leaves_greedy_path_only_at_a_near_tie
 from helpers.clock import rests_of
 
@@ -201,16 +202,16 @@ class ScriptedCosts(StepCosts):
 def generate(target: Target, prompt: list[int], n: int, params: SamplingParams = SamplingParams(),
              seed: int | None = None) -> tuple[list[int], GenerationStats, list[int]]:
     """The tokens, the stats, and the lookup rows each step decoded where the lookup proposed (in order)."""
-    async def run():
-        tokens, stats, rows, before = [], None, [], (0, 0)
-        async for step, stats in target.generate(Request(prompt, params, seed=seed, max_tokens=n)):
-            tokens += step.tokens
-            now = (stats.lookup_tokens_decoded, stats.lookup_steps_rested)
-            if now != before:
-                rows.append(now[0] - before[0])
-            before = now
-        return tokens, stats, rows
-    return asyncio.run(run())
+    rows, before = [], [(0, 0)]
+
+    async def note_rows(stats: GenerationStats) -> None:
+        now = (stats.lookup_tokens_decoded, stats.lookup_steps_rested)
+        if now != before[0]:
+            rows.append(now[0] - before[0][0])
+        before[0] = now
+
+    tokens, stats = generated(target, Request(prompt, params, seed=seed, max_tokens=n), note_rows)
+    return tokens, stats, rows
 
 
 def scripted_target(model, cost: Callable[[int], float]) -> Target:

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from duo.bench.step_times import PARTS
 from duo.llama.worker import ModelWorker
 from duo.net._proto import duo_pb2 as pb
 from duo.net.wire import ChainChunk
@@ -16,23 +17,15 @@ from duo.target.generation import Generation
 from duo.target.request import GenerationStats, Request, SpecSettings
 from duo.target.target import Target
 from helpers.fake_drafts import RecordingDraft
+from helpers.generation import generated
 
 PROMPT = [9707, 11, 1879]
 BLOCK_S = 0.05  # other work on the model thread in front of a step, or a client slow to take its tokens
 ANSWER_S = 0.03  # how long the draft below takes to answer a commit
-PARTS = ("verify", "check", "work", "drafts", "queue", "between")
 
 
-def generate(target: Target, n: int, between_steps=None) -> tuple[list[int], GenerationStats]:
-    """The tokens and stats of a greedy answer of `n` tokens; `between_steps()` runs after each step."""
-    async def run() -> tuple[list[int], GenerationStats]:
-        tokens, stats = [], None
-        async for step, stats in target.generate(Request(PROMPT, SamplingParams(), max_tokens=n)):
-            tokens += step.tokens
-            if between_steps is not None:
-                await between_steps()
-        return tokens, stats
-    return asyncio.run(run())
+def greedy(n: int) -> Request:
+    return Request(PROMPT, SamplingParams(), max_tokens=n)
 
 
 def assert_parts_add_up(stats: GenerationStats) -> None:
@@ -43,7 +36,7 @@ def assert_parts_add_up(stats: GenerationStats) -> None:
 
 def test_the_parts_of_the_decode_time_add_up_to_the_time_from_the_first_token_to_the_end(target_model):
     target = Target(target_model, ModelWorker(), None, n_ctx=256, settings=SpecSettings())
-    tokens, stats = generate(target, 8)
+    tokens, stats = generated(target, greedy(8))
     assert len(tokens) == 8
     assert_parts_add_up(stats)
     assert stats.times.verify > 0 and stats.times.check > 0 and stats.times.work > 0
@@ -54,11 +47,11 @@ def test_work_ahead_on_the_model_thread_counts_as_the_queue_and_a_slow_client_as
     worker = ModelWorker()
     target = Target(target_model, worker, None, n_ctx=256, settings=SpecSettings())
 
-    async def block_then_dawdle() -> None:
+    async def block_then_dawdle(_: GenerationStats) -> None:
         asyncio.ensure_future(worker.run(time.sleep, BLOCK_S))  # the next step waits this long for the model thread
         await asyncio.sleep(BLOCK_S)  # and the client takes as long to come back for it
 
-    tokens, stats = generate(target, 6, block_then_dawdle)
+    tokens, stats = generated(target, greedy(6), block_then_dawdle)
     assert_parts_add_up(stats)
     times = stats.times
     # Five steps after the first token, each behind the client's sleep then BLOCK_S less the sleep on the thread.
@@ -96,11 +89,11 @@ class AnsweringDraft(RecordingDraft):
 
 
 def test_the_wait_for_a_drafts_answer_to_each_commit_counts_as_drafts_and_as_its_round_trip(target_model):
-    alone, _ = generate(Target(target_model, ModelWorker(), None, n_ctx=256, settings=SpecSettings()), 12)
+    alone, _ = generated(Target(target_model, ModelWorker(), None, n_ctx=256, settings=SpecSettings()), greedy(12))
     # The synchronous loop: each step waits for 2 drafts, which come ANSWER_S after the commit before it.
     target = Target(target_model, ModelWorker(), AnsweringDraft(alone), n_ctx=256,
                     settings=SpecSettings(sync=2, adaptive=False, lookup=False))
-    tokens, stats = generate(target, 12)
+    tokens, stats = generated(target, greedy(12))
     assert tokens == alone
     assert_parts_add_up(stats)
     times = stats.times

@@ -7,16 +7,19 @@ import time
 
 import pytest
 
-from duo.net._proto import duo_pb2 as pb
 from duo.costs import PRIOR_BATCH_SLOPE
 from duo.llama.worker import ModelWorker
+from duo.net._proto import duo_pb2 as pb
+from duo.net.wire import ChainChunk
 from duo.sampling.params import SamplingParams
+from duo.target import switch as sw
 from duo.target.generation import Generation
-from duo.target.target import SYNC_WAIT_S, Target
 from duo.target.policy import AdaptivePolicy
 from duo.target.request import Request, SpecSettings, StepRecord
-from duo.net.wire import ChainChunk
+from duo.target.switch import Switch
+from duo.target.target import SYNC_WAIT_S, Target
 from helpers.fake_drafts import RecordingDraft
+from helpers.generation import answer_of
 
 BLOCK_S = 0.15  # another request's work on the model thread, in front of every step
 
@@ -159,9 +162,7 @@ def test_the_first_step_of_a_request_verifies_the_drafts_sent_since_the_session_
         target = Target(target_model, ModelWorker(), link, n_ctx=256, settings=SpecSettings())
         seen = Records()
         target.observers.append(seen)
-        tokens = []
-        async for step, _ in target.generate(Request(prompt, SamplingParams(), max_tokens=n)):
-            tokens += step.tokens
+        tokens, _ = await answer_of(target, Request(prompt, SamplingParams(), max_tokens=n))
         return tokens, seen.records
 
     alone, _ = asyncio.run(answer(None))
@@ -187,9 +188,6 @@ def test_a_session_the_draft_refused_is_not_waited_for_in_the_synchronous_mode()
 
 
 def test_while_the_draft_rests_commits_wait_and_then_go_out_in_one_message(target_model):
-    from duo.target import switch as sw
-    from duo.target.switch import Switch
-
     prompt, n = [9707, 11, 1879], 14
     link = RecordingDraft()
     # No lookup: free drafts would commit several tokens a step.
