@@ -9,13 +9,17 @@ from contextlib import aclosing
 import pytest
 from fastapi.testclient import TestClient
 
+from duo.api.http import create_app
+from duo.api.http.gate import Gate
+from duo.api.openai import bodies
 from duo.api.serving.admit import Admission, QueueFull
 from duo.api.serving.generate import MAX_BODY_BYTES, Completions
-from duo.api.http import create_app
 from duo.api.serving.metrics import Metrics
 from duo.api.serving.request import BadRequest, CompletionRequest, NotReady
+from duo.llama.templates import ChatTemplate
 from helpers.asgi import app_client, unloaded_app
 from helpers.scripted import ScriptedModel, ScriptedTarget
+
 
 def completions(steps: list[list[int]], parallel: int = 1, queue_size: int = 0) -> tuple[Completions, ScriptedTarget]:
     service = Completions(Admission(parallel, queue_size), Metrics(), ["scripted"])
@@ -126,8 +130,6 @@ def test_an_oversized_body_is_refused_before_it_is_read():
 
 def test_a_chat_templates_own_refusal_is_a_400_with_its_message(target_model, monkeypatch):
     """Gemma's, Mistral's and Llama 2's templates call raise_exception on roles out of order."""
-    from duo.llama.templates import ChatTemplate
-
     refusing = ChatTemplate(
         "{% if messages[0]['role'] == 'assistant' %}{{ raise_exception('Conversation roles must "
         "alternate user/assistant/user/assistant/...') }}{% endif %}{{ messages[0]['content'] }}",
@@ -169,8 +171,6 @@ def test_admission_comes_before_tokenizing_for_generations_and_for_tokenize_each
 
 
 def test_the_api_key_is_checked_before_any_body_is_read_and_a_trickling_body_times_out():
-    from duo.api.http.gate import Gate
-
     service = Completions(Admission(1, 1), Metrics(), ["m"])
     app = Gate(create_app(service, Metrics(), api_key="k").app.app, lambda: MAX_BODY_BYTES, "k", read_timeout=0.2)
     sent: list[dict] = []
@@ -270,8 +270,6 @@ def test_once_the_model_is_loaded_a_body_larger_than_its_context_can_use_is_refu
 @pytest.mark.parametrize("body", [{"prompt": [3] * 5000}, {"messages": [{"role": "user", "content": ""}] * 5000}],
                          ids=["token ids", "messages"])
 def test_a_list_longer_than_the_context_is_refused_before_its_items_are_validated(body, monkeypatch):
-    from duo.api.openai import bodies
-
     validated = []
     for kind in (bodies.CompletionBody, bodies.ChatBody):
         monkeypatch.setattr(kind, "model_validate", classmethod(lambda cls, data: validated.append(data)))

@@ -10,10 +10,12 @@ import numpy as np
 import pytest
 
 from conftest import CONTEXT_SIZE
-from duo.net import wire
+from duo.api.openai.bodies import CompletionBody
 from duo.api.serving.infill import FimInput, FimStops, NoFim, fim_tokens
 from duo.api.serving.stop import StopMatcher
 from duo.llama.model import Model
+from duo.models.catalog import CATALOG, DEFAULT_DRAFT, DEFAULT_TARGET
+from duo.net import wire
 from duo.sampling.distributions import SparseDist, distribution
 from duo.sampling.ops.infill import InfillVocab, infill, infill_vocab
 from duo.sampling.params import SamplingParams
@@ -22,6 +24,7 @@ from helpers.http import post
 from helpers.infill import CHUNKS, PREFIX, SUFFIX, TIMINGS
 from helpers.stats import ALPHA, chi_square_pvalue, first_token_trials, probs_to_logits
 from helpers.tiny_models import write_tiny_model
+
 
 def text_tokens(model: Model, text: str) -> list[int]:
     return model.tokenize(text, add_special=False, parse_special=False)
@@ -119,8 +122,6 @@ def test_past_t_max_predict_ms_an_earlier_line_break_does_not_end_a_line_midway(
 
 
 def test_without_penalties_in_samplers_logit_bias_still_applies_as_in_llama_cpp():
-    from duo.api.openai.bodies import CompletionBody
-
     request = CompletionBody(prompt="x", samplers=["top_k", "top_p", "infill"], top_k=40, logit_bias={"5": -100},
                              presence_penalty=1.0).to_request()
     assert request.penalties.bias == ((5, -100.0),) and request.penalties.presence == 0.0
@@ -263,8 +264,6 @@ def test_infill_refuses_what_it_cannot_honour_by_name(served_alone):
 
 
 def test_the_catalog_says_which_models_fill_in_the_middle_and_copies_keep_it():
-    from duo.models.catalog import CATALOG, DEFAULT_DRAFT, DEFAULT_TARGET
-
     assert CATALOG[DEFAULT_TARGET].fim and CATALOG[DEFAULT_DRAFT].fim  # Qwen2.5-Coder: what editors use
     assert not CATALOG["smollm2-135m-instruct"].fim
     assert all(spec.fim == CATALOG[spec.derived_from].fim for spec in CATALOG.values() if spec.derived_from)

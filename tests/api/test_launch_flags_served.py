@@ -13,6 +13,7 @@ import pytest
 from conftest import CONTEXT_SIZE
 from duo.net.listening import free_port
 from helpers.http import greedy_text, post
+from helpers.processes import start
 
 PROMPT = "def fibonacci(n):"
 SERVER_LIMIT = 5  # the launch line's -n
@@ -24,8 +25,6 @@ TEMPLATE = ("{% for message in messages %}[{{ message.role }}] {{ message.conten
 @pytest.fixture(scope="module")
 def launched(tiny_target: Path, process_logs: Path, tmp_path_factory: pytest.TempPathFactory):
     """duo-target started as a llama-server launch line starts it (greedy by --temp 0; HTTP on --host and --port)."""
-    from helpers.processes import start
-
     template = tmp_path_factory.mktemp("templates") / "bracketed.jinja"
     template.write_text(TEMPLATE)
     port = free_port()

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from duo.sampling import rows as pipeline
 from duo.sampling.ops.dry import Dry
 from duo.sampling.ops.penalties import Penalties
 from helpers.greedy import leaves_transformed_greedy_path_only_at_a_near_tie
-from helpers.scripted import ScriptedDraft
 from helpers.http import post
 from helpers.penalties import answer
+from helpers.scripted import ScriptedDraft
 
 PROMPT_TEXT = "Once upon a time"
 DRY_ON = Dry(multiplier=3.0, base=1.75, allowed_length=1)
@@ -43,8 +44,6 @@ def test_greedy_output_under_dry_is_the_targets_own_and_a_right_draft_only_speed
 
 def test_a_verifier_whose_dry_ignores_the_drafts_before_each_row_is_caught(target_model, monkeypatch):
     """Mutation: DRY applied after the committed tokens alone (every row as the first) leaves the path."""
-    from duo.sampling import rows as pipeline
-
     prompt = target_model.tokenize(PROMPT_TEXT)
     penalties = Penalties(dry=DRY_ON).for_vocab(target_model)
     alone, _ = answer(target_model, prompt, penalties)

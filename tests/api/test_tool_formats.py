@@ -8,12 +8,14 @@ import json
 
 import pytest
 
-from duo.api.serving.chat_tokens import answer_text, marker_tokens
 from duo.api.openai.answers import ChatFormat
 from duo.api.output.deltas import CallArguments, CallClosed, CallOpened, ReasoningDelta, TextDelta, answer_splitter, whole_answer
+from duo.api.output.deltas import Reasoning
+from duo.api.serving.chat_tokens import answer_text, marker_tokens
 from duo.api.tools import (COMMAND_R7B, DEEPSEEK_R1, DEEPSEEK_V3_1, FIREFUNCTION_V2, FUNCTIONARY_V3_1, FUNCTIONARY_V3_2,
                            GENERIC, GPT_OSS, GRANITE, HERMES, KIMI_K2, LLAMA3, MISTRAL, QWEN3_CODER, FunctionBody,
                            call_format)
+from helpers.tools import WEATHER as BOUNDED, required_text
 
 WEATHER = FunctionBody(name="get_weather", parameters={
     "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
@@ -113,7 +115,6 @@ def test_reasoning_is_split_from_the_answer_whole_and_streamed():
 
 
 def test_a_prompt_that_opened_the_reasoning_makes_the_answer_start_inside_it():
-    from duo.api.output.deltas import Reasoning
     deltas = whole_answer("thinking...</think>Hi", None, None, Reasoning(opened=True))
     assert deltas == [ReasoningDelta("thinking..."), TextDelta("Hi")]
     assert whole_answer("<think>x</think>Hi", None, None, Reasoning("none")) == [TextDelta("<think>x</think>Hi")]
@@ -167,7 +168,6 @@ def test_clients_stream_readers_get_every_call(reader):
 @pytest.mark.parametrize("format_", [f for f in ANSWERS if f not in (GENERIC,)], ids=lambda f: f.name)
 def test_a_required_call_in_each_format_is_written_so_that_it_parses(target_model, format_):
     """The grammar and the parser agree: the tiny target, forced by the grammar, writes a call the parser reads."""
-    from helpers.tools import WEATHER as BOUNDED, required_text
     text = required_text(target_model, format_, [FunctionBody(**BOUNDED["function"])])
     [call] = [d.call for d in whole_answer(text, [WEATHER], format_) if isinstance(d, CallClosed)]
     assert call.name == "get_weather" and set(json.loads(call.arguments)) == {"city", "days"}, text

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,8 +18,12 @@ from duo.bench import concurrency as bench_concurrency
 from duo.bench import machine as bench_machine
 from duo.bench import report as bench_report
 from duo.bench import run as bench
-from duo.bench.cluster import ROOT, Code, baseline_worktree, spawn
+from duo.bench import pace_bound
+from duo.bench.cluster import Code, ROOT, baseline_worktree, chat_request, spawn, split_cores
+from duo.bench.groups import _bound
+from duo.bench.llama_server import chat_request as peer_request
 from duo.bench.report import Run, Variant, run_from_stats, summarise
+from duo.net._proto import duo_pb2 as pb
 
 
 def _run(mode: str, delay: float = 0.0, temperature: float = 0.0, *, tokens: int = 100, seconds: float = 10.0,
@@ -134,8 +139,6 @@ def test_servers_threads_follow_the_number_of_target_cores(tmp_path, monkeypatch
 
 
 def test_wait_listening_waits_for_the_ports_and_stops_at_a_server_that_exits():
-    import socket
-
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         sock.listen()
@@ -248,8 +251,6 @@ def test_stats_of_a_revision_without_branches_or_waits_read_as_zero():
 
 
 def test_runs_record_the_verification_and_seed_the_target_reports():
-    from duo.net._proto import duo_pb2 as pb
-
     stats = pb.Stats(generated_tokens=10, verification="coupled", seed=7)
     run = run_from_stats(Variant("duo-coupled"), "p", 0.7, 0, stats, 2.0, 0.5)
     assert (run.verification, run.seed) == ("coupled", 7)
@@ -422,8 +423,6 @@ def test_the_concurrency_chart_is_drawn(tmp_path):
 
 
 def test_requests_sent_together_are_released_at_once_and_timed_from_the_first_send(monkeypatch):
-    from duo.net._proto import duo_pb2 as pb
-
     calls = []
 
     def generate(address, prompt, temperature, max_tokens):
@@ -449,8 +448,6 @@ MEMORY_BOUND = {n: 0.2 * (1 + 0.1 * (n - 1)) for n in range(1, 10)}  # T(n): a s
 
 
 def test_the_pace_aware_bound_meets_the_ideal_with_a_free_draft_and_falls_as_the_draft_slows():
-    from duo.bench import pace_bound
-
     ideal, _ = bench_report.ideal_rate(0.85, MEMORY_BOUND)
     free = pace_bound.pace_bound(0.85, MEMORY_BOUND, draft_s=1e-6)
     assert free.tokens_per_second == pytest.approx(ideal, rel=0.04)
@@ -464,8 +461,6 @@ def test_the_pace_aware_bound_meets_the_ideal_with_a_free_draft_and_falls_as_the
 
 
 def test_a_draft_as_fast_as_the_target_wants_its_schedule_to_wait_or_verify_less():
-    from duo.bench import pace_bound
-
     slow = pace_bound.pace_bound(0.9, MEMORY_BOUND, draft_s=0.05)
     fast = pace_bound.pace_bound(0.9, MEMORY_BOUND, draft_s=0.001)
     assert slow.k <= fast.k
@@ -484,25 +479,18 @@ def test_the_summary_reports_the_pace_aware_bound_and_the_drafts_cpu_share():
 
 
 def test_duo_is_asked_without_the_prompt_cache_as_llama_server_is_so_repetitions_compare_like_with_like():
-    from duo.bench.cluster import chat_request
-    from duo.bench.llama_server import chat_request as peer_request
-
     request = chat_request("hello", 0.0, 8)
     assert request.HasField("cache_prompt") and request.cache_prompt is False
     assert peer_request("hello", 0.0, 8)["cache_prompt"] is False
 
 
 def test_several_drafts_are_dealt_the_draft_cores_in_turn_and_share_when_there_are_fewer():
-    from duo.bench.cluster import split_cores
-
     assert split_cores({0, 1, 2, 3}, 2) == [{0, 2}, {1, 3}]
     assert split_cores({5}, 1) == [{5}]
     assert split_cores({0}, 2) == [{0}, {0}]
 
 
 def test_the_groups_table_shows_the_pace_bound_over_the_target_alone():
-    from duo.bench.groups import _bound
-
     modes = {"duo": {"pace_bound": {"tokens_per_second": 15.0}}, "alone-tcores": {"decode_tokens_per_second": 10.0}}
     assert _bound(modes) == "1.50x"
     assert _bound({"duo": {}, "alone-tcores": {"decode_tokens_per_second": 10.0}}) == "-"

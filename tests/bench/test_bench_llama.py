@@ -4,9 +4,9 @@ read from, and its numbers beside duo's. The last test runs llama-server itself 
 from __future__ import annotations
 
 import json
-
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -14,7 +14,8 @@ from duo.bench import llama_server as bench_llama
 from duo.bench import run as bench
 from duo.bench.llama_server import (PeerAnswer, answer_tokens, cpu_mask, expand_modes, read_stream, run_from_answer,
                                     server_args)
-from duo.bench.report import Variant, print_table, summarise
+from duo.bench.report import Variant, print_table, run_from_stats, summarise
+from duo.bench.structured import PROMPTS, STRUCTURED, schema_json
 from duo.net.listening import free_port
 
 MODELS = (Path("/m/target.gguf"), Path("/m/draft.gguf"))
@@ -100,8 +101,6 @@ def test_requests_ask_for_duos_sampling_without_the_prompt_cache():
 
 
 def test_the_structured_workload_sends_the_same_schema_to_llama_server_as_to_duo():
-    from duo.bench.structured import PROMPTS, STRUCTURED, schema_json
-
     request = bench_llama.chat_request(STRUCTURED[0], 0.0, 96)
     assert request["messages"] == [{"role": "user", "content": PROMPTS[0]}]  # the tag is not sent
     sent = request["response_format"]["json_schema"]["schema"]
@@ -137,9 +136,6 @@ def _answer(tokens: int, seconds: float, ttft: float, draft_n: int = 0, accepted
 
 
 def test_llama_server_numbers_stand_beside_duos_with_its_acceptance_and_the_best_draft_length(capsys):
-    from duo.bench.report import run_from_stats
-    from types import SimpleNamespace
-
     runs = [run_from_answer(Variant("llama-server"), "p", 0.0, 0, _answer(97, 13.0, 1.0)),
             run_from_answer(Variant("llama-server-spec-n4"), "p", 0.0, 0, _answer(97, 9.0, 1.0, 80, 60)),
             run_from_answer(Variant("llama-server-spec-n8"), "p", 0.0, 0, _answer(97, 7.0, 1.0, 120, 84))]

@@ -13,24 +13,25 @@ from typing import Awaitable, Callable
 import numpy as np
 import pytest
 
-from duo.net._proto import duo_pb2 as pb
 from duo.cli.draft import main
+from duo.draft import service
 from duo.draft.drafter import Drafted, Drafter
 from duo.draft.metrics import DraftMetrics
 from duo.draft.service import DraftServicer, SessionLimits
 from duo.draft.session import DraftSession, proposes
 from duo.llama.model import Context, ModelError
 from duo.llama.worker import ModelWorker
+from duo.net._proto import duo_pb2 as pb
 from duo.sampling.distributions import SparseDist, sample
 from duo.sampling.params import SamplingParams
 from duo.sampling.verification import verify
 from duo.target.target import SYNC_WAIT_S
 from helpers.draft_servicer import CountingModel, PROMPT, Peer, Stream, holds_nothing, scrape, servicer_for, slots_held
+from helpers.drafting import draft_once
+from helpers.duo_runs import SAMPLED_PROMPT, sample_positions
 from helpers.exact_fit import first_two_p_values
 from helpers.greedy import leaves_greedy_path_only_at_a_near_tie
 from helpers.processes import free_port, generate, start, wait_for_draft
-from helpers.drafting import draft_once
-from helpers.duo_runs import SAMPLED_PROMPT, sample_positions
 
 PROMPTS = ["def fibonacci(n):", "Once upon a time", "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"]
 SAMPLED = pb.SamplingParams(temperature=1.0)
@@ -504,8 +505,6 @@ async def a_target_that_stops_reading(servicer: DraftServicer):
 @pytest.mark.parametrize("limit", ["size", "stall"])
 def test_a_target_that_sends_commits_but_never_reads_is_dropped_and_the_drafts_queue_stays_bounded(draft_model,
                                                                                                   monkeypatch, limit):
-    from duo.draft import service
-
     if limit == "size":
         monkeypatch.setattr(service, "MAX_OUTBOX", 32)
     else:
@@ -534,8 +533,6 @@ class SlowRelease(Drafter):
 
 
 def test_the_sessions_of_a_target_that_stopped_reading_are_freed_before_its_stream_ends(draft_model, monkeypatch):
-    from duo.draft import service
-
     monkeypatch.setattr(service, "MAX_OUTBOX", 8)
 
     async def run() -> None:
@@ -553,8 +550,6 @@ def test_the_sessions_of_a_target_that_stopped_reading_are_freed_before_its_stre
 def test_a_link_idle_for_longer_than_the_stall_limit_is_not_taken_for_a_reader_that_stopped(monkeypatch):
     """An idle server (or a resting draft) sends nothing for a while; the next round's chunks, queued back to
     back, must not end the stream: a stall is an event left waiting, not a quiet link."""
-    from duo.draft import service
-
     monkeypatch.setattr(service, "OUTBOX_STALL_S", 0.2)
 
     async def run() -> list[pb.DraftEvent]:
@@ -573,8 +568,6 @@ def test_a_link_idle_for_longer_than_the_stall_limit_is_not_taken_for_a_reader_t
 
 
 def test_while_drafting_the_draft_logs_its_sessions_and_tokens_now_and_then(draft_model, monkeypatch, caplog):
-    from duo.draft import service
-
     monkeypatch.setattr(service, "ACTIVITY_LOG_S", 0.0)
 
     async def run() -> None:

@@ -7,6 +7,7 @@ import threading
 import grpc
 
 from duo.net._proto import duo_pb2 as pb
+from duo.net._proto import duo_pb2_grpc as pb_grpc
 from helpers.processes import generate
 
 
@@ -42,9 +43,6 @@ def stream_and_interrupt(address: str, prompt: str, max_tokens: int, interrupt, 
                          seed: int | None = None, with_draft: bool = True) -> tuple[list[int], int]:
     """Stream a generation (greedy by default), calling `interrupt` once 10% of it has arrived (with draft
     help, unless `with_draft` is False); the tokens, and the draft tokens received by then."""
-    from duo.net._proto import duo_pb2 as pb
-    from duo.net._proto import duo_pb2_grpc as pb_grpc
-
     request = pb.GenerateRequest(prompt=prompt, max_tokens=max_tokens,
                                  sampling=pb.SamplingParams(temperature=temperature, seed=seed))
     tokens, received_at_interrupt = [], 0

@@ -2,6 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+
+from duo.api.tools import call_grammar
+from duo.constraint import Cursor, grammar_of
+from duo.llama.worker import ModelWorker
+from duo.sampling.params import SamplingParams
+from duo.target.request import Request, SpecSettings
+from duo.target.target import Target
+
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city.",
@@ -12,15 +21,6 @@ WEATHER = {"type": "function", "function": {
 
 def required_text(model, format_, functions, parallel=False) -> str:
     """What the tiny `model` writes under the grammar of a call required in `format_`."""
-    import asyncio
-
-    from duo.api.tools import call_grammar
-    from duo.constraint import Cursor, grammar_of
-    from duo.llama.worker import ModelWorker
-    from duo.sampling.params import SamplingParams
-    from duo.target.target import Target
-    from duo.target.request import Request, SpecSettings
-
     def token_of(text: str) -> int | None:
         tokens = model.tokenize(text, add_special=False)
         return tokens[0] if len(tokens) == 1 else None

@@ -8,10 +8,15 @@ import threading
 
 import pytest
 
+from duo.api.serving.generate import MAX_BODY_BYTES
+from duo.cli import draft as draft_process
+from duo.cli import target as target_process
 from duo.cli.process import host_port, is_loopback
-
+from duo.llama.model import N_BATCH
 from duo.llama.worker import ModelWorker
-
+from duo.models import hub
+from duo.net import reconnect
+from duo.net.options import client_server_options, grpc_server_options
 from duo.net.timeouts import within
 
 WAIT_S = 5.0
@@ -126,9 +131,6 @@ def test_a_close_cancelled_while_waiting_for_the_model_thread_still_runs():
     ("machineA", "is not HOST:PORT"), ("machineA:0", "the port is 1-65535"), ("machineA:http", "is not HOST:PORT"),
 ])
 def test_peer_and_listen_addresses_are_checked_with_what_to_write_instead(value, says, capsys):
-    from duo.cli import draft as draft_process
-    from duo.cli import target as target_process
-
     with pytest.raises(ValueError, match=re.escape(says)):
         host_port(value, "--peer")
     assert target_process.main(["--model", "absent.gguf", "--listen", "127.0.0.1:0", "--peer", value]) == 1
@@ -147,8 +149,6 @@ def test_loopback_addresses_are_told_from_reachable_ones():
 
 
 def test_the_log_level_is_taken_in_any_case_and_a_wrong_one_is_a_usage_error(capsys):
-    from duo.cli import target as target_process
-
     assert target_process.build_parser().parse_args(["--model", "m", "--log-level", "debug"]).log_level == "DEBUG"
     with pytest.raises(SystemExit) as exit:
         target_process.build_parser().parse_args(["--model", "m", "--log-level", "loud"])
@@ -157,10 +157,6 @@ def test_the_log_level_is_taken_in_any_case_and_a_wrong_one_is_a_usage_error(cap
 
 def test_each_process_defaults_to_its_roles_catalog_model_and_names_the_pull_that_fetches_it(tmp_path, monkeypatch,
                                                                                           capsys):
-    from duo.cli import draft as draft_process
-    from duo.models import hub
-    from duo.cli import target as target_process
-
     monkeypatch.setenv("DUO_HOME", str(tmp_path))  # nothing pulled here
     assert target_process.main(["--listen", "127.0.0.1:0"]) == 1
     assert f"run `duo models pull {hub.DEFAULT_TARGET}`" in capsys.readouterr().err
@@ -170,9 +166,6 @@ def test_each_process_defaults_to_its_roles_catalog_model_and_names_the_pull_tha
 
 @pytest.mark.parametrize("flag", ["--draft-max", "--sync"])
 def test_a_verify_batch_larger_than_one_model_call_is_refused_at_start(flag, capsys):
-    from duo.cli import target as target_process
-    from duo.llama.model import N_BATCH
-
     assert target_process.main(["--model", "absent.gguf", "--listen", "127.0.0.1:0", flag, str(N_BATCH)]) == 1
     assert f"{flag} {N_BATCH} is too large" in capsys.readouterr().err
     settings = target_process.settings_from(target_process.build_parser().parse_args([flag, str(N_BATCH - 1)]))
@@ -180,8 +173,6 @@ def test_a_verify_batch_larger_than_one_model_call_is_refused_at_start(flag, cap
 
 
 def test_the_api_key_comes_from_the_flag_a_file_or_the_environment(tmp_path, monkeypatch):
-    from duo.cli import target as target_process
-
     def key(*flags: str) -> str | None:
         return target_process.api_key_from(target_process.build_parser().parse_args(list(flags)))
 
@@ -200,9 +191,6 @@ def test_the_api_key_comes_from_the_flag_a_file_or_the_environment(tmp_path, mon
 
 
 def test_the_clients_grpc_port_caps_messages_like_http_and_keeps_grpcs_ping_flood_protection():
-    from duo.api.serving.generate import MAX_BODY_BYTES
-    from duo.net.options import client_server_options, grpc_server_options
-
     options = dict(client_server_options())
     assert options["grpc.max_receive_message_length"] == MAX_BODY_BYTES
     assert "grpc.http2.max_ping_strikes" not in options  # grpc's default: a ping flood closes the connection
@@ -247,10 +235,6 @@ def test_within_times_out_and_cancels_what_it_awaited():
 
 
 def test_an_unreachable_peer_is_reported_at_once_then_once_a_minute_and_afresh_after_it_was_reached(monkeypatch):
-    import asyncio
-
-    from duo.net import reconnect
-
     now = [10.0]
 
     async def run() -> list:

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import socket
+import stat
 import tarfile
 import threading
 import zipfile
@@ -20,11 +21,12 @@ from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import platformdirs
 import pytest
 
 from duo.cli import main as cli
 from duo.models import hub
-from duo.models.files import convert_ftype, partial_path
+from duo.models.files import convert_ftype, durable_replace, partial_path
 from duo.models.hub import HubError, ModelSpec, Part
 
 # --------------------------------------------------------------------------
@@ -534,8 +536,6 @@ def test_resolve_model_errors_for_missing_model(fake, home, tmp_path):
 
 
 def test_duo_home_defaults_to_user_cache_dir(monkeypatch):
-    import platformdirs
-
     monkeypatch.delenv("DUO_HOME", raising=False)
     assert hub.duo_home() == Path(platformdirs.user_cache_dir("duo"))
     assert hub.model_path(hub.DEFAULT_DRAFT) == hub.duo_home() / "models" / f"{hub.DEFAULT_DRAFT}.gguf"
@@ -682,13 +682,10 @@ def test_assembly_stops_as_soon_as_an_archive_holds_more_than_the_model_and_keep
 
 
 def test_a_durable_replace_syncs_the_file_and_its_folder_before_it_returns(tmp_path, monkeypatch):
-    from duo.models.files import durable_replace
-
     synced = []
     real_fsync = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.fstat(fd).st_mode), real_fsync(fd)))
     (tmp_path / "new").write_bytes(b"model")
     durable_replace(tmp_path / "new", tmp_path / "model.gguf")
     assert (tmp_path / "model.gguf").read_bytes() == b"model" and not (tmp_path / "new").exists()
-    import stat
     assert [stat.S_ISREG(m) for m in synced] == [True, False]  # the file's data, then the folder's entry

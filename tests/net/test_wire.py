@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from duo.cli import draft as draft_process
 from duo.net import wire
 from duo.net._proto import duo_pb2 as pb
 from duo.sampling.distributions import SparseDist
@@ -174,8 +175,6 @@ def test_a_distribution_naming_more_tokens_than_any_honest_draft_sends_is_refuse
 
 
 def test_duo_draft_refuses_a_top_k_cap_beyond_what_targets_accept(capsys):
-    from duo.cli import draft as draft_process
-
     assert draft_process.main(["--model", "absent.gguf", "--listen", "127.0.0.1:0",
                                "--top-k-cap", str(wire.MAX_DIST_IDS + 1)]) == 1
     assert "--top-k-cap must be between 1 and" in capsys.readouterr().err

@@ -11,14 +11,17 @@ import numpy as np
 import pytest
 
 from duo.constraint import Cursor, GrammarError, grammar_of
+from duo.draft.batch import Work, draw_step
+from duo.draft.branches import doubt_of
+from duo.draft.session import DraftSession, Slot
 from duo.llama.model import Part
 from duo.llama.worker import ModelWorker
 from duo.sampling.coupled import coupled_ranking
 from duo.sampling.distributions import distribution
 from duo.sampling.params import SamplingParams
 from duo.target.batching import VerifyWork, _decode_and_verify, _Planned
-from duo.target.target import Target
 from duo.target.request import Request, SpecSettings, StepRecord
+from duo.target.target import Target
 from helpers.greedy import leaves_constrained_greedy_path_only_at_a_near_tie
 from helpers.scripted import ScriptedDraft
 from helpers.stats import chi_square_pvalue
@@ -183,9 +186,6 @@ def test_a_hostile_draft_cannot_break_the_grammar_and_its_forbidden_tokens_cost_
 
 
 def test_the_draft_draws_inside_the_grammar_on_its_chain_and_its_branches(target_model):
-    from duo.draft.batch import Work, draw_step
-    from duo.draft.session import DraftSession, Slot
-
     prompt = target_model.tokenize(PROMPT_TEXT)
     session = DraftSession(session_id=1, chain=list(prompt), committed=len(prompt), params=SamplingParams(),
                            rng=np.random.default_rng(0), max_ahead=8, p_min=0.0, slot=Slot(0, 1), n_ctx=256,
@@ -205,8 +205,6 @@ def test_the_draft_draws_inside_the_grammar_on_its_chain_and_its_branches(target
 
 
 def test_where_the_grammar_allows_one_token_a_greedy_draft_has_no_branch_to_offer(target_model):
-    from duo.draft.branches import doubt_of
-
     cursor = cursor_for(target_model, "regex", "yes")
     row = cursor.mask(np.random.default_rng(1).normal(0, 1, target_model.n_vocab).astype(np.float32))
     [only] = np.flatnonzero(np.isfinite(row)) if np.count_nonzero(np.isfinite(row)) == 1 else [None]
@@ -218,9 +216,6 @@ def test_where_the_grammar_allows_one_token_a_greedy_draft_has_no_branch_to_offe
 
 
 def test_a_drafted_chain_that_ends_the_grammar_pauses_rather_than_failing_the_session(target_model):
-    from duo.draft.batch import Work, draw_step
-    from duo.draft.session import DraftSession, Slot
-
     prompt = target_model.tokenize(PROMPT_TEXT)
     answer = target_model.tokenize("yes", add_special=False)
     end = target_model.tokenize("<|im_end|>", add_special=False)

@@ -8,14 +8,18 @@ import math
 import numpy as np
 import pytest
 
+from duo.draft.batch import Work, draw_step
+from duo.draft.session import DraftSession, Slot
 from duo.net import wire
+from duo.sampling import rows as pipeline
 from duo.sampling.ops.penalties import OutputCounts, Penalties
 from duo.sampling.params import SamplingParams
 from duo.sampling.rows import transform
 from helpers.greedy import leaves_transformed_greedy_path_only_at_a_near_tie
+from helpers.http import post
 from helpers.penalties import PROMPT_TEXT, answer
 from helpers.scripted import ScriptedDraft
-from helpers.http import post
+
 
 def test_the_transforms_follow_llama_cpp_and_openai():
     logits = np.array([2.0, -1.0, 0.5, 3.0, 0.0], dtype=np.float32)
@@ -131,8 +135,6 @@ def test_greedy_output_under_penalties_is_the_targets_own_and_a_right_draft_only
 
 def test_a_verifier_that_ignores_the_drafts_history_is_caught(target_model, monkeypatch):
     """Mutation: rows transformed after the committed output alone (not the drafts before them) leave the path."""
-    from duo.sampling import rows as pipeline
-
     prompt = target_model.tokenize(PROMPT_TEXT)
     penalties = Penalties(repeat=3.0, repeat_last_n=-1, frequency=1.0)
     alone, _ = answer(target_model, prompt, penalties)
@@ -148,9 +150,6 @@ def test_a_verifier_that_ignores_the_drafts_history_is_caught(target_model, monk
 
 
 def test_the_draft_applies_the_penalties_to_what_it_draws(target_model):
-    from duo.draft.batch import Work, draw_step
-    from duo.draft.session import DraftSession, Slot
-
     prompt = target_model.tokenize(PROMPT_TEXT)
     favourite = np.zeros(target_model.n_vocab, dtype=np.float32)
     favourite[100], favourite[200] = 5.0, 4.0
@@ -163,9 +162,6 @@ def test_the_draft_applies_the_penalties_to_what_it_draws(target_model):
 
 
 def test_the_draft_counts_its_committed_output_once_and_penalizes_each_draw_as_after_the_whole_output():
-    from duo.draft.batch import Work, draw_step
-    from duo.draft.session import DraftSession, Slot
-
     rng = np.random.default_rng(3)
     n_vocab, prompt = 40, [1, 2, 3]
     penalties = Penalties(presence=0.5, frequency=0.25, repeat=1.5, repeat_last_n=-1, bias=((0, -math.inf),))

@@ -6,12 +6,14 @@ import sys
 
 import numpy as np
 
+from duo.draft.batch import Work, draw_step
+from duo.draft.session import DraftSession, Slot
 from duo.sampling import rows
 from duo.sampling.ops.dry import Dry
 from duo.sampling.ops.penalties import OutputCounts, Penalties
 from duo.sampling.params import SamplingParams
-from helpers.scripted import ScriptedDraft
 from helpers.penalties import PROMPT_TEXT, answer
+from helpers.scripted import ScriptedDraft
 
 
 def forcing_pipeline(forced: int, callers: list[str]):
@@ -40,9 +42,6 @@ def recording(name: str, steps: list[str]):
 def test_the_targets_verify_and_the_drafts_draw_read_the_rows_the_one_pipeline_leaves(target_model, monkeypatch):
     """A pipeline that allows one token alone: the target says it at every position (verified drafts, recovered and
     bonus tokens alike) and the draft draws it, so both sides take their rows from rows.transform and nowhere else."""
-    from duo.draft.batch import Work, draw_step
-    from duo.draft.session import DraftSession, Slot
-
     forced, callers = target_model.tokenize(" the", add_special=False)[0], []
     monkeypatch.setattr(rows, "transform", forcing_pipeline(forced, callers))
     prompt = target_model.tokenize(PROMPT_TEXT)

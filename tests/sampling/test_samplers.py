@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
+from duo.draft.session import DraftSession, Slot, draw
 from duo.sampling import verification
 from duo.sampling.coupled import coupled_sample
 from duo.sampling.distributions import SparseDist, distribution, sample
+from duo.sampling.ops import dry
 from duo.sampling.ops.dry import Dry, restart_sequences
 from duo.sampling.ops.penalties import Penalties
 from duo.sampling.params import SamplingParams
@@ -267,8 +269,6 @@ def test_a_verifier_that_keeps_mu_still_along_the_chain_is_caught(monkeypatch):
 
 
 def test_the_draft_walks_its_mu_along_its_chain_and_restarts_from_the_targets_at_a_commit():
-    from duo.draft.session import DraftSession, Slot, draw
-
     rows, mu0 = mirostat_rows(), MIROSTAT.start_mu()
     session = DraftSession(session_id=1, chain=[0, 1], committed=2, params=MIROSTAT, rng=np.random.default_rng(0),
                            max_ahead=8, p_min=0.0, slot=Slot(0, None), n_ctx=64, committed_mu=mu0)
@@ -376,8 +376,6 @@ def test_sequence_breakers_become_llama_cpps_restart_sequences():
 
 
 def test_the_restart_sequences_kept_per_model_are_bounded_and_the_least_recently_used_go_first():
-    from duo.sampling.ops import dry
-
     vocab = FakeVocab()
     first = restart_sequences(vocab, ["\n"])
     for i in range(dry.MAX_KNOWN_BREAKER_LISTS + 5):  # clients choose the lists: as many as they like

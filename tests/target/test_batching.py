@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import httpx
 import pytest
 
 from duo.costs import StepCosts
@@ -12,8 +13,8 @@ from duo.llama.model import N_BATCH, Part
 from duo.llama.worker import ModelWorker
 from duo.sampling.params import SamplingParams
 from duo.target.batching import MIN_PREFILL_CHUNK, StepBatcher
-from duo.target.target import Target
 from duo.target.request import Request, SpecSettings
+from duo.target.target import Target
 from helpers.greedy import leaves_coupled_path_only_at_a_near_tie, leaves_greedy_path_only_at_a_near_tie
 from helpers.processes import generate, start, wait_for_draft
 from helpers.prompts import SYSTEM
@@ -226,8 +227,6 @@ TEXT_PROMPTS = ["def fibonacci(n):", "Once upon a time", "import numpy as np\n",
 
 
 def test_eight_concurrent_streams_through_duo_each_equal_the_target_alone(served, target_model):
-    import httpx
-
     target, alone = served
     expected = [generate(alone.address, prompt, max_tokens=40)[0] for prompt in TEXT_PROMPTS]
     results: list[list[int]] = [[] for _ in TEXT_PROMPTS]

@@ -1,5 +1,10 @@
 """The target's bookkeeping of draft chains: only tokens drafted on the committed prefix are verified."""
 
+import random
+
+import numpy as np
+
+from duo.sampling.distributions import SparseDist
 from duo.target.chain import DraftChain
 
 
@@ -198,9 +203,6 @@ def test_has_pending_says_whether_pending_holds_tokens_through_a_chains_life():
 
 def _tagged(epoch: int, position: int):
     """A distribution that names the line and position it was sent for (ids: the epoch; probs: one)."""
-    import numpy as np
-    from duo.sampling.distributions import SparseDist
-
     return SparseDist(ids=np.array([epoch * 10_000 + position]), probs=np.array([1.0]))
 
 
@@ -209,8 +211,6 @@ def test_every_pending_token_comes_with_the_distribution_the_draft_sent_for_its_
     commits: after every event, each pending token and its distribution are exactly what the draft sent
     for the chain's epoch at that position (None only at a branch's assumed first token), however the
     chain was cut by commits, extended, replaced by a branch or restarted."""
-    import random
-
     for seed in range(60):
         rng = random.Random(seed)
         truth = [rng.randrange(50) for _ in range(200)]  # what the target commits, position by position

@@ -7,17 +7,18 @@ import asyncio
 
 import pytest
 
-from duo.net._proto import duo_pb2 as pb
 from duo.llama.worker import ModelWorker
+from duo.net._proto import duo_pb2 as pb
+from duo.net.wire import ChainChunk
 from duo.sampling.params import SamplingParams
 from duo.target.generation import Generation
 from duo.target.pool import placement
+from duo.target.pool.joined import allowed, parse_allow, peer_host
 from duo.target.pool.placement import DraftView, better_home, choose, worth
 from duo.target.pool.pool import FAULTY_FOR_S, RETRIAL_S, ROOM_RETRY_S, DraftPool
 from duo.target.request import Request, SpecSettings
 from duo.target.switch import Switch
 from duo.target.target import Target
-from duo.net.wire import ChainChunk
 from helpers.clock import Clock
 from helpers.fake_drafts import RecordingDraft
 
@@ -272,8 +273,6 @@ def test_a_draft_that_breaks_bounds_hands_its_sessions_over_and_gets_none_for_a_
 
 
 def test_the_allow_list_reads_addresses_and_networks_and_checks_grpcs_peer_strings():
-    from duo.target.pool.joined import allowed, parse_allow, peer_host
-
     networks = parse_allow(["10.0.0.0/8", "192.168.1.7", "::1"])
     assert peer_host("ipv4:10.1.2.3:5000") == "10.1.2.3" and peer_host("ipv6:[::1]:5000") == "::1"
     assert allowed("ipv4:10.1.2.3:5000", networks) and allowed("ipv4:192.168.1.7:1", networks)

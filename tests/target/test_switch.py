@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from duo.cli.generate import format_stats
 from duo.costs import StepCosts
+from duo.net._proto import duo_pb2 as pb
 from duo.target import switch as sw
 from duo.target.policy import AdaptivePolicy
+from duo.target.request import GenerationStats
 from duo.target.switch import Switch
 from helpers.clock import Clock, rests_of
 
@@ -162,10 +165,6 @@ def test_a_new_request_wants_drafts_from_its_first_step():
 
 
 def test_the_reason_shows_in_a_requests_stats_line_and_in_the_targets_log_line():
-    from duo.net._proto import duo_pb2 as pb
-    from duo.cli.generate import format_stats
-    from duo.target.request import GenerationStats
-
     clock = Clock()
     switch = Switch(clock=clock)
     run(switch, clock, 200, on_tokens=8.0, alone_s=0.1)
