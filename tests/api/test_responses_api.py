@@ -16,7 +16,7 @@ from duo.api.responses.answer import ResponsesFormat
 from duo.api.responses.body import ResponsesBody
 from duo.api.responses.items import OutputItems
 from duo.api.tools import ToolCall
-from helpers.http import client, model_name, responses_events
+from helpers.http import client, model_name, responses_events, sse_events
 from helpers.structured import Address, Person
 
 ASK = "What is the weather in Paris for the next 3 days?"
@@ -84,7 +84,7 @@ def test_a_stream_that_fails_ends_with_an_error_event_and_response_failed():
         stream = ResponsesFormat("tiny", ResponsesBody().echo(), None, None).events(failing_completion(), False)
         return [event async for event in stream]
 
-    sent = [json.loads(event.split("data: ", 1)[1]) for event in asyncio.run(events())]
+    sent = sse_events("".join(asyncio.run(events())).splitlines(), done=False)
     assert [event["type"] for event in sent] == ["response.created", "response.in_progress", "error",
                                                  "response.failed"]
     assert "the model broke" in sent[2]["message"] and sent[3]["response"]["status"] == "failed"
