@@ -294,16 +294,16 @@ def print_table(summary: dict[str, dict], costs: dict[int, float], machine: dict
     for temperature, entry in summary.items():
         print(f"\n== temperature {temperature} ==")
         print(f"{'mode':<24}{'verify':>9}{'tok/s':>7}{'decode':>8}{'alpha':>7}{'tok/step':>9}{'alone':>7}"
-              f"{'branch':>8}{'waits':>7}{'wait s':>8}{'ideal':>7}{'pace':>6}{'dcpu':>6}{'ttft':>6}   per prompt tok/s")
+              f"{'branch':>8}{'waits':>7}{'wait s':>8}{'dcpu':>6}{'ttft':>6}   per prompt tok/s")
         for label, v in entry["modes"].items():
             prompts = "  ".join(f"{t:.2f}" for t in v["per_prompt"].values())
             verification = v.get("verification") or "-"
             print(f"{label:<24}{verification:>9}{v['tokens_per_second']:>7.2f}{v['decode_tokens_per_second']:>8.2f}"
                   f"{cell(v['token_acceptance'], '.2f'):>7}{cell(v['mean_accepted_length'], '.2f'):>9}"
                   f"{cell(v['alone_share'], '.0%'):>7}{cell(v['branch_hit_rate'], '.0%'):>8}"
-                  f"{v['waits']:>7}{v['wait_seconds']:>8.2f}{cell(v.get('ideal', {}).get('fraction'), '.0%'):>7}"
-                  f"{cell(v.get('pace_bound', {}).get('fraction'), '.0%'):>6}{cell(v.get('draft_cpu_share'), '.0%'):>6}"
+                  f"{v['waits']:>7}{v['wait_seconds']:>8.2f}{cell(v.get('draft_cpu_share'), '.0%'):>6}"
                   f"{v['ttft_s']:>6.2f}   {prompts}")
+        # duo's shares of the ideal and of the pace-aware bound stand in this table alone, beside the breakdown.
         for line in step_table("where the decode time goes, and the bounds:", entry["modes"], "mode"):
             print(f"  {line}")
         for label, v in entry["modes"].items():
@@ -328,9 +328,7 @@ def print_table(summary: dict[str, dict], costs: dict[int, float], machine: dict
             print(f"  {label:<24} / {PEER_BASE}: {ratio['decode']:.2f}x decode, {ratio['end_to_end']:.2f}x end to end")
     print("\nverify: how the target verified sampled drafts; alpha: per-token acceptance; tok/step: tokens "
           "committed per verify step;\nalone: share of steps decoded alone; branch: share of rejections whose next "
-          "step found a branch;\nideal: share of max_k E(k)/T(k+1) reached (decode rate); pace: share of the "
-          "pace-aware bound (duo/bench/pace_bound.py: the draft's measured speed);\ndcpu: duo-draft's CPU time "
-          "over the wall time (1 core busy = 100%)")
+          "step found a branch;\ndcpu: duo-draft's CPU time over the wall time (1 core busy = 100%)")
     print(LEGEND)
     if costs:
         t1 = costs[1]

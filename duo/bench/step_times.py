@@ -90,9 +90,9 @@ def step_table(title: str, rows: dict[str, dict], heading: str = "") -> list[str
     return lines
 
 
-LEGEND = ("decode: tok/s after the first token; ideal: max_k E(k)/T(k+1) at the measured acceptance, tok/s@k* "
-          "(share reached); pace: the pace-aware bound likewise;\nms/step: decode time per step after the first "
-          "token; then each part's ms per step and share of the decode time: verify (llama.cpp's decode), check "
-          "(verification on the model thread),\nwork (duo on the event loop), drafts (waiting for drafts), other "
-          "(in the batcher beside the call, and between steps); rtrip: a commit's round trip to the draft's next "
-          "chain (overlaps the parts)")
+LEGEND = ("decode: tok/s after the first token; ideal: max_k E(k)/T(k+1) at the measured acceptance, tok/s@k* (share "
+          "reached); pace: the pace-aware bound likewise (duo/bench/pace_bound.py: at the draft's measured "
+          "speed);\nms/step: decode time per step after the first token; then each part's ms per step and share of "
+          "the decode time: verify (llama.cpp's decode), check (verification on the model thread),\nwork (duo on the "
+          "event loop), drafts (waiting for drafts), other (in the batcher beside the call, and between steps); "
+          "rtrip: a commit's round trip to the draft's next chain (overlaps the parts)")

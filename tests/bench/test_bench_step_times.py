@@ -109,6 +109,20 @@ def test_the_table_prints_each_modes_parts_and_duos_shares_of_the_bounds(capsys)
     assert "rtrip" in out and "verify (llama.cpp's decode)" in out  # the legend says what the columns are
 
 
+def test_duos_shares_of_the_bounds_are_printed_once_in_the_step_table_not_again_in_the_modes_row(capsys):
+    runs = [_duo_run(), _alone_run()]
+    summary = summarise(runs, [Variant("alone-tcores"), Variant("duo")], COSTS, DRAFT_S)
+    bench_report.print_table(summary, COSTS, {"cpu": "test", "cores": 2, "target_cores": [1], "draft_cores": [0]})
+    out = capsys.readouterr().out
+    modes_heading = next(line for line in out.splitlines() if line.startswith("mode"))
+    assert "ideal" not in modes_heading and "pace" not in modes_heading
+    # The modes row: name, verification, tok/s, decode, alpha, tok/step, alone, branch, waits, wait s, dcpu, ttft,
+    # then a rate per prompt.
+    assert len(_row(out, "duo", "== temperature")) == 12 + len(summary["0.0"]["modes"]["duo"]["per_prompt"])
+    assert f"({summary['0.0']['modes']['duo']['ideal']['fraction']:.0%})" in _row(out, "duo", "where the decode time")
+    assert out.count("ideal:") == 1 and out.count("pace:") == 1  # one legend says what they are
+
+
 def test_the_spec_bench_tables_give_duos_shares_of_the_bounds_and_its_parts_per_group(capsys):
     runs = [_duo_run("translation", 161), _alone_run("translation", 161),
             _duo_run("qa", 319, scale=3.0, round_trips=1), _alone_run("qa", 319)]
