@@ -3,11 +3,13 @@ rewrite a model call's body on its way (to force the first tool call, to clamp t
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import re
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 import httpx
@@ -23,6 +25,8 @@ from duo.net.listening import free_port
 HOP_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection", "keep-alive"})
 # Not passed on either: answers come back uncompressed, so that the record of each is readable.
 NOT_FORWARDED = HOP_HEADERS | {"accept-encoding"}
+# The status recorded for a request whose client left before its answer began (nginx's "client closed request").
+CLIENT_LEFT = 499
 # An event of a stream that carries generated text or call arguments, in any of the protocols: the Responses API's
 # *.delta events, the Messages API's content_block_delta, a chat chunk's non-empty content, reasoning or arguments.
 TOKEN_EVENT = re.compile(rb'\.delta\b|content_block_delta|"(content|reasoning_content|arguments)": ?"[^"]')
@@ -55,6 +59,12 @@ class Exchange:
     def summary(self) -> str:
         return (f"{self.method} {self.path}{'?' + self.query if self.query else ''} -> {self.status}"
                 f" in {self.seconds:.1f}s")
+
+
+async def client_left(request: Request) -> None:
+    """Return once the client has closed its connection (its body was read: the next message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def json_object(raw: bytes) -> dict | None:
@@ -109,13 +119,35 @@ class LoggingProxy:
                             forwarded)
         self.exchanges.append(exchange)
         url = f"{self.upstream}{request.url.path}{'?' + request.url.query if request.url.query else ''}"
-        upstream = await self.client.send(self.client.build_request(request.method, url, headers=headers,
-                                                                    content=forwarded), stream=True)
+        upstream = await self.unless_client_leaves(request, self.client.send(
+            self.client.build_request(request.method, url, headers=headers, content=forwarded), stream=True))
+        if upstream is None:
+            exchange.status, exchange.seconds, exchange.done = CLIENT_LEFT, time.monotonic() - exchange.started, True
+            return Response(status_code=CLIENT_LEFT)
         exchange.status = upstream.status_code
         exchange.response_headers = {k.lower(): v for k, v in upstream.headers.items()}
         answer_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_HEADERS}
         return StreamingResponse(self.relay(upstream, exchange), status_code=upstream.status_code,
                                  headers=answer_headers)
+
+    @staticmethod
+    async def unless_client_leaves(request: Request, sending: Awaitable[httpx.Response]) -> httpx.Response | None:
+        """The upstream's answer, or None where the client left first, the upstream request then cancelled (its
+        connection closed, which duo-target reads as the client leaving).
+
+        An answer that is not streamed starts only when it is whole: until then nothing but this watch sees a client
+        give up (Claude Code abandons a request after its stream watchdog's 5 minutes and retries it), and duo-target
+        would keep reading a prompt nobody waits for, in a place the retry then queues behind."""
+        answer = asyncio.ensure_future(sending)
+        leaving = asyncio.ensure_future(client_left(request))
+        await asyncio.wait({answer, leaving}, return_when=asyncio.FIRST_COMPLETED)
+        leaving.cancel()
+        if answer.done():
+            return answer.result()
+        answer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await answer
+        return None
 
     def rewritten(self, path: str, sent: bytes) -> bytes:
         body = json_object(sent) if self.rewrite else None
