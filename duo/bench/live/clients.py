@@ -77,8 +77,10 @@ apps = false
 def claude_code(agent: Agent, home: Path, proxy_url: str) -> tuple[list[str], dict[str, str]]:
     # Claude Code's documented environment: -p prints one answer and exits; the rest turn its vendor traffic off
     # (Statsig telemetry, the auto-updater, Sentry error reports, and the "nonessential" rest at once).
+    # Its stream watchdog is reset by every event but ping, so a prompt read over its 5-minute default is abandoned and
+    # sent again: the README's setting for a slow target (the 1.5B on one core reads its 19k-token prompt in ~20 min).
     return [str(agent.executable()), "-p", TASK], {
-        "ANTHROPIC_BASE_URL": proxy_url, "ANTHROPIC_API_KEY": API_KEY,
+        "ANTHROPIC_BASE_URL": proxy_url, "ANTHROPIC_API_KEY": API_KEY, "CLAUDE_STREAM_IDLE_TIMEOUT_MS": "1800000",
         "DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1", "DISABLE_ERROR_REPORTING": "1",
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
     }
