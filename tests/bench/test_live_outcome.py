@@ -83,6 +83,14 @@ def test_the_table_has_a_row_per_agent_with_why_and_the_clients_last_line(tmp_pa
     assert lines[2].strip() == ("task: no hello.py in the folder; exit 0; last output: I could not write the file.")
 
 
+def test_a_run_on_a_server_with_no_draft_records_no_drafts_and_the_table_says_so(tmp_path):
+    """llama-server alone (--live-server llama-server): null drafts, not 0/0, which would read as a draft that failed."""
+    entry = record(codex_run(), None, folder_with(tmp_path, None))
+    assert entry["drafts"] is None
+    row = table([entry]).splitlines()[1]
+    assert "no draft" in row and "0/0" not in row
+
+
 def test_drafts_between_two_scrapes_are_their_difference():
     assert Drafts(300, 120) - Drafts(100, 20) == Drafts(200, 100)
 

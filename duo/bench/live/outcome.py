@@ -66,8 +66,9 @@ def request_record(exchange: Exchange) -> Record:
             "tool_calls": answer_calls(exchange)}
 
 
-def record(run: AgentRun, drafts: Drafts, work: Path) -> Record:
-    """The JSON record of `run`, whose working folder was `work` and during which the target saw `drafts`."""
+def record(run: AgentRun, drafts: Drafts | None, work: Path) -> Record:
+    """The JSON record of `run`, whose working folder was `work` and during which the target saw `drafts` (None: the
+    server ran with no draft, and the record's drafts are null, not a draft that got nothing accepted)."""
     done, why = task_check(work)
     requests = [request_record(e) for e in run.exchanges]
     model_calls = [entry for entry in requests if entry["path"] == run.agent.model_path]
@@ -77,7 +78,7 @@ def record(run: AgentRun, drafts: Drafts, work: Path) -> Record:
         "statuses": dict(sorted(Counter(str(e.status) for e in run.exchanges).items())),
         "model_calls": len(model_calls),
         "tool_calls": [name for entry in model_calls for name in entry["tool_calls"]],
-        "drafts": {"verified": drafts.verified, "accepted": drafts.accepted},
+        "drafts": None if drafts is None else {"verified": drafts.verified, "accepted": drafts.accepted},
         "first_token_s": model_calls[0]["first_token_s"] if model_calls else None,
         "task": {"done": done, "why": why},
         "requests": requests,
@@ -99,9 +100,10 @@ def row(entry: Record) -> tuple[str, ...]:
     calls = Counter(entry["tool_calls"])
     tools = ", ".join(f"{name}x{n}" if n > 1 else name for name, n in calls.items()) or "-"
     drafts = entry["drafts"]
+    accepted = "no draft" if drafts is None else f"{drafts['accepted']:g}/{drafts['verified']:g}"
     first = "-" if entry["first_token_s"] is None else f"{entry['first_token_s']:.1f}s"
     return (entry["agent"], f"{len(entry['requests'])} ({entry['model_calls']} model)", statuses or "-", tools,
-            f"{drafts['accepted']:g}/{drafts['verified']:g}", first, f"{entry['wall_s']:.0f}s",
+            accepted, first, f"{entry['wall_s']:.0f}s",
             "done" if entry["task"]["done"] else "NOT done")
 
 
