@@ -70,3 +70,34 @@ def test_the_task_is_judged_from_the_folder_the_agent_worked_in(kit):
     # The forced run ends with the one-word answer: no hello.py, and the record says so.
     assert codex["task"] == {"done": False, "why": "no hello.py in the folder"}, codex
     assert Path(codex["folder"]).is_dir() and Path(codex["folder"]).name == "work"
+
+
+@pytest.fixture(scope="module")
+def kit_on_llama_server(long_tiny_pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory):
+    """The same run, the same way, against llama.cpp's llama-server serving the target alone (--live-server
+    llama-server). llama-server reads a named tool_choice as "auto" (the pinned llama.cpp's json_value falls back to
+    the default on an object), so the forced call is not made there: the run shows the path, not a tool call."""
+    target, draft = long_tiny_pair
+    cores = sorted(os.sched_getaffinity(0))
+    results = tmp_path_factory.mktemp("bench-results-llama-server")
+    path, records = run_live_agents(["codex"], target, draft, ({cores[-1]}, {cores[0]}), timeout=240,
+                                    results=results, rewrite_for=FirstCallForcer, server="llama-server")
+    print(table(records))  # shown with -s
+    return json.loads(path.read_text()), records
+
+
+@pytest.mark.timeout(1800)  # a clean machine builds llama-server first (6-8 minutes on 2 idle cores)
+def test_against_llama_server_the_report_names_it_and_its_build_and_no_draft(kit_on_llama_server):
+    report, [codex] = kit_on_llama_server
+    assert report["server"] == "llama-server" and report["draft"] is None
+    assert report["llama_server"]["mode"] == "llama-server-fa-off"
+    assert report["llama_server"]["version"].startswith("version:")
+    assert codex["drafts"] is None and "no draft" in table([codex])
+
+
+@pytest.mark.timeout(1800)
+def test_against_llama_server_the_agents_requests_are_answered_and_judged_alike(kit_on_llama_server):
+    _, [codex] = kit_on_llama_server
+    assert codex["model_calls"] >= 1 and all(200 <= request["status"] < 300 for request in codex["requests"]), codex
+    assert 0 < codex["first_token_s"] <= codex["wall_s"], codex
+    assert codex["task"] == {"done": False, "why": "no hello.py in the folder"}, codex
