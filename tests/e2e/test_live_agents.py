@@ -1,6 +1,7 @@
 """`duo bench --live-agents`' kit on the tiny pair: it starts duo-draft and duo-target with the draft attached, runs
 an agent from npm on the task in an empty folder through the logging proxy, and writes a JSON record of each run
-(requests, statuses, tool calls, drafts, first token, wall time, task done or not and why) beside the table.
+(requests, statuses, tool calls, drafts, first token, wall time, task done or not and why) beside the table; and
+the same run against llama.cpp's llama-server serving the target alone (--live-server llama-server).
 
 The tiny random models cannot choose a tool: the test injects the e2e test's forcing (helpers/agents/forcing.py)
 where the kit, run for real, forwards the agents' requests as sent. Codex alone: its prompt is the shortest."""
