@@ -21,6 +21,7 @@ later plain `scripts/setup.sh` (run by scripts/test.sh, say) keeps it. ggml's RP
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import os
@@ -148,6 +149,18 @@ def ensure_server(cmake_args: str | None) -> Path:
     binary = CACHE / "llama-server" / build.key / "llama-server"
     if binary.exists():
         return binary
+    binary.parent.mkdir(parents=True, exist_ok=True)
+    with open(binary.parent / "build.lock", "a+") as lock:
+        # Another process (a second pytest worker) building the same binary: wait for its build, not a second one
+        # beside it on the same cores.
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not binary.exists():
+            build_server(build, binary)
+    return binary
+
+
+def build_server(build: Build, binary: Path) -> None:
+    """Compile llama-server for `build` into `binary` (renamed into place whole)."""
     print(f"building llama-server from llama-cpp-python {VERSION}'s llama.cpp with \"{build.all_cmake_args}\" "
           f"CFLAGS=\"{build.cflags}\" (about 8 minutes on 2 cores; once per set of flags) ...", file=sys.stderr, flush=True)
     started = time.monotonic()
@@ -165,12 +178,10 @@ def ensure_server(cmake_args: str | None) -> Path:
             stdout=subprocess.DEVNULL)
         run(["cmake", "--build", str(out), "--target", "llama-server", "-j", str(os.cpu_count() or 1)],
             env=build.env(), stdout=subprocess.DEVNULL)
-        binary.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(out / "bin" / "llama-server", binary.with_suffix(".part"))
         binary.with_suffix(".part").rename(binary)
         (binary.parent / RECORD).write_text(json.dumps(asdict(build)))
     print(f"built llama-server in {time.monotonic() - started:.0f} s: {binary}", file=sys.stderr, flush=True)
-    return binary
 
 
 def main(argv: list[str] | None = None) -> None:

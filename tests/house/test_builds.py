@@ -9,6 +9,9 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -224,3 +227,24 @@ def test_help_and_models_work_where_llama_cpp_cannot_load_and_a_model_load_says_
     assert done.returncode == 1 and "cannot be loaded" in done.stderr and "libcudart" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
 
+
+
+def test_two_processes_asking_for_llama_server_at_once_build_it_once(tmp_path, monkeypatch):
+    """Two pytest workers (or two benches) on a clean cache: the second waits for the first's build and takes its
+    binary, instead of compiling the same llama-server beside it for 8 minutes on the same cores."""
+    monkeypatch.setattr(llama_build, "CACHE", tmp_path)
+    builds, building = [], threading.Event()
+
+    def build_slowly(build: Build, binary: Path) -> None:
+        builds.append(binary)
+        building.set()
+        time.sleep(0.5)  # the other asks meanwhile
+        binary.write_text("llama-server")
+
+    monkeypatch.setattr(llama_build, "build_server", build_slowly)
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(llama_build.ensure_server, None)
+        assert building.wait(10)
+        second = pool.submit(llama_build.ensure_server, None)
+        assert first.result(10) == second.result(10)
+    assert len(builds) == 1 and builds[0].read_text() == "llama-server"
