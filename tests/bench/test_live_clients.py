@@ -8,7 +8,7 @@ import pytest
 from duo.bench.live.clients import AGENTS, TASK, Agent
 
 EDIT_FLAGS = {"codex": ["--sandbox", "workspace-write"], "claude-code": ["--permission-mode", "acceptEdits"],
-              "qwen-code": ["--approval-mode", "auto-edit"]}
+              "qwen-code": ["--approval-mode", "auto-edit"], "opencode": []}  # opencode's build agent may edit
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""Codex CLI, Claude Code and Qwen Code as they ship on npm (pinned versions, default tool sets), each run
+"""Codex CLI, Claude Code, Qwen Code and opencode as they ship on npm (pinned versions, default tool sets), each run
 non-interactively on a small task in an empty folder against duo-target with a draft attached, through a logging
 proxy that records every exchange: every request is answered 2xx, every stream is well formed and the client takes
 it, the tool call the proxy forced goes out and its result comes back, drafts are accepted, and nothing leaves
@@ -28,9 +28,10 @@ pytestmark = pytest.mark.skipif(shutil.which("npm") is None, reason="npm is not 
 # The agents' first prompts are 9k (Codex) to 19k (Claude Code) tokens: the long tiny pair has room for them.
 CONTEXT = 32768
 ACCEPTED = ("duo:spec_decode_num_accepted_tokens_total", ())
-# What the clients print when a stream or an answer did not parse, or a request failed.
+# What the clients print when a stream or an answer did not parse, or a request failed (opencode's: "JSON parsing
+# failed: Text: ...", from its AI SDK, for a chunk that does not parse).
 CLIENT_ERRORS = re.compile(r"\bERROR\b|API Error|stream (error|disconnected)|[Ff]ailed to parse|InvalidStreamError|"
-                           r"Model stream ended|Unexpected (token|end of JSON)")
+                           r"Model stream ended|Unexpected (token|end of JSON)|JSON pars(ing failed|e error)")
 
 
 @pytest.fixture(scope="module")

@@ -98,7 +98,30 @@ def qwen_code(agent: Agent, home: Path, proxy_url: str) -> tuple[list[str], dict
     }
 
 
-CONFIGURE = {"codex": codex, "claude-code": claude_code, "qwen-code": qwen_code}
+def opencode(agent: Agent, home: Path, proxy_url: str) -> tuple[list[str], dict[str, str]]:
+    # opencode's global config ($XDG_CONFIG_HOME/opencode/opencode.json): a provider through its bundled
+    # @ai-sdk/openai-compatible, the update check and sharing off.
+    config = home / ".config" / "opencode"
+    (config / "node_modules").mkdir(parents=True, exist_ok=True)
+    (config / "opencode.json").write_text(json.dumps({
+        "model": "duo/duo", "autoupdate": False, "share": "disabled",
+        "provider": {"duo": {"npm": "@ai-sdk/openai-compatible", "name": "duo",
+                             "options": {"baseURL": f"{proxy_url}/v1", "apiKey": API_KEY},
+                             "models": {"duo": {"name": "duo"}}}}}))
+    # At every start it installs @opencode-ai/plugin from npm into each config folder (for plugins written there),
+    # with no setting to skip it, unless the folder's package.json and package-lock.json already list it beside a
+    # node_modules: they do, and the folder holds no plugin that would need it.
+    listed = {"dependencies": {"@opencode-ai/plugin": agent.version}}
+    (config / "package.json").write_text(json.dumps(listed))
+    (config / "package-lock.json").write_text(json.dumps({"packages": {"": listed}}))
+    # run: non-interactive. The environment turns off the models.dev catalog fetch (the bundled copy is read) and
+    # the language servers' downloads (a file it reads or edits would fetch one).
+    return [str(agent.executable()), "run", TASK], {
+        "OPENCODE_DISABLE_MODELS_FETCH": "1", "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
+    }
+
+
+CONFIGURE = {"codex": codex, "claude-code": claude_code, "qwen-code": qwen_code, "opencode": opencode}
 
 AGENTS = (
     Agent("codex", "@openai/codex", "0.171.0", "codex", "/v1/responses", ("get_goal", "view_image"), "proxy",
@@ -110,4 +133,10 @@ AGENTS = (
     # takes a ProxyAgent that reads no NO_PROXY): a trap would catch duo's traffic too.
     Agent("qwen-code", "@qwen-code/qwen-code", "0.15.10", "qwen", "/v1/chat/completions",
           ("list_directory", "glob", "read_file"), "node", ("--approval-mode", "auto-edit")),
+    # opencode (a Bun executable) sends its fetches through HTTP(S)_PROXY and honours NO_PROXY. Its build agent
+    # ships allowing every tool inside its working folder (permission "*": "allow"; a path outside it asks, and run
+    # refuses what no one approves): TASK needs no flag, and none is given that would allow more. Its glob and grep
+    # run ripgrep, downloaded from GitHub at first use where no rg is on PATH: read comes first.
+    Agent("opencode", "opencode-ai", "1.18.33", "opencode", "/v1/chat/completions", ("read", "glob", "grep"), "proxy",
+          ()),
 )
