@@ -6,8 +6,9 @@ the API's own functions, and stored: {"messages": [...], "tools": [...], "variab
 hands the chat template (OpenAI's chat shape; an earlier call's arguments as an object, as templates take them; the
 template variables the body sets, as Claude Code's thinking sets enable_thinking). Each body goes
 through its protocol's route: Codex's Responses body through duo.api.responses, Claude Code's Messages body through
-duo.api.anthropic, Qwen Code's chat body as /v1/chat/completions reads it. tests/bench/test_agent_chats.py checks
-that the stored chats are what this makes of the bodies today. Run it after a change of the translation:
+duo.api.anthropic, Qwen Code's and opencode's chat bodies as /v1/chat/completions reads them.
+tests/bench/test_agent_chats.py checks that the stored chats are what this makes of the bodies today. Run it after a
+change of the translation:
 
     python scripts/agent_chats.py
 """

@@ -2,10 +2,10 @@
 and to llama-server.
 
 The bodies are the first request each agent sent with its default settings (duo/bench/agent_prompts/NAME.json: Codex
-CLI's Responses body, Claude Code's Messages body, Qwen Code's chat body). Beside each, NAME.chat.json holds the chat
-duo's API makes of it (the messages and tools its chat template is given), written by scripts/agent_chats.py through
-the API's own translation (the bench sits beside duo.api and does not import it; tests/bench/test_agent_chats.py
-keeps the two equal). Each chat is rendered once by the target's own chat template, so that duo (a raw gRPC prompt)
+CLI's Responses body, Claude Code's Messages body, Qwen Code's and opencode's chat bodies; opencode's first with its
+tools, after its title request). Beside each, NAME.chat.json holds the chat duo's API makes of it (the messages and
+tools its chat template is given), written by scripts/agent_chats.py through the API's own translation (the bench
+sits beside duo.api and does not import it; tests/bench/test_agent_chats.py keeps the two equal). Each chat is rendered once by the target's own chat template, so that duo (a raw gRPC prompt)
 and llama-server (a raw /completion prompt) read the very same tokens, the ones duo-target reads when the agent sends
 its body: the agents' long prompts (6-18k tokens) make time to first token and the decode rate at long context the
 numbers that matter, reported per agent with the context length (agent_table). One request at a time, no prompt
@@ -30,7 +30,7 @@ from duo.bench.llama_server import PeerAnswer, PeerServer, answer_tokens, run_fr
 from duo.bench.report import Run, run_from_stats
 
 AGENT_PROMPTS = Path(__file__).resolve().parent / "agent_prompts"
-AGENTS = ("codex", "claude_code", "qwen_code")  # in table order
+AGENTS = ("codex", "claude_code", "qwen_code", "opencode")  # in table order
 # The context both servers get for the agents' prompts (Claude Code's is 18k tokens): Qwen2.5-Coder's whole
 # training context, what llama-server and duo-target serve by default.
 AGENT_CONTEXT = 32768

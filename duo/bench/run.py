@@ -274,7 +274,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", choices=["code", "chat", "structured", "edit", "spec-bench", "agent", "all"],
                         default="all", help="all: code and chat; structured: JSON-schema answers, beside the same "
                         "prompts unconstrained (the workload's own baseline); spec-bench: Spec-Bench's questions; "
-                        "agent: the first request of Codex CLI, Claude Code and Qwen Code (6-18k tokens)")
+                        "agent: the first request of Codex CLI, Claude Code, Qwen Code and opencode (6-18k tokens)")
     parser.add_argument("--agents", nargs="+", choices=AGENTS, default=list(AGENTS),
                         help="with --prompts agent: whose first requests to send (default: all; each takes minutes "
                         "of prompt reading per server on a CPU core)")

@@ -18,10 +18,11 @@ from duo.bench.report import Run, Variant
 from duo.net.listening import free_port
 
 
-def test_the_three_agents_first_requests_are_read_as_chats_with_their_default_tools():
-    codex, claude_code, qwen_code = read_agent_prompts()
-    assert [p.agent for p in (codex, claude_code, qwen_code)] == ["codex", "claude_code", "qwen_code"]
-    for prompt in (codex, claude_code, qwen_code):
+def test_the_agents_first_requests_are_read_as_chats_with_their_default_tools():
+    codex, claude_code, qwen_code, opencode = read_agent_prompts()
+    assert [p.agent for p in (codex, claude_code, qwen_code, opencode)] == ["codex", "claude_code", "qwen_code",
+                                                                           "opencode"]
+    for prompt in (codex, claude_code, qwen_code, opencode):
         assert prompt.messages[-1]["role"] == "user" or prompt.agent == "claude_code"
         assert all(isinstance(message["content"], str) for message in prompt.messages)
         assert "create hello.py that prints hello" in "".join(m["content"] for m in prompt.messages)
@@ -54,7 +55,7 @@ def test_agents_picks_whose_requests_are_sent_in_table_order():
     """A CPU core reads each agent's prompt for minutes per server: --agents runs some of them."""
     args = bench.parse_args(["--prompts", "agent", "--agents", "qwen_code", "codex"])
     assert [prompt.agent for prompt in read_agent_prompts(agents=args.agents)] == ["codex", "qwen_code"]
-    assert bench.parse_args(["--prompts", "agent"]).agents == ["codex", "claude_code", "qwen_code"]
+    assert bench.parse_args(["--prompts", "agent"]).agents == ["codex", "claude_code", "qwen_code", "opencode"]
 
 
 def test_a_missing_agent_chat_says_which_script_writes_it(tmp_path):
