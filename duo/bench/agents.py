@@ -5,11 +5,12 @@ The bodies are the first request each agent sent with its default settings (duo/
 CLI's Responses body, Claude Code's Messages body, Qwen Code's and opencode's chat bodies; opencode's first with its
 tools, after its title request). Beside each, NAME.chat.json holds the chat duo's API makes of it (the messages and
 tools its chat template is given), written by scripts/agent_chats.py through the API's own translation (the bench
-sits beside duo.api and does not import it; tests/bench/test_agent_chats.py keeps the two equal). Each chat is rendered once by the target's own chat template, so that duo (a raw gRPC prompt)
-and llama-server (a raw /completion prompt) read the very same tokens, the ones duo-target reads when the agent sends
-its body: the agents' long prompts (6-18k tokens) make time to first token and the decode rate at long context the
-numbers that matter, reported per agent with the context length (agent_table). One request at a time, no prompt
-cache, greedy or sampled as --temperatures says; every answer is cut at --max-tokens.
+sits beside duo.api and does not import it; tests/bench/test_agent_chats.py keeps the two equal). Each chat is
+rendered once by the target's own chat template, so that duo (a raw gRPC prompt) and llama-server (a raw /completion
+prompt) read the very same tokens, the ones duo-target reads when the agent sends its body: the agents' long prompts
+(6-18k tokens) make time to first token and the decode rate at long context the numbers that matter, reported per
+agent with the context length (agent_table). One request at a time, no prompt cache, greedy or sampled as
+--temperatures says; every answer is cut at --max-tokens.
 """
 
 from __future__ import annotations
