@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from duo.bench.agents import AGENT_CONTEXT
 from duo.bench.live.clients import AGENTS, TASK, Agent
 
 PROXY = "http://127.0.0.1:1"
@@ -61,3 +62,12 @@ def test_opencodes_config_folder_needs_no_npm_install(opencode, tmp_path):
     assert (folder / "node_modules").is_dir()
     assert "@opencode-ai/plugin" in wanted and set(wanted) <= set(locked)
 
+
+
+def test_opencode_knows_the_context_it_is_served_so_that_it_compacts_in_time(opencode, tmp_path):
+    """A model opencode does not know has a context of 0, which it takes for no limit: it never compacts."""
+    opencode.command(tmp_path, PROXY)
+    config = json.loads((config_folder(tmp_path) / "opencode.json").read_text())
+    provider, model = config["model"].split("/")
+    limit = config["provider"][provider]["models"][model]["limit"]
+    assert limit["context"] == AGENT_CONTEXT and 0 < limit["output"] < limit["context"]

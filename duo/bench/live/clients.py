@@ -6,10 +6,12 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from duo.bench.agents import AGENT_CONTEXT
 from duo.bench.live.npm import installed
 
 TASK = "create hello.py that prints hello"
 API_KEY = "sk-duo-test"  # duo-target runs without --api-key: any key is accepted; the clients insist on one
+OPENCODE_OUTPUT = 8192  # opencode's bound on an answer, in tokens (Qwen Code asks for 8000)
 
 
 @dataclass(frozen=True)
@@ -100,14 +102,16 @@ def qwen_code(agent: Agent, home: Path, proxy_url: str) -> tuple[list[str], dict
 
 def opencode(agent: Agent, home: Path, proxy_url: str) -> tuple[list[str], dict[str, str]]:
     # opencode's global config ($XDG_CONFIG_HOME/opencode/opencode.json): a provider through its bundled
-    # @ai-sdk/openai-compatible, the update check and sharing off.
+    # @ai-sdk/openai-compatible, the update check and sharing off. A model it does not know has no limits: it would
+    # ask for 32000 tokens at every turn and never compact the conversation; given the context the kit's servers
+    # serve and an answer's bound, it compacts before the prompt outgrows it, as it does for a model it knows.
     config = home / ".config" / "opencode"
     (config / "node_modules").mkdir(parents=True, exist_ok=True)
+    model = {"name": "duo", "limit": {"context": AGENT_CONTEXT, "output": OPENCODE_OUTPUT}}
     (config / "opencode.json").write_text(json.dumps({
         "model": "duo/duo", "autoupdate": False, "share": "disabled",
         "provider": {"duo": {"npm": "@ai-sdk/openai-compatible", "name": "duo",
-                             "options": {"baseURL": f"{proxy_url}/v1", "apiKey": API_KEY},
-                             "models": {"duo": {"name": "duo"}}}}}))
+                             "options": {"baseURL": f"{proxy_url}/v1", "apiKey": API_KEY}, "models": {"duo": model}}}}))
     # At every start it installs @opencode-ai/plugin from npm into each config folder (for plugins written there),
     # with no setting to skip it, unless the folder's package.json and package-lock.json already list it beside a
     # node_modules: they do, and the folder holds no plugin that would need it.
