@@ -16,5 +16,10 @@ fi
 if [ $# -gt 0 ]; then
     exec .venv/bin/python -m pytest "$@"
 fi
-.venv/bin/python -m pytest
+# One pytest worker per core (DUO_TEST_WORKERS to change it), a test file per worker at a time (its processes and
+# fixtures once); then, alone, the tests marked serial: they time the server under a load of their own (a /health
+# answer within 0.25 s), which another worker's load beside them would make a measure of the machine.
+WORKERS="${DUO_TEST_WORKERS:-$(nproc)}"
+.venv/bin/python -m pytest -n "$WORKERS" --dist loadfile -m "not serial"
+.venv/bin/python -m pytest -m serial
 exec scripts/conformance.sh --no-download
