@@ -10,6 +10,7 @@ import json
 
 import httpx
 import openai
+import pytest
 
 from helpers.processes import Process
 from helpers.http import scrape
@@ -61,6 +62,7 @@ def llama_vscode_infill(prefix: str, suffix: str, prompt: str, nindent: int) -> 
             "t_max_prompt_ms": 500, "t_max_predict_ms": 500, "model": VSCODE_MODEL}
 
 
+@pytest.mark.serial  # each answer ends after 500 ms of wall time: another worker's load beside it lets no draft in
 def test_llama_vscodes_ring_update_and_infill_with_its_default_model_answer_three_completions_with_drafts(
         served_sync):
     # ggml-org/llama.vscode src/llama-server.ts, updateExtraContext: createRequestPayload(noPredict=true, "", "",

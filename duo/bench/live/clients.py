@@ -80,7 +80,8 @@ def claude_code(agent: Agent, home: Path, proxy_url: str) -> tuple[list[str], di
     # Claude Code's documented environment: -p prints one answer and exits; the rest turn its vendor traffic off
     # (Statsig telemetry, the auto-updater, Sentry error reports, and the "nonessential" rest at once).
     # Its stream watchdog is reset by every event but ping, so a prompt read over its 5-minute default is abandoned and
-    # sent again: the README's setting for a slow target (the 1.5B on one core reads its 19k-token prompt in ~20 min).
+    # sent again: the README's setting for a slow target (the F16 1.5B on one core read its 18.8k-token prompt in
+    # over 30 minutes beside another session's cached prefix).
     return [str(agent.executable()), "-p", TASK], {
         "ANTHROPIC_BASE_URL": proxy_url, "ANTHROPIC_API_KEY": API_KEY, "CLAUDE_STREAM_IDLE_TIMEOUT_MS": "1800000",
         "DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1", "DISABLE_ERROR_REPORTING": "1",

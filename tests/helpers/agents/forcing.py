@@ -3,7 +3,7 @@ an answer: the first call that offers one of the agent's harmless tools is force
 held to a one-word answer.
 
 Forced, the call's arguments are sampled from the tool's schema, narrowed to its required properties with short
-strings (a random model never closes a string). Every other answer must match the JSON schema of the
+strings of letters (a random model never closes a string). Every other answer must match the JSON schema of the
 string "Done." (the answer format each protocol offers), so that it ends by itself with text, as a finished turn
 does: cut by max_tokens instead, each client asks again to continue, for minutes. max_tokens is clamped too, as a
 bound: the clients ask for up to 64k tokens."""
@@ -19,6 +19,7 @@ from duo.bench.live.clients import Agent
 MAX_TOKENS = 256
 ANSWER = {"type": "string", "enum": ["Done."]}
 SHORT_STRING = 12  # characters of a forced call's string argument
+SHORT_PATTERN = "^[a-z]+$"
 
 
 def tool_names(path: str, body: dict) -> list[str]:
@@ -44,7 +45,9 @@ def narrowed(schema: dict[str, Any]) -> dict[str, Any]:
     properties = {name: schema["properties"][name] for name in required}
     for name, spec in properties.items():
         if spec.get("type") == "string" and "enum" not in spec:
-            properties[name] = {**spec, "maxLength": SHORT_STRING}
+            # Letters only: a path the model makes up is then a relative one, inside the agent's folder (a random
+            # "/" read by opencode asked for a permission outside it, which its run refuses, ending the run).
+            properties[name] = {**spec, "maxLength": SHORT_STRING, "pattern": SHORT_PATTERN}
     return {**schema, "properties": properties, "additionalProperties": False}
 
 
