@@ -25,7 +25,7 @@ import numpy as np
 import llguidance
 from llguidance import LLMatcher, LLParserLimits, LLTokenizer
 
-from duo.llama.model import common_prefix_length
+from duo.llama.context import common_prefix_length
 
 # What one grammar may cost to compile and to mask a position (llguidance's own limits, lowered where its
 # defaults allow hundreds of MB): a hostile schema fails with an error instead of stalling or filling memory.

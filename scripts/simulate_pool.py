@@ -33,7 +33,8 @@ from duo.bench.pace_bound import batch_cost
 from duo.bench.pool_sim import KS, DraftSpec, Outcome, alone, best_k
 from duo.bench.run import this_commit
 from duo.bench.timing import COST_PREFIX, batch_tokens, pinned
-from duo.llama.model import Context, Model, Part
+from duo.llama.model import Model
+from duo.llama.context import Context, Part
 
 RESULTS = Path(__file__).resolve().parent / "bench-results"
 MODELS = Path.home() / ".cache" / "duo" / "models"

@@ -9,7 +9,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from duo.llama.model import Model, Part
+from duo.llama.model import Model
+from duo.llama.context import Part
 
 COST_PREFIX = "def snake_game():\n" + "    x = step(x)\n" * 40  # cut to 200 tokens
 COST_BATCH = " score = score + 1 if food == head else score"

@@ -15,7 +15,8 @@ from duo.draft.branches import Branch, Doubt
 from duo.draft.confidence import softmax_scale
 from duo.draft.session import DraftSession, Drawn, Slot, draw, proposes
 from duo.draft.value import Round
-from duo.llama.model import Context, ModelError, Part, common_prefix_length
+from duo.llama.model import ModelError
+from duo.llama.context import Context, Part, common_prefix_length
 
 
 @dataclass(frozen=True)
@@ -166,7 +167,7 @@ class DraftCache:
         duo.draft.window), and return the part that decodes the rest: at least the last token, for fresh logits.
 
         A branch sequence that holds another branch first takes the chain's prefix up to the fork: no
-        recompute, the cells are shared (duo.llama.model.Context.fork). A branch keeps what it decoded, so
+        recompute, the cells are shared (duo.llama.context.Context.fork). A branch keeps what it decoded, so
         growing it decodes one token a round, as the chain does.
         """
         session, seq = work.session, work.seq

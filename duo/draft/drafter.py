@@ -86,7 +86,7 @@ class Drafter:
         self.window = window if window.size and window.cells + N_BATCH < n_ctx else Window()
         self.n_ctx = self.window.cells + N_BATCH if self.window.size else n_ctx  # what a sequence gets
         self.reach = UNBOUNDED if window.size else self.n_ctx  # the positions a session may reach
-        self.cells = max(cells or default_cells(self.n_ctx), self.n_ctx)  # as duo.llama.model.Context makes it
+        self.cells = max(cells or default_cells(self.n_ctx), self.n_ctx)  # as duo.llama.context.Context makes it
         self.max_sessions = max_sessions
         self.flash_attn = flash_attn
         self.n_vocab = model.n_vocab

@@ -14,7 +14,7 @@ from duo.draft.guess import GuessRate
 from duo.draft.value import Calibration, Horizon, Round, ranked_rounds
 from duo.draft.window import Window
 from duo.lookup import ContextLookup
-from duo.llama.model import common_prefix_length
+from duo.llama.context import common_prefix_length
 from duo.sampling import rows
 from duo.sampling.coupled import coupled_race, coupled_ranking
 from duo.sampling.distributions import SparseDist, advance, distribution, sample
@@ -31,7 +31,7 @@ class Slot:
 
     chain: int
     # Its branches' sequence (None: the draft drafts no branches). A branch shares the chain's prefix up
-    # to its fork without recomputing it (duo.llama.model.Context.fork).
+    # to its fork without recomputing it (duo.llama.context.Context.fork).
     branch: int | None
 
 

@@ -10,7 +10,7 @@ prompt: StreamingLLM's attention sinks) and then the chain from `sink + offset` 
 so its prompt read costs at most sink + size tokens and its per-token time stays at the short-context level however
 long the session grows. The offset moves on a grid of size / 2: the KV drops half a window at once (llama.cpp's
 K-shift moves the rest down, no recompute), and a later turn, whose prompt extends this one's sequence, lands on the
-same grid and finds the same tokens at the same KV positions (duo.llama.model.Context.adopt_prefix).
+same grid and finds the same tokens at the same KV positions (duo.llama.context.Context.adopt_prefix).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Decoding a memory-bound model reads every weight once per call whatever the batch holds, so one call
 carrying all running requests' verify batches costs about as much as one of them (F16 1.5B on one
 CPU core: 4 sequences of one token each cost 2.0 single steps, 10 tokens over 4 sequences 3.5). Each
-request owns one sequence of a shared context (duo.llama.model.Context, a unified KV cache): its tokens,
+request owns one sequence of a shared context (duo.llama.context.Context, a unified KV cache): its tokens,
 its verification and its rollback stay its own.
 """
 
@@ -19,7 +19,8 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 
 from duo.costs import StepCosts
-from duo.llama.model import Context, ModelError, Part, common_prefix_length
+from duo.llama.model import ModelError
+from duo.llama.context import Context, Part, common_prefix_length
 from duo.llama.worker import ModelWorker
 from duo.net.timeouts import within
 from duo.sampling import rows
@@ -185,7 +186,7 @@ class StepBatcher:
 
     async def adopt(self, seq: int, prompt: Sequence[int]) -> int:
         """Give the request on `seq` the longest prefix of `prompt` that a sequence holds, with no recompute
-        (duo.llama.model.Context.adopt_prefix), from no sequence a private request holds or left; the prompt tokens it
+        (duo.llama.context.Context.adopt_prefix), from no sequence a private request holds or left; the prompt tokens it
         need not decode.
 
         On the model thread, which runs one job at a time in order: no call touches the context meanwhile.

@@ -11,7 +11,8 @@ from duo.net._proto import duo_pb2 as pb
 from duo.draft.drafter import Drafter
 from duo.draft.metrics import DraftMetrics
 from duo.draft.session import DraftSession
-from duo.llama.model import Context, ModelError, Part
+from duo.llama.model import ModelError
+from duo.llama.context import Context, Part
 from helpers.drafting import draft_until_idle
 from helpers.draft_servicer import CountingModel, Stream, holds_nothing, servicer_for
 from helpers.drafting import drafter_for

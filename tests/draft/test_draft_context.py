@@ -27,5 +27,5 @@ def test_default_cells_hold_one_session_at_its_longest_or_several_of_moderate_le
 
 
 def test_the_drafts_flash_attention_is_the_model_layers_choice_unless_asked():
-    assert flash_attention(build_parser().parse_args([])) is None  # off on a CPU (duo.llama.model.Context)
+    assert flash_attention(build_parser().parse_args([])) is None  # off on a CPU (duo.llama.context.Context)
     assert flash_attention(build_parser().parse_args(["--flash-attn", "on"])) is True

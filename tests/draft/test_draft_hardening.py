@@ -19,7 +19,8 @@ from duo.draft.drafter import Drafted, Drafter
 from duo.draft.metrics import DraftMetrics
 from duo.draft.service import DraftServicer, SessionLimits
 from duo.draft.session import DraftSession, proposes
-from duo.llama.model import Context, ModelError
+from duo.llama.model import ModelError
+from duo.llama.context import Context
 from duo.llama.worker import ModelWorker
 from duo.net._proto import duo_pb2 as pb
 from duo.sampling.distributions import SparseDist, sample

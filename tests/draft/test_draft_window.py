@@ -12,7 +12,7 @@ import pytest
 from duo.draft.drafter import Drafter, InvalidEvent
 from duo.draft.session import DraftSession
 from duo.draft.window import Window
-from duo.llama.model import Context
+from duo.llama.context import Context
 from duo.net._proto import duo_pb2 as pb
 from helpers.drafting import draft_until_idle, drafter_for
 from helpers.greedy import leaves_greedy_path_only_at_a_near_tie

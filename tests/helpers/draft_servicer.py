@@ -14,7 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from duo.draft.drafter import Drafter
 from duo.draft.metrics import DraftMetrics
 from duo.draft.service import DraftServicer, SessionLimits
-from duo.llama.model import Context, Model
+from duo.llama.model import Model
+from duo.llama.context import Context
 from duo.llama.worker import ModelWorker
 from duo.net._proto import duo_pb2 as pb
 

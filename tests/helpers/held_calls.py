@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from duo.llama.model import Context, Part
+from duo.llama.context import Context, Part
 
 HOLD_S = 30  # a held call waits at most this long for the test to let it go
 

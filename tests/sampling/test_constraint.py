@@ -14,7 +14,7 @@ from duo.constraint import Cursor, GrammarError, grammar_of
 from duo.draft.batch import Work, draw_step
 from duo.draft.branches import doubt_of
 from duo.draft.session import DraftSession, Slot
-from duo.llama.model import Part
+from duo.llama.context import Part
 from duo.llama.worker import ModelWorker
 from duo.sampling.coupled import coupled_ranking
 from duo.sampling.distributions import distribution

@@ -9,7 +9,8 @@ import httpx
 import pytest
 
 from duo.costs import StepCosts
-from duo.llama.model import N_BATCH, Part
+from duo.llama.model import N_BATCH
+from duo.llama.context import Part
 from duo.llama.worker import ModelWorker
 from duo.sampling.params import SamplingParams
 from duo.target.batching import MIN_PREFILL_CHUNK, StepBatcher

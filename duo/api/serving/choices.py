@@ -21,7 +21,7 @@ class Choices:
     async def start(cls, completions: Completions, requests: Sequence[CompletionRequest]) -> Choices:
         """Start every choice (their places taken together, the request prepared once: Completions.start_choices).
         The first decodes the prompt; with more than one, the others start once it has given its first token: the
-        prompt is then in its cells, which each of them adopts (duo.llama.model.Context.adopt_prefix) instead of
+        prompt is then in its cells, which each of them adopts (duo.llama.context.Context.adopt_prefix) instead of
         decoding it again. QueueFull or a ClientError as Completions.start_choices raises them, with every choice
         started closed."""
         started = cls([Choice(completion) for completion in await completions.start_choices(requests)])
