@@ -22,6 +22,7 @@ from duo.api.serving.metrics import Metrics
 from duo.llama.backends import on_native_abort
 from duo.constraint import build_tokenizer_in_background
 from duo.llama.model import MAX_SEQUENCES, N_BATCH, Model, ModelError
+from duo.llama.parking import DEFAULT_LIMIT_MIB
 from duo.models.hub import DEFAULT_TARGET, HubError, resolve_model
 from duo.cli.process import add_process_arguments, check_can_listen, flash_attention, metrics_server, model_options, run_async, run_server, setup_logging
 from duo.llama.worker import ModelWorker
@@ -125,6 +126,11 @@ def build_parser() -> argparse.ArgumentParser:
                          help="share no prompt prefix between requests (by default a request starts from the "
                               "longest prefix of its prompt that the cache holds, whoever sent it; usage reports "
                               "it as cached_tokens); one request opts out with cache_prompt: false")
+    clients.add_argument("--cache-ram", type=int, default=DEFAULT_LIMIT_MIB, metavar="MIB",
+                         help="host memory where idle requests' prefixes wait for their conversation's next turn, "
+                              "out of the KV cache, whose every cell the running requests' tokens read whoever holds "
+                              f"it (llama-server's -cram; default {DEFAULT_LIMIT_MIB}, -1: no limit, 0: they stay "
+                              "in the cache)")
     clients.add_argument("--api-key-file", default=None, metavar="FILE",
                          help="read the API key from the first line of FILE (kept out of the process list)")
     add_draft_arguments(parser)
@@ -243,7 +249,7 @@ async def serve(args: argparse.Namespace, path: Path, settings: SpecSettings, op
         n_ctx = request_context(args, model)
         target = Target(model, worker, drafts=wants_drafts(args), n_ctx=n_ctx, settings=settings, parallel=args.parallel,
                         prompt_cache=not args.no_prompt_cache, flash_attn=flash_attention(args),
-                        n_batch=args.batch_size)
+                        n_batch=args.batch_size, cache_ram=args.cache_ram)
         target.observers.append(metrics)
         target.call_observers.append(metrics)
         await target.batcher()  # the shared context: a size that does not fit fails here, not at a request

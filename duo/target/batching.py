@@ -21,6 +21,7 @@ import numpy as np
 from duo.costs import StepCosts
 from duo.llama.model import ModelError
 from duo.llama.context import Context, Part, common_prefix_length
+from duo.llama.parking import Parking
 from duo.llama.worker import ModelWorker
 from duo.net.timeouts import within
 from duo.sampling import rows
@@ -128,9 +129,11 @@ class StepBatcher:
     """
 
     def __init__(self, worker: ModelWorker, context: Context, costs: StepCosts,
-                 drafting: Callable[[], bool] = lambda: True) -> None:
+                 drafting: Callable[[], bool] = lambda: True, parking: Parking | None = None) -> None:
+        """`parking`: where the idle sequences' prefixes wait while a request runs (None: in the cache)."""
         self.worker = worker
         self.context = context
+        self.parking = parking
         # T(n) of verify calls while the draft works: the policy's table, which it reads only then. Calls
         # while the draft rests cost a little less (duo.target.switch measures that regime by its own rate).
         self.costs = costs
@@ -192,7 +195,8 @@ class StepBatcher:
         On the model thread, which runs one job at a time in order: no call touches the context meanwhile.
         """
         wanted = [] if seq in self._held_privately else list(prompt)
-        adopted = await self.worker.run(self.context.adopt_prefix, seq, wanted, frozenset(self._private))
+        adopted = await self.worker.run(_adopt_and_park, self.context, self.parking, seq, wanted,
+                                        frozenset(self._private), tuple(self._free))
         if seq not in self._held_privately:
             self._private.discard(seq)  # the adopt emptied what a private request left there
         return adopted
@@ -339,6 +343,18 @@ class StepBatcher:
         while chunk * 2 <= room and self.call_costs.batch_seconds(step_tokens + chunk * 2) <= limit:
             chunk *= 2
         return min(chunk, room)
+
+
+def _adopt_and_park(context: Context, parking: Parking | None, seq: int, wanted: Sequence[int],
+                    private: frozenset[int], idle: Sequence[int]) -> int:
+    """StepBatcher.adopt on the model thread: `seq` adopts its prefix (from the cache or, where `parking` is set, a
+    parked one), then the `idle` sequences (no request holds them) leave the cache for the parking, where their cells
+    would slow every other request's calls (duo.llama.parking). After the adopt: `seq` may fork an idle one's cells."""
+    if parking is None:
+        return context.adopt_prefix(seq, wanted, private)
+    adopted = parking.adopt(seq, wanted, private)
+    parking.park((other for other in idle if other != seq), private)
+    return adopted
 
 
 def one_token_seconds(context: Context, calls: int = ALONE_TIMING_CALLS) -> float:

@@ -14,6 +14,7 @@ from typing import AsyncIterator, Protocol, Sequence
 
 from duo.net._proto import duo_pb2 as pb
 from duo.llama.model import N_BATCH, Model, ModelError
+from duo.llama.parking import DEFAULT_LIMIT_MIB, parking_for
 from duo.llama.worker import ModelWorker
 from duo.target.batching import CallObserver, PrefillWork, StepBatcher, VerifyResult, one_token_seconds
 from duo.target.control import SpeculationControl
@@ -78,9 +79,11 @@ class Target:
 
     def __init__(self, model: Model, worker: ModelWorker, link: DraftConnection | None = None, *,
                  drafts: bool = False, n_ctx: int, settings: SpecSettings, parallel: int = 1,
-                 prompt_cache: bool = True, flash_attn: bool | None = None, n_batch: int = N_BATCH) -> None:
+                 prompt_cache: bool = True, flash_attn: bool | None = None, n_batch: int = N_BATCH,
+                 cache_ram: int = DEFAULT_LIMIT_MIB) -> None:
         """`flash_attn`: llama.cpp's flash attention on or off for the shared context (None: llama.cpp's choice);
-        `n_batch`: the most tokens one model call decodes (llama-server's -b: a prompt is read n_batch at a time)."""
+        `n_batch`: the most tokens one model call decodes (llama-server's -b: a prompt is read n_batch at a time);
+        `cache_ram`: MiB of host memory for idle sequences' prefixes (duo.llama.parking.parking_for)."""
         self.model = model
         self.worker = worker
         self.n_ctx = n_ctx
@@ -88,6 +91,7 @@ class Target:
         self.flash_attn = flash_attn
         self.parallel = parallel  # generations at once: one sequence each in the shared context
         self.prompt_cache = prompt_cache  # requests may start from prompt prefixes others left
+        self.cache_ram = cache_ram
         self.settings = settings
         self.control = SpeculationControl(settings, drafts=drafts or link is not None)
         self.pool = self.control.pool  # control reads its drafts' switches; the sessions' events go through it here
@@ -108,7 +112,8 @@ class Target:
                 context = await self.worker.create(partial(self.model.new_context, n_seq=self.parallel,
                                                            cells=n_ctx * self.parallel, flash_attn=self.flash_attn,
                                                            n_batch=self.n_batch), n_ctx)
-                self._batcher = StepBatcher(self.worker, context, self.control.costs, self.control.any_speculating)
+                self._batcher = StepBatcher(self.worker, context, self.control.costs, self.control.any_speculating,
+                                            parking_for(context, self.cache_ram))
                 self._batcher.observers = self.call_observers
                 self.control.observe_alone(await self.worker.run(one_token_seconds, context))
         return self._batcher

@@ -24,6 +24,13 @@ def test_llama_servers_model_and_process_flags_set_duos_settings():
     assert target_flags("--n-gpu-layers 12").gpu_layers == 12
 
 
+def test_cache_ram_is_the_host_memory_for_idle_prefixes_and_no_cache_idle_slots_keeps_them_in_the_cache():
+    assert target_flags("").cache_ram == 8192  # llama-server's default
+    assert target_flags("-cram 100").cache_ram == 100 and target_flags("--cache-ram -1").cache_ram == -1
+    assert target_flags("--no-cache-idle-slots").cache_ram == 0
+    assert target_flags("--cache-idle-slots").cache_ram == 8192 and target_flags("--cache-idle-slots").ignored_flags
+
+
 def test_aliases_are_comma_separated_and_the_first_sorted_one_is_the_models_id(tmp_path: Path):
     args = target_flags("-a zeta,alpha --alias beta -a alpha --tags small,chat")
     names = served_names(tmp_path / "tiny-target.gguf", "tiny-target.gguf", args.alias)
