@@ -21,6 +21,7 @@ from duo.draft.service import DraftServicer, SessionLimits
 from duo.draft.window import DEFAULT_SINK, DEFAULT_WINDOW, MIN_WINDOW, Window
 from duo.llama.backends import gpu_layers_for
 from duo.llama.model import MAX_SEQUENCES, Model, ModelError
+from duo.llama.parking import DEFAULT_LIMIT_MIB
 from duo.models.hub import (CATALOG, CPU_DRAFT, DEFAULT_DRAFT, HubError, default_draft, is_present, pull,
                             resolve_model)
 from duo.cli.process import add_process_arguments, check_can_listen, flash_attention, host_port, is_loopback, metrics_server, model_options, run_async, run_server, setup_logging
@@ -91,6 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
                              f"{KV_CELLS_PER_CONTEXT} x --ctx-size up to {SESSION_CELLS}, at least --ctx-size; with "
                              f"--window, {KV_CELLS_PER_CONTEXT} x the window and a batch); a session that finds no room "
                              "decodes alone")
+    parser.add_argument("--cache-ram", type=int, default=DEFAULT_LIMIT_MIB, metavar="MIB",
+                        help="host memory where closed sessions' prefixes wait for their conversation's next turn, "
+                             "out of the KV cache, whose every cell the running sessions' tokens read whoever holds "
+                             "it (as duo-target's; default %(default)s, -1: no limit, 0: they stay in the cache)")
     parser.add_argument("--max-sessions-per-target", type=int, default=limits.per_target, metavar="N",
                         help="sessions drafted at once for one target connection")
     parser.add_argument("--window", type=int, default=DEFAULT_WINDOW, metavar="N",
@@ -194,7 +199,7 @@ async def serve(args: argparse.Namespace, model: Model, metrics: DraftMetrics,
     drafter = Drafter(model, ModelWorker(), session_context(args, model), args.top_k_cap, observer=metrics,
                       max_branches=args.max_branches, branch_len=args.branch_len, max_sessions=args.max_sessions,
                       cells=args.kv_cells, flash_attn=flash_attention(args),
-                      window=Window(args.window, args.window_sink if args.window else 0))
+                      window=Window(args.window, args.window_sink if args.window else 0), cache_ram=args.cache_ram)
     try:
         await drafter.start()  # the shared KV cache, allocated once for all sessions
     except ModelError as error:

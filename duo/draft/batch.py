@@ -17,6 +17,7 @@ from duo.draft.session import DraftSession, Drawn, Slot, draw, proposes
 from duo.draft.value import Round
 from duo.llama.model import ModelError
 from duo.llama.context import Context, Part, common_prefix_length
+from duo.llama.parking import Parking
 
 
 @dataclass(frozen=True)
@@ -96,8 +97,11 @@ class DraftCache:
     """One llama context for every session: a session's sequences form a Slot, and all of them together
     hold at most `cells` KV cells. The free slots belong to the event loop, the rest to the model thread."""
 
-    def __init__(self, context: Context, cells: int, slots: int, branches: bool) -> None:
+    def __init__(self, context: Context, cells: int, slots: int, branches: bool, parking: Parking | None = None) -> None:
+        """`parking`: where closed sessions' chains wait for their conversation's next turn while other sessions run
+        (duo.llama.parking; None: in the cache, until another session needs their room)."""
         self.context = context
+        self.parking = parking
         self.cells = cells
         per_slot = 2 if branches else 1
         self.free = [Slot(i * per_slot, i * per_slot + 1 if branches else None) for i in reversed(range(slots))]
@@ -201,18 +205,33 @@ class DraftCache:
         A previous turn's cells hold its window as its offset placed it: the new session takes that offset where it
         finds more there (its window then moves on by a shift, _slide) than under its own."""
         window, held = session.window, self.context.held
-        offsets = {window.offset_for(work.chain_len), *(offset for offset in self._left.values()
+        parked = self.parking.entries if self.parking is not None else []
+        offsets = {window.offset_for(work.chain_len), *(offset for offset in [*self._left.values(),
+                                                                              *(entry.tag for entry in parked)]
                                                          if offset <= window.offset_for(work.chain_len))}
 
         def reach(offset: int) -> int:
             view = window.view(work.tokens[:-1], offset)
-            found = max(common_prefix_length(held(seq), view) for seq in range(self.context.n_seq))
+            found = max([common_prefix_length(held(seq), view) for seq in range(self.context.n_seq)]
+                        + [common_prefix_length(entry.tokens, view) for entry in parked])
             return window.chain_position(found, offset) if found > window.sink else found
 
         session.offset = max(sorted(offsets, reverse=True), key=reach)  # among equals the latest: less to shift
         session.kv_tokens = window.view(work.tokens, session.offset)
-        del session.kv_tokens[self.context.adopt_prefix(session.slot.chain, session.kv_tokens[:-1]):]
+        adopt = self.context.adopt_prefix if self.parking is None else self.parking.adopt
+        del session.kv_tokens[adopt(session.slot.chain, session.kv_tokens[:-1]):]
+        self._park_left(session.slot.chain)
         self._account(session)
+
+    def _park_left(self, taken: int) -> None:
+        """Move the cells closed sessions left, but on sequence `taken`, to the parking (model thread): there they
+        slow no running session's tokens (duo.llama.parking)."""
+        if self.parking is None:
+            return
+        idle = [seq for seq in self._left if seq != taken]
+        self.parking.park(idle, tags=self._left)
+        for seq in idle:
+            del self._left[seq]
 
     def _slide(self, session: DraftSession, chain_len: int) -> None:
         """Move the session's window to where a chain of `chain_len` tokens puts it (duo.draft.window): drop the

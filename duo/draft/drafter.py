@@ -19,6 +19,7 @@ from duo.draft.value import RoundCost, with_riders
 from duo.draft.window import Window
 from duo.lookup import ContextLookup
 from duo.llama.model import N_BATCH, Model, ModelError
+from duo.llama.parking import DEFAULT_LIMIT_MIB, parking_for
 from duo.llama.worker import ModelWorker
 from duo.sampling.distributions import SparseDist
 from duo.sampling.ops.penalties import Penalties
@@ -71,12 +72,13 @@ class Drafter:
     def __init__(self, model: Model, worker: ModelWorker, n_ctx: int, top_k_cap: int,
                  observer: DraftObserver | None = None, *, max_branches: int = 0, branch_len: int = 0,
                  max_sessions: int = 16, cells: int | None = None, flash_attn: bool | None = None,
-                 window: Window = Window()) -> None:
+                 window: Window = Window(), cache_ram: int = DEFAULT_LIMIT_MIB) -> None:
         """`n_ctx`: positions per session; `cells`: KV cells shared by all sessions (default default_cells(n_ctx));
         `max_sessions`: the slots of sequences in the cache; `flash_attn`: llama.cpp's flash attention on or off
         (None: its own choice); `window`: how much of each session the KV holds (duo.draft.window; its size 0: all of
         it, up to n_ctx positions). With a window shorter than n_ctx a session reaches as far as its target lets it,
-        and a sequence holds window.cells positions and a batch of guessed or branch tokens after them."""
+        and a sequence holds window.cells positions and a batch of guessed or branch tokens after them. `cache_ram`:
+        MiB of host memory where closed sessions' chains wait for their next turn (duo.llama.parking.parking_for)."""
         self.model = model
         self.max_branches = max_branches
         self.branch_len = branch_len
@@ -89,6 +91,7 @@ class Drafter:
         self.cells = max(cells or default_cells(self.n_ctx), self.n_ctx)  # as duo.llama.context.Context makes it
         self.max_sessions = max_sessions
         self.flash_attn = flash_attn
+        self.cache_ram = cache_ram
         self.n_vocab = model.n_vocab
         self.top_k_cap = top_k_cap
         self.observer = observer
@@ -117,7 +120,8 @@ class Drafter:
         per_session = 2 if self.max_branches else 1  # the chain's sequence, and the branches'
         context = self.model.new_context(self.n_ctx, n_seq=self.max_sessions * per_session, cells=self.cells,
                                          flash_attn=self.flash_attn)
-        return DraftCache(context, self.cells, self.max_sessions, branches=bool(self.max_branches))
+        return DraftCache(context, self.cells, self.max_sessions, branches=bool(self.max_branches),
+                          parking=parking_for(context, self.cache_ram))
 
     async def stop(self) -> None:
         """Free the shared cache (once every session is closed), even one still being made."""
