@@ -73,6 +73,7 @@ class Parking:
             self.entries.remove(entry)
             if self.context.restore(seq, entry.state, entry.tokens):
                 self.restored += 1
+                log.debug("sequence %d: %d of a parked prefix's %d tokens restored", seq, n, len(entry.tokens))
                 self.context.rollback(n, seq)
                 if n < len(entry.tokens):
                     self.entries.append(entry)  # used: the newest
@@ -89,6 +90,8 @@ class Parking:
             held = self.context.held(seq)
             if held and seq not in private and not self._holds(held):
                 self._keep(Parked(list(held), self.context.saved(seq), (tags or {}).get(seq, 0)))
+                log.debug("sequence %d idle: its %d tokens parked (%d prefixes, %.0f MiB)", seq, len(held),
+                          len(self.entries), self.size / MIB)
             self.context.clear(seq)
 
     def _best(self, tokens: Sequence[int]) -> tuple[Parked | None, int]:

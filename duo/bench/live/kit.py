@@ -39,8 +39,8 @@ from duo.models import hub
 from duo.net.listening import free_port
 
 RESULTS = ROOT / "scripts" / "bench-results"
-# One agent's run at most: the 1.5B target on one core reads Claude Code's 19k-token first prompt in ~12 minutes,
-# and every later turn adds its tool results.
+# One agent's run at most: the F16 1.5B target on one core reads Claude Code's 18.8k-token first prompt in ~17 minutes
+# (19 tokens/s on an AMD EPYC), and every later turn adds its tool results.
 LIVE_TIMEOUT = 3600
 READY_TIMEOUT = 900  # for both processes to load their models and the draft to attach
 VERIFIED, ACCEPTED = "duo:spec_decode_num_draft_tokens_total", "duo:spec_decode_num_accepted_tokens_total"
