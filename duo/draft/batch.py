@@ -218,9 +218,13 @@ class DraftCache:
 
         session.offset = max(sorted(offsets, reverse=True), key=reach)  # among equals the latest: less to shift
         session.kv_tokens = window.view(work.tokens, session.offset)
-        adopt = self.context.adopt_prefix if self.parking is None else self.parking.adopt
-        del session.kv_tokens[adopt(session.slot.chain, session.kv_tokens[:-1]):]
-        self._park_left(session.slot.chain)
+        chain, view = session.slot.chain, session.kv_tokens[:-1]
+        if self.parking is None:
+            adopted = self.context.adopt_prefix(chain, view)
+        else:  # the slot's last session's cells, where they are another conversation's, parked at their own offset
+            adopted = self.parking.adopt(chain, view, tag=self._left.get(chain, 0))
+        del session.kv_tokens[adopted:]
+        self._park_left(chain)
         self._account(session)
 
     def _park_left(self, taken: int) -> None:

@@ -60,14 +60,14 @@ class Parking:
     def size(self) -> int:
         return sum(entry.size for entry in self.entries)
 
-    def adopt(self, seq: int, tokens: Sequence[int], private: Collection[int] = ()) -> int:
+    def adopt(self, seq: int, tokens: Sequence[int], private: Collection[int] = (), tag: int = 0) -> int:
         """As Context.adopt_prefix, where a parked prefix may also give `seq` its start: the longest wins. A parked
         one goes back into the cache; it stays parked too unless `tokens` continue it whole (the sequence will hold
         more of the same conversation when it is parked again). What `seq` held and `tokens` do not continue (another
-        conversation's cells, left for its next turn) is parked first, not thrown away."""
+        conversation's cells, left for its next turn) is parked first, with `tag`, not thrown away."""
         held = self.context.held(seq)
         if seq not in private and common_prefix_length(held, tokens) < len(held):
-            self.park([seq])
+            self.park([seq], tags={seq: tag})
         entry, n = self._best(tokens)
         if entry is not None and n > self.context.reusable(seq, tokens, private):
             self.entries.remove(entry)

@@ -189,9 +189,11 @@ def test_a_second_turn_reuses_the_cells_of_the_first(draft_model, new_tokens):
     assert read <= new_tokens + 8 + 1 < WINDOW.size  # the message, the drafts after it (and the answer's last token)
 
 
+@pytest.mark.parametrize("new_tokens", [10, 40], ids=["within a grid step", "past the next grid step"])
 @pytest.mark.parametrize("cache_ram", [8192, 0], ids=["parked", "kept in the cache"])
 def test_another_conversation_runs_with_the_closed_ones_cells_parked_and_its_next_turn_restores_them(draft_model,
-                                                                                                    cache_ram):
+                                                                                                    cache_ram,
+                                                                                                    new_tokens):
     """A closed session's chain waits in host memory (duo.llama.parking) while another conversation's session runs,
     out of the cells that session's tokens read (even where that session takes its slot); the next turn finds it
     there, at its window's offset, and reads only its new message. With --cache-ram 0 the other session took the
@@ -199,7 +201,9 @@ def test_another_conversation_runs_with_the_closed_ones_cells_parked_and_its_nex
     async def run() -> tuple[int, int, int]:
         drafter = windowed(draft_model, cache_ram=cache_ram)
         drafter.observer = reads = Reads()
-        first = await drafter.open(pb.OpenSession(session_id=1, committed=code_tokens(draft_model, 500), max_ahead=8))
+        # Tokens that never repeat: a window at another offset cannot find them by chance.
+        unique = [(7 * i) % 900 + 100 for i in range(500)]
+        first = await drafter.open(pb.OpenSession(session_id=1, committed=unique, max_ahead=8))
         await draft_until_idle(drafter, [first])
         answered = first.chain[:first.committed]
         await drafter.close(first)
@@ -210,7 +214,7 @@ def test_another_conversation_runs_with_the_closed_ones_cells_parked_and_its_nex
         await drafter.close(other)
         reads.tokens = 0
         second = await drafter.open(pb.OpenSession(
-            session_id=3, committed=answered + code_tokens(draft_model, 17)[7:], max_ahead=8))
+            session_id=3, committed=answered + code_tokens(draft_model, new_tokens + 7)[7:], max_ahead=8))
         await draft_until_idle(drafter, [second])
         assert_kv_holds_the_window(drafter, second)
         restored = drafter.cache.parking.restored if drafter.cache.parking else 0
@@ -221,9 +225,9 @@ def test_another_conversation_runs_with_the_closed_ones_cells_parked_and_its_nex
     idle_cells, read, restored = asyncio.run(run())
     assert idle_cells == 0 and restored == (1 if cache_ram else 0)
     if cache_ram:
-        assert read <= 10 + 8 + 1 < WINDOW.size  # the message and the drafts after it
+        assert read <= new_tokens + 8 + 1 < WINDOW.size  # the message and the drafts after it (at its own offset)
     else:  # the other session took the first's slot, and its cells with it: the window is read again
-        assert read > WINDOW.cells
+        assert read > WINDOW.size - new_tokens
 
 
 def test_greedy_output_through_duo_with_a_windowed_draft_is_the_targets_own(tiny_target, tiny_draft, target_model,

@@ -115,8 +115,8 @@ def test_cache_ram_sets_the_limit_none_for_zero_and_no_limit_below(context):
 def test_a_sequence_taken_for_another_conversation_parks_what_it_held_first(context):
     context.decode(PROMPT, 0, logits_for=[], seq=0)
     parking = Parking(context)
-    assert parking.adopt(0, OTHER) == 0  # another conversation on the same sequence
-    assert [entry.tokens for entry in parking.entries] == [PROMPT] and context.held(0) == []
+    assert parking.adopt(0, OTHER, tag=448) == 0  # another conversation on the same sequence
+    assert [(entry.tokens, entry.tag) for entry in parking.entries] == [(PROMPT, 448)] and context.held(0) == []
     context.decode(OTHER, 0, logits_for=[], seq=0)
     assert parking.adopt(0, PROMPT + [1]) == len(PROMPT) and [e.tokens for e in parking.entries] == [OTHER]
     assert parking.adopt(0, PROMPT + [1, 2]) == len(PROMPT) and parking.restored == 1  # its own cells: no copy
