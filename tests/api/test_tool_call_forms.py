@@ -142,6 +142,24 @@ def test_a_fenced_call_that_never_closes_makes_the_whole_answer_content():
     assert read(whole_answer(text, FUNCTIONS, HERMES)) == (text, [])
 
 
+def test_a_fenced_call_whose_json_breaks_off_into_prose_is_content_whole_and_streamed():
+    """opencode's live run on the F16 1.5B target: the model closed its fence inside the call's object and went on in
+    prose, whose backquote ended the arguments' bracket count only later. No client can parse those arguments
+    (opencode answered "JSON parsing failed"): a call in a wrapping is held until whole and valid, so it is text."""
+    text = ('To create it, use `write_file`:\n\n```json\n{"name": "write_file", "arguments": {"path": "hello.py", '
+            '"content": "print(\'hello\')"\n```\n\nThis writes `hello.py` with `print(\'hello\')`.}}')
+    assert read(whole_answer(text, FUNCTIONS, HERMES)) == (text, [])
+    for pieces in cuts(text):
+        assert streamed(pieces) == (text, []), pieces
+
+
+def test_a_bare_call_with_arguments_that_are_no_json_object_is_content():
+    text = '{"name": "write_file", "arguments": {"path": "hello.py" "content": 1}}'
+    assert read(whole_answer(text, FUNCTIONS, HERMES)) == (text, [])
+    for pieces in cuts(text):
+        assert streamed(pieces) == (text, []), pieces
+
+
 def test_content_streams_up_to_what_may_still_open_a_call_and_no_further():
     splitter = answer_splitter(FUNCTIONS, HERMES)
     assert read(splitter.feed("Writing it now. ")) == ("Writing it now.", [])  # the space may be a bare call's

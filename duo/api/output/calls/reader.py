@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Callable, Protocol
 
@@ -44,14 +45,23 @@ class CallReader:
         self.out: list[Delta] = []           # where the deltas of the text read now go
         self.call: CallOpened | None = None  # the call whose arguments are being read
         self.arguments: list[str] = []       # the call's argument pieces so far
+        self.stringed = False                # they came as a JSON string's text (taken as it is)
         self.calls = 0                       # calls read since the opening
         self.listed = self.format.listed     # the generic format's {"tool_calls": [...]} is a list too
         self.steps = self._wrapped(wrapping) if wrapping else self._calls()
+        # A call in another wrapping (a ```json block, a bare JSON object, <function=NAME>) may be text that only looks
+        # like one: its events are held until it is whole, closed and its arguments valid JSON, and none goes out
+        # where it turns out no call (a model's half-written ```json block, then prose: text, as llama.cpp's parser
+        # reads it, not a call whose arguments no client can parse). The format's own opening streams them.
+        self.holding = bool(wrapping)
+        self.held: list[Delta] = []
+        self.sink: list[Delta] = []          # where the events go once they are let out
 
     def read(self, out: list[Delta], final: bool) -> bool:
         """Read what the buffer holds: True once the calls are over, False while they wait for more text; NotCall
         where they turn out to be none."""
-        self.out = out
+        self.sink = out
+        self.out = self.held if self.holding else out
         self.text.grown(self.splitter.buffer, final)
         try:
             next(self.steps)
@@ -106,8 +116,27 @@ class CallReader:
         for close in closes + ([FENCE] if fenced else []):
             text.space()
             yield from text.expect(close)
-        self._commit()
+        if not self._valid_arguments():
+            raise NotCall
         self.out.append(self.closed())
+        self._let_out()
+
+    def _valid_arguments(self) -> bool:
+        """Whether the call's arguments are a JSON object (or came as a JSON string's text, taken as it is)."""
+        arguments = "".join(self.arguments)
+        if self.stringed:
+            return True
+        try:
+            return isinstance(json.loads(arguments), dict)
+        except ValueError:
+            return False
+
+    def _let_out(self) -> None:
+        """The held call is whole: its events go out, and the text read is the calls'."""
+        self.holding = False
+        self.sink.extend(self.held)
+        self.held, self.out = [], self.sink
+        self._commit()
 
     def _json_tag(self) -> Wait[str]:
         """The tag that may stand between a fence's line break and its JSON call: BARE_CALL where none does."""
@@ -226,11 +255,13 @@ class CallReader:
         JSON call, where a string's text is the arguments (as llama.cpp's parsers' add_tool_call takes it)."""
         assert self.call is not None
         text, xml, scan = self.text, None, None
+        self.stringed = False
         if keyed:
             text.space()
             while text.at_end():
                 yield from text.wait()  # (which passes the space that arrives meanwhile)
             if text.rest().startswith('"'):
+                self.stringed = True
                 yield from self._string(self._argued)
                 return
         if self.format.naming == "xml":
@@ -293,6 +324,9 @@ class CallReader:
         return CallClosed(call.index, ToolCall(call.id, call.name, "".join(self.arguments)), cut)
 
     def _commit(self) -> None:
-        """What was read is the calls': the buffer keeps what comes after it."""
+        """What was read is the calls': the buffer keeps what comes after it (a held call's text stays there until
+        the call is let out: it is content again if no call)."""
+        if self.holding:
+            return
         self.splitter.buffer = self.text.cut()
         self.splitter.opener = ""

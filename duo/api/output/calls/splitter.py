@@ -27,7 +27,8 @@ class CallSplitter:
     too (duo.api.tools.formats.HERMES_WRAPPINGS: a ```json block, a bare JSON call, <function=NAME>): read here as it
     reads them, but for calls of functions the request did not offer, which stay content. A call that turns out
     malformed after it opened is closed as it stands and marks the answer `broken` (events once sent cannot be taken
-    back; a whole answer is then read again as content: see duo.api.output.deltas.whole_answer)."""
+    back; a whole answer is then read again as content: see duo.api.output.deltas.whole_answer). A call in another
+    wrapping goes out only once whole (duo.api.output.calls.reader.CallReader.holding): malformed, it is content."""
 
     def __init__(self, functions: Sequence[FunctionBody], format_: CallFormat) -> None:
         self.functions = {function.name: function for function in functions}
@@ -115,7 +116,10 @@ class CallSplitter:
         if reader.call is not None or self.format.at_start:  # (an at_start format's answer is then content)
             if reader.call is not None:
                 self.broken = True
-                out.append(reader.closed(cut=True))
+                if reader.holding:  # never went out: its text (the whole of it, still in the buffer) is content
+                    self.count -= 1
+                else:
+                    out.append(reader.closed(cut=True))
             self.content(out, self.opener + self.buffer)
             self.buffer = ""
             return True
