@@ -41,6 +41,14 @@ def test_opencode_speaks_chat_completions_to_the_proxy_as_an_openai_compatible_p
     assert opencode.model_path == "/v1/chat/completions"
 
 
+def test_opencode_waits_half_an_hour_for_a_slow_targets_headers_and_chunks(opencode, tmp_path):
+    """Its provider's 5-minute defaults abandoned the F16 target's read of its 7.2k-token prompt on one core."""
+    opencode.command(tmp_path, PROXY)
+    config = json.loads((config_folder(tmp_path) / "opencode.json").read_text())
+    options = config["provider"]["duo"]["options"]
+    assert [options[key] for key in ("timeout", "headerTimeout", "chunkTimeout")] == [1_800_000] * 3
+
+
 def test_opencode_checks_for_no_update_and_shares_nothing(opencode, tmp_path):
     opencode.command(tmp_path, PROXY)
     config = json.loads((config_folder(tmp_path) / "opencode.json").read_text())

@@ -12,6 +12,9 @@ from duo.bench.live.npm import installed
 TASK = "create hello.py that prints hello"
 API_KEY = "sk-duo-test"  # duo-target runs without --api-key: any key is accepted; the clients insist on one
 OPENCODE_OUTPUT = 8192  # opencode's bound on an answer, in tokens (Qwen Code asks for 8000)
+# How long a client waits for a slow target's first event (a long prompt read on a CPU core): the README's setting.
+SLOW_TARGET_MS = 1_800_000
+OPENCODE_TIMEOUTS = ("timeout", "headerTimeout", "chunkTimeout")  # its provider's options, in milliseconds
 
 
 @dataclass(frozen=True)
@@ -83,7 +86,7 @@ def claude_code(agent: Agent, home: Path, proxy_url: str) -> tuple[list[str], di
     # sent again: the README's setting for a slow target (the F16 1.5B on one core read its 18.8k-token prompt in
     # over 30 minutes beside another session's cached prefix).
     return [str(agent.executable()), "-p", TASK], {
-        "ANTHROPIC_BASE_URL": proxy_url, "ANTHROPIC_API_KEY": API_KEY, "CLAUDE_STREAM_IDLE_TIMEOUT_MS": "1800000",
+        "ANTHROPIC_BASE_URL": proxy_url, "ANTHROPIC_API_KEY": API_KEY, "CLAUDE_STREAM_IDLE_TIMEOUT_MS": str(SLOW_TARGET_MS),
         "DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1", "DISABLE_ERROR_REPORTING": "1",
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
     }
@@ -108,11 +111,15 @@ def opencode(agent: Agent, home: Path, proxy_url: str) -> tuple[list[str], dict[
     # serve and an answer's bound, it compacts before the prompt outgrows it, as it does for a model it knows.
     config = home / ".config" / "opencode"
     (config / "node_modules").mkdir(parents=True, exist_ok=True)
+    # Its provider gives up on a request after 5 minutes without response headers or between two streamed chunks
+    # (1.18.33's headerTimeout and chunkTimeout defaults): the F16 1.5B on one core reads its 7.2k-token prompt in
+    # ~4.5 minutes beside its title request (it left, and sent the turn again); given the README's 30 minutes.
     model = {"name": "duo", "limit": {"context": AGENT_CONTEXT, "output": OPENCODE_OUTPUT}}
+    options = {"baseURL": f"{proxy_url}/v1", "apiKey": API_KEY, **dict.fromkeys(OPENCODE_TIMEOUTS, SLOW_TARGET_MS)}
     (config / "opencode.json").write_text(json.dumps({
         "model": "duo/duo", "autoupdate": False, "share": "disabled",
-        "provider": {"duo": {"npm": "@ai-sdk/openai-compatible", "name": "duo",
-                             "options": {"baseURL": f"{proxy_url}/v1", "apiKey": API_KEY}, "models": {"duo": model}}}}))
+        "provider": {"duo": {"npm": "@ai-sdk/openai-compatible", "name": "duo", "options": options,
+                             "models": {"duo": model}}}}))
     # At every start it installs @opencode-ai/plugin from npm into each config folder (for plugins written there),
     # with no setting to skip it, unless the folder's package.json and package-lock.json already list it beside a
     # node_modules: they do, and the folder holds no plugin that would need it.
