@@ -205,6 +205,7 @@ class DraftCache:
         A previous turn's cells hold its window as its offset placed it: the new session takes that offset where it
         finds more there (its window then moves on by a shift, _slide) than under its own."""
         window, held = session.window, self.context.held
+        self._park_left(session.slot.chain)  # first: their cells are free for the run of cells a restore needs
         parked = self.parking.entries if self.parking is not None else []
         offsets = {window.offset_for(work.chain_len), *(offset for offset in [*self._left.values(),
                                                                               *(entry.tag for entry in parked)]
@@ -224,7 +225,6 @@ class DraftCache:
         else:  # the slot's last session's cells, where they are another conversation's, parked at their own offset
             adopted = self.parking.adopt(chain, view, tag=self._left.get(chain, 0))
         del session.kv_tokens[adopted:]
-        self._park_left(chain)
         self._account(session)
 
     def _park_left(self, taken: int) -> None:

@@ -224,6 +224,8 @@ class Context:
         """Sequence `seq`'s cells as llama.cpp writes them (each one's position, keys and values): restore() puts
         them back, in this context only. A copy in host memory: ~28 KiB a token for an F16 Qwen2.5 1.5B."""
         size = llama().llama_state_seq_get_size_ext(self._ctx.ctx, seq, 0)
+        if not size:  # llama.cpp's answer to an error (an empty sequence's state still has a header)
+            raise ModelError(f"llama.cpp could not size sequence {seq}'s cells")
         state = (ctypes.c_uint8 * size)()
         if llama().llama_state_seq_get_data_ext(self._ctx.ctx, state, size, seq, 0) != size:
             raise ModelError(f"llama.cpp did not write the {size} bytes of sequence {seq}'s cells")
@@ -234,7 +236,7 @@ class Context:
         cache has no run of free cells that long (llama.cpp restores a sequence's cells side by side): `seq` then
         holds nothing."""
         read = llama().llama_state_seq_set_data_ext(self._ctx.ctx, state, len(state), seq, 0)
-        if read != len(state):
+        if not read or read != len(state):
             self.clear(seq)
             return False
         self._held[seq] = list(tokens)

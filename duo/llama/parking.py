@@ -17,6 +17,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from duo.llama.context import Context, common_prefix_length
+from duo.llama.errors import ModelError
 
 log = logging.getLogger("duo.llama")
 
@@ -67,7 +68,7 @@ class Parking:
         conversation's cells, left for its next turn) is parked first, with `tag`, not thrown away."""
         held = self.context.held(seq)
         if seq not in private and common_prefix_length(held, tokens) < len(held):
-            self.park([seq], tags={seq: tag})
+            self._save(seq, tag)  # a copy: the shared part stays in the cells, for the adopt below to roll back to
         entry, n = self._best(tokens)
         if entry is not None and n > self.context.reusable(seq, tokens, private):
             self.entries.remove(entry)
@@ -87,12 +88,23 @@ class Parking:
         """Copy each of `seqs` (idle: no request runs on it) to host memory with its tag, unless it is empty,
         `private` (its tokens are no other request's to share) or parked already; then clear it from the cache."""
         for seq in seqs:
-            held = self.context.held(seq)
-            if held and seq not in private and not self._holds(held):
-                self._keep(Parked(list(held), self.context.saved(seq), (tags or {}).get(seq, 0)))
-                log.debug("sequence %d idle: its %d tokens parked (%d prefixes, %.0f MiB)", seq, len(held),
-                          len(self.entries), self.size / MIB)
+            if seq not in private:
+                self._save(seq, (tags or {}).get(seq, 0))
             self.context.clear(seq)
+
+    def _save(self, seq: int, tag: int) -> None:
+        """Keep a copy of what `seq` holds, unless it holds nothing or nothing new. Where that fails (no memory for
+        the copy), the prefix is lost as though it were never parked, and the request that parks it goes on."""
+        held = self.context.held(seq)
+        if not held or self._holds(held):
+            return
+        try:
+            self._keep(Parked(list(held), self.context.saved(seq), tag))
+        except (MemoryError, ModelError) as error:
+            log.warning("sequence %d's %d tokens not parked: %s", seq, len(held), error or "no memory for them")
+            return
+        log.debug("sequence %d idle: its %d tokens parked (%d prefixes, %.0f MiB)", seq, len(held),
+                  len(self.entries), self.size / MIB)
 
     def _best(self, tokens: Sequence[int]) -> tuple[Parked | None, int]:
         """The parked prefix sharing the most leading tokens with `tokens`, and how many."""

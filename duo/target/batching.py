@@ -347,14 +347,13 @@ class StepBatcher:
 
 def _adopt_and_park(context: Context, parking: Parking | None, seq: int, wanted: Sequence[int],
                     private: frozenset[int], idle: Sequence[int]) -> int:
-    """StepBatcher.adopt on the model thread: `seq` adopts its prefix (from the cache or, where `parking` is set, a
-    parked one), then the `idle` sequences (no request holds them) leave the cache for the parking, where their cells
-    would slow every other request's calls (duo.llama.parking). After the adopt: `seq` may fork an idle one's cells."""
+    """StepBatcher.adopt on the model thread: the `idle` sequences (no request holds them) leave the cache for the
+    parking, where their cells would slow every other request's calls (duo.llama.parking), then `seq` adopts its
+    prefix from the cache or a parked one. Parked first, their cells are free for the run of cells a restore needs."""
     if parking is None:
         return context.adopt_prefix(seq, wanted, private)
-    adopted = parking.adopt(seq, wanted, private)
     parking.park((other for other in idle if other != seq), private)
-    return adopted
+    return parking.adopt(seq, wanted, private)
 
 
 def one_token_seconds(context: Context, calls: int = ALONE_TIMING_CALLS) -> float:

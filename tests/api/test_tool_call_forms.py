@@ -153,11 +153,21 @@ def test_a_fenced_call_whose_json_breaks_off_into_prose_is_content_whole_and_str
         assert streamed(pieces) == (text, []), pieces
 
 
-def test_a_bare_call_with_arguments_that_are_no_json_object_is_content():
-    text = '{"name": "write_file", "arguments": {"path": "hello.py" "content": 1}}'
+def test_after_a_malformed_fenced_call_the_rest_of_the_answer_is_content_however_it_streams():
+    """As the whole answer reads (llama.cpp's parser fails it all): a call written after it is content too, whichever
+    pieces carry the fence's end and the call's opening."""
+    text = f'```json\n{{"name": "write_file", "arguments": {{"path": "a",}}}}\n```\n<tool_call>\n{WRITE_HELLO}\n</tool_call>'
     assert read(whole_answer(text, FUNCTIONS, HERMES)) == (text, [])
     for pieces in cuts(text):
         assert streamed(pieces) == (text, []), pieces
+
+
+def test_a_bare_call_with_arguments_that_are_no_json_object_is_content():
+    for text in ('{"name": "write_file", "arguments": {"path": "hello.py" "content": 1}}',
+                 '{"name": "write_file", "arguments": "path: hello.py"}'):
+        assert read(whole_answer(text, FUNCTIONS, HERMES)) == (text, [])
+        for pieces in cuts(text):
+            assert streamed(pieces) == (text, []), pieces
 
 
 def test_content_streams_up_to_what_may_still_open_a_call_and_no_further():

@@ -121,3 +121,11 @@ def test_a_sequence_taken_for_another_conversation_parks_what_it_held_first(cont
     assert parking.adopt(0, PROMPT + [1]) == len(PROMPT) and [e.tokens for e in parking.entries] == [OTHER]
     assert parking.adopt(0, PROMPT + [1, 2]) == len(PROMPT) and parking.restored == 1  # its own cells: no copy
     assert parking.adopt(1, [9, 9], private={1}) == 0 and len(parking.entries) == 1
+
+
+def test_a_sequence_sharing_part_of_a_new_prompt_keeps_its_cells_and_parks_a_copy_of_the_rest(context):
+    context.decode(PROMPT, 0, logits_for=[], seq=0)
+    parking = Parking(context)
+    assert parking.adopt(0, PROMPT[:100] + [1]) == 100
+    assert list(context.held(0)) == PROMPT[:100] and parking.restored == 0  # rolled back, not copied out and in
+    assert [entry.tokens for entry in parking.entries] == [PROMPT]

@@ -45,7 +45,6 @@ class CallReader:
         self.out: list[Delta] = []           # where the deltas of the text read now go
         self.call: CallOpened | None = None  # the call whose arguments are being read
         self.arguments: list[str] = []       # the call's argument pieces so far
-        self.stringed = False                # they came as a JSON string's text (taken as it is)
         self.calls = 0                       # calls read since the opening
         self.listed = self.format.listed     # the generic format's {"tool_calls": [...]} is a list too
         self.steps = self._wrapped(wrapping) if wrapping else self._calls()
@@ -122,12 +121,9 @@ class CallReader:
         self._let_out()
 
     def _valid_arguments(self) -> bool:
-        """Whether the call's arguments are a JSON object (or came as a JSON string's text, taken as it is)."""
-        arguments = "".join(self.arguments)
-        if self.stringed:
-            return True
+        """Whether the call's arguments are a JSON object (where they came as a JSON string, its text is one)."""
         try:
-            return isinstance(json.loads(arguments), dict)
+            return isinstance(json.loads("".join(self.arguments)), dict)
         except ValueError:
             return False
 
@@ -255,13 +251,11 @@ class CallReader:
         JSON call, where a string's text is the arguments (as llama.cpp's parsers' add_tool_call takes it)."""
         assert self.call is not None
         text, xml, scan = self.text, None, None
-        self.stringed = False
         if keyed:
             text.space()
             while text.at_end():
                 yield from text.wait()  # (which passes the space that arrives meanwhile)
             if text.rest().startswith('"'):
-                self.stringed = True
                 yield from self._string(self._argued)
                 return
         if self.format.naming == "xml":

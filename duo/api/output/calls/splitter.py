@@ -40,6 +40,7 @@ class CallSplitter:
         self.started = False  # content went out (an at_start format then has no call)
         self.broken = False   # a call turned out malformed after it was opened
         self.after_call = False  # a call closed and no content came since (the space after a call is not content)
+        self.plain = False  # the rest of the answer is content (a held call turned out malformed)
 
     def feed(self, text: str) -> list[Delta]:
         self.buffer += text
@@ -59,6 +60,10 @@ class CallSplitter:
 
     def _find_calls(self, out: list[Delta], final: bool) -> bool:
         """Content up to where calls open (True: they do), or up to what may still become their opening."""
+        if self.plain:
+            self.content(out, self.buffer)
+            self.buffer = ""
+            return False
         if self.format.at_start:
             return self._find_bare_calls(out, final)
         openers = self.format.openers
@@ -116,8 +121,9 @@ class CallSplitter:
         if reader.call is not None or self.format.at_start:  # (an at_start format's answer is then content)
             if reader.call is not None:
                 self.broken = True
-                if reader.holding:  # never went out: its text (the whole of it, still in the buffer) is content
-                    self.count -= 1
+                if reader.holding:  # never went out: its text (the whole of it, still in the buffer) is content, and
+                    self.count -= 1  # so is the rest of the answer, as when the whole answer is read (whole_answer)
+                    self.plain = True
                 else:
                     out.append(reader.closed(cut=True))
             self.content(out, self.opener + self.buffer)
