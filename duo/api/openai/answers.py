@@ -8,10 +8,12 @@ import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from typing import Any
 
 from duo import __version__
 from duo.api.openai.errors import api_error, generation_error
+from duo.api.output.beats import beating
 from duo.api.output.deltas import (CallArguments, CallClosed, CallOpened, Delta, Reasoning, ReasoningDelta, TextDelta,
                                    answer_splitter, whole_answer)
 from duo.api.output.logprobs import chat_logprobs, completion_logprobs
@@ -23,6 +25,11 @@ from duo.api.serving.generate import Piece
 from duo.api.serving.request import ShuttingDown
 from duo.api.tools import CallFormat, FunctionBody
 
+# A stream with nothing to send for this long (its prompt read, a call held until whole) sends an SSE comment, which
+# every SSE parser skips: clients give up on a silent stream (opencode after 5 minutes without a chunk, then sends
+# the turn again), and an agent's long prompt read on one CPU core, or a long file written in a call, outlasts that.
+KEEP_ALIVE_S = 10.0
+KEEP_ALIVE = ": keep-alive\n\n"
 # Which build answered (OpenAI's system_fingerprint), in llama-server's shape b<build>-<name>: duo's version.
 SYSTEM_FINGERPRINT = f"b{__version__}-duo"
 
@@ -52,6 +59,7 @@ class OpenAIFormat(ABC):
         # committed the tokens since the chunk before (steps whose text is held back go with the next chunk).
         self.sources = SourceAligner() if sources else None
         self.unsent_steps: list[list[str]] = []
+        self.shown = 0  # characters of text streamed so far
 
     def whole(self, pieces: list[Piece]) -> dict[str, Any]:
         last = pieces[-1]
@@ -70,40 +78,51 @@ class OpenAIFormat(ABC):
         try:
             for chunk in self.opening_chunks():
                 yield sse(self._chunk(chunk, include_usage))
-            shown = 0  # characters of text sent so far
-            async for piece in choice:
-                if piece.progress is not None:  # llama-server's return_progress: a chunk of no text says it
-                    yield sse(progress_event(self._chunk(self.progress_choice(), include_usage), piece.progress,
-                                             self.timings_per_token))
-                    continue
-                self.read(piece)
-                if self.sources is not None:
-                    self.sources.feed(piece.text, piece.sources)
-                    self.unsent_steps.append(list(piece.token_sources))
-                choices = self.chunk_choices(piece.text, piece.finish_reason) if piece.text or piece.finish_reason \
-                    else []
-                if piece.logprobs is not None:
-                    choices = choices or [self.empty_choice(None)]
-                    choices[0]["logprobs"] = self.shown_logprobs(piece.logprobs, shown)
-                shown += len(piece.text)
-                for choice in choices:
-                    chunk = self._chunk(choice, include_usage)
-                    if self.sources is not None:
-                        chunk["duo"] = self._sources(choice)
-                    if choice["finish_reason"]:
-                        chunk["duo_stats"] = piece.stats.fields(piece.draft_connected)
-                    # llama-server's: the last chunk carries the timings, and every one where timings_per_token
-                    if self.timings_per_token or (choice["finish_reason"] and not include_usage):
-                        chunk["timings"] = timings(piece.stats)
-                    yield sse(chunk)
-                if piece.finish_reason and include_usage:
-                    yield sse({**self.envelope(self.chunk_object_name), "choices": [], "usage": usage(piece),
-                               "timings": timings(piece.stats)})
+            said = time.monotonic()  # when the stream last sent something
+            async with aclosing(beating(choice, KEEP_ALIVE_S)) as beats:
+                async for piece in beats:
+                    events = [] if piece is None else self._piece_events(piece, include_usage)
+                    if not events and time.monotonic() - said >= KEEP_ALIVE_S:
+                        events = [KEEP_ALIVE]
+                    for event in events:
+                        yield event
+                    if events:
+                        said = time.monotonic()
         except ShuttingDown as error:
             yield sse(api_error(error).body())
         except Exception as error:  # this request's own failure: an error event, then [DONE] as always
             yield sse(generation_error(error).body())
         yield "data: [DONE]\n\n"
+
+    def _piece_events(self, piece: Piece, include_usage: bool) -> list[str]:
+        """The chunks a piece of the answer makes: none while its text is held back (a call being read)."""
+        if piece.progress is not None:  # llama-server's return_progress: a chunk of no text says it
+            return [sse(progress_event(self._chunk(self.progress_choice(), include_usage), piece.progress,
+                                       self.timings_per_token))]
+        self.read(piece)
+        if self.sources is not None:
+            self.sources.feed(piece.text, piece.sources)
+            self.unsent_steps.append(list(piece.token_sources))
+        choices = self.chunk_choices(piece.text, piece.finish_reason) if piece.text or piece.finish_reason else []
+        if piece.logprobs is not None:
+            choices = choices or [self.empty_choice(None)]
+            choices[0]["logprobs"] = self.shown_logprobs(piece.logprobs, self.shown)
+        self.shown += len(piece.text)
+        events = []
+        for choice in choices:
+            chunk = self._chunk(choice, include_usage)
+            if self.sources is not None:
+                chunk["duo"] = self._sources(choice)
+            if choice["finish_reason"]:
+                chunk["duo_stats"] = piece.stats.fields(piece.draft_connected)
+            # llama-server's: the last chunk carries the timings, and every one where timings_per_token
+            if self.timings_per_token or (choice["finish_reason"] and not include_usage):
+                chunk["timings"] = timings(piece.stats)
+            events.append(sse(chunk))
+        if piece.finish_reason and include_usage:
+            events.append(sse({**self.envelope(self.chunk_object_name), "choices": [], "usage": usage(piece),
+                               "timings": timings(piece.stats)}))
+        return events
 
     def _chunk(self, choice: dict[str, Any], include_usage: bool) -> dict[str, Any]:
         chunk = {**self.envelope(self.chunk_object_name), "choices": [choice]}
