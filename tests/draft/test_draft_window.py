@@ -163,6 +163,17 @@ def test_a_session_longer_than_the_drafts_ctx_size_is_served(draft_model):
     assert sum(len(chunk.tokens) for chunk in chunks) >= 2
 
 
+async def next_turn(drafter: Drafter, reads: Reads, answered: list[int], message: list[int]) -> int:
+    """A conversation's next turn (its answer so far, then `message`) drafted until idle, its KV checked: the tokens
+    the draft read for it."""
+    reads.tokens = 0
+    session = await drafter.open(pb.OpenSession(session_id=99, committed=answered + message, max_ahead=8))
+    await draft_until_idle(drafter, [session])
+    assert_kv_holds_the_window(drafter, session)
+    await drafter.close(session)
+    return reads.tokens
+
+
 @pytest.mark.parametrize("new_tokens", [10, 40], ids=["within a grid step", "past the next grid step"])
 def test_a_second_turn_reuses_the_cells_of_the_first(draft_model, new_tokens):
     """The next turn's prompt is the last one's sequence and a new message: the draft reads the message, not the
@@ -176,14 +187,9 @@ def test_a_second_turn_reuses_the_cells_of_the_first(draft_model, new_tokens):
         await draft_until_idle(drafter, [first])
         answered = first.chain[:first.committed]
         await drafter.close(first)
-        reads.tokens = 0
-        second = await drafter.open(pb.OpenSession(
-            session_id=2, committed=answered + code_tokens(draft_model, new_tokens + 7)[7:], max_ahead=8))
-        await draft_until_idle(drafter, [second])
-        assert_kv_holds_the_window(drafter, second)
-        await drafter.close(second)
+        read = await next_turn(drafter, reads, answered, code_tokens(draft_model, new_tokens + 7)[7:])
         await drafter.stop()
-        return reads.tokens
+        return read
 
     read = asyncio.run(run())
     assert read <= new_tokens + 8 + 1 < WINDOW.size  # the message, the drafts after it (and the answer's last token)
@@ -212,15 +218,10 @@ def test_another_conversation_runs_with_the_closed_ones_cells_parked_and_its_nex
         context = drafter.cache.context
         idle_cells = sum(context.past(seq) for seq in range(context.n_seq)) - context.past(other.slot.chain)
         await drafter.close(other)
-        reads.tokens = 0
-        second = await drafter.open(pb.OpenSession(
-            session_id=3, committed=answered + code_tokens(draft_model, new_tokens + 7)[7:], max_ahead=8))
-        await draft_until_idle(drafter, [second])
-        assert_kv_holds_the_window(drafter, second)
+        read = await next_turn(drafter, reads, answered, code_tokens(draft_model, new_tokens + 7)[7:])
         restored = drafter.cache.parking.restored if drafter.cache.parking else 0
-        await drafter.close(second)
         await drafter.stop()
-        return idle_cells, reads.tokens, restored
+        return idle_cells, read, restored
 
     idle_cells, read, restored = asyncio.run(run())
     assert idle_cells == 0 and restored == (1 if cache_ram else 0)
