@@ -271,6 +271,8 @@ class Context:
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
     """How many leading tokens `a` and `b` share."""
     n = min(len(a), len(b))
+    if not n or a[0] != b[0]:  # another conversation: no copies of either
+        return 0
     if list(a[:n]) == list(b[:n]):  # the common case (a session catching up) in one comparison
         return n
     return next(i for i in range(n) if a[i] != b[i])

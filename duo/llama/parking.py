@@ -23,6 +23,9 @@ log = logging.getLogger("duo.llama")
 
 MIB = 1 << 20
 DEFAULT_LIMIT_MIB = 8192  # llama-server's --cache-ram default
+# The most prefixes kept, the oldest dropped first: each request's start compares its prompt with every one of them on
+# the model thread, holding the GIL (a soak of short requests on a tiny model parks thousands within the byte limit).
+MAX_PARKED = 128
 
 
 @dataclass
@@ -127,6 +130,7 @@ class Parking:
             return
         self.entries = [old for old in self.entries
                         if common_prefix_length(old.tokens, entry.tokens) < len(old.tokens)]
-        while self.limit_bytes is not None and self.entries and self.size + entry.size > self.limit_bytes:
+        while self.entries and (len(self.entries) >= MAX_PARKED or self.limit_bytes is not None
+                                and self.size + entry.size > self.limit_bytes):
             self.entries.pop(0)
         self.entries.append(entry)

@@ -129,3 +129,14 @@ def test_a_sequence_sharing_part_of_a_new_prompt_keeps_its_cells_and_parks_a_cop
     assert parking.adopt(0, PROMPT[:100] + [1]) == 100
     assert list(context.held(0)) == PROMPT[:100] and parking.restored == 0  # rolled back, not copied out and in
     assert [entry.tokens for entry in parking.entries] == [PROMPT]
+
+
+def test_at_most_max_parked_prefixes_are_kept_the_oldest_dropped(context, monkeypatch):
+    from duo.llama import parking as parking_module
+
+    monkeypatch.setattr(parking_module, "MAX_PARKED", 3)
+    parking = Parking(context)
+    for first in range(5):
+        context.decode([first + 1, 7, 8], 0, logits_for=[], seq=0)
+        parking.park([0])
+    assert [entry.tokens[0] for entry in parking.entries] == [3, 4, 5]
