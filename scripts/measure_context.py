@@ -29,13 +29,13 @@ from duo.llama.model import Model
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def code_tokens(model: Model, count: int) -> list[int]:
-    """`count` tokens of Python source (duo's own files, repeated if need be)."""
+def code_tokens(model: Model, count: int, start: int = 0) -> list[int]:
+    """`count` tokens of Python source from token `start` on (duo's own files, repeated if need be)."""
     text = "".join(path.read_text() for path in sorted((ROOT / "duo").rglob("*.py")))
     tokens = model.tokenize(text, add_special=False)
-    while len(tokens) < count:
+    while len(tokens) < start + count:
         tokens += tokens
-    return tokens[:count]
+    return tokens[start:start + count]
 
 
 def time_call(context, pos: int, tokens: list[int]) -> float:

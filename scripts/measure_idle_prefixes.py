@@ -32,17 +32,9 @@ from duo.bench.llama_server import llama_server_binary  # noqa: E402
 from duo.bench.machine import machine_info, this_commit  # noqa: E402
 from duo.llama.model import Model  # noqa: E402
 from duo.net.listening import free_port  # noqa: E402
+from measure_context import code_tokens  # noqa: E402  (a script beside this one)
 
 SERVERS = ("duo", "duo-cache-ram-0", "llama-server")
-
-
-def code_tokens(model: Model, start: int, count: int) -> list[int]:
-    """`count` tokens of Python source from token `start` on (duo's own files, repeated if need be)."""
-    text = "".join(path.read_text() for path in sorted((ROOT / "duo").rglob("*.py")))
-    tokens = model.tokenize(text, add_special=False)
-    while len(tokens) < start + count:
-        tokens += tokens
-    return tokens[start:start + count]
 
 
 def command(server: str, model: Path, context: int, port: int) -> list[str]:
@@ -117,9 +109,9 @@ def main() -> None:
     args = parser.parse_args()
     args.logs.mkdir(parents=True, exist_ok=True)
     tokenizer = Model(args.model, threads=1)
-    first = code_tokens(tokenizer, 0, args.first)
-    second = code_tokens(tokenizer, args.first + 10_000, args.second)
-    follow_up = first + code_tokens(tokenizer, 5_000, 16)
+    first = code_tokens(tokenizer, args.first)
+    second = code_tokens(tokenizer, args.second, start=args.first + 10_000)
+    follow_up = first + code_tokens(tokenizer, 16, start=5_000)
     rows = [measure(server, args.model, first, second, follow_up, args.decode, args.core, args.logs, args.settle)
             for server in args.servers]
     machine = machine_info(argparse.Namespace(target_cores=[args.core], draft_cores=[]))
