@@ -4,7 +4,6 @@ server-sent events (message_start, content_block_start / _delta / _stop per bloc
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import aclosing
@@ -18,7 +17,7 @@ from duo.api.output.deltas import (AnswerSplitter, CallClosed, CallOpened, Delta
 from duo.api.anthropic.errors import error_body
 from duo.api.anthropic.translate import anthropic_id
 from duo.api.serving.request import ShuttingDown
-from duo.api.output.beats import beating
+from duo.api.output.beats import kept_alive
 from duo.target.request import GenerationStats
 
 if TYPE_CHECKING:  # as duo.api.output.deltas names them: the tools package builds on these events
@@ -223,23 +222,21 @@ class MessagesFormat:
         yield sse({"type": "message_start",
                    "message": self._message([], GenerationStats(prompt_tokens=choice.prompt_tokens))})
         yield sse({"type": "ping"})
-        said = time.monotonic()  # when the last event was sent
+        def events_of(piece: Piece) -> list[Event]:
+            nonlocal splitter
+            if splitter is None:  # the prompt is read: whether it opened reasoning is known
+                splitter = answer_splitter(self.functions, self.call_format, reasoning=piece.reasoning)
+            pieces.append(piece)
+            events = blocks.feed(splitter.feed(piece.text))
+            if piece.finish_reason:
+                events += self._ending(blocks, splitter, pieces)
+            return events
+
         try:
-            async with aclosing(beating(choice, PING_INTERVAL_S)) as beats:
-                async for piece in beats:
-                    events: list[Event] = []
-                    if piece is not None:
-                        if splitter is None:  # the prompt is read: whether it opened reasoning is known
-                            splitter = answer_splitter(self.functions, self.call_format, reasoning=piece.reasoning)
-                        pieces.append(piece)
-                        events = blocks.feed(splitter.feed(piece.text))
-                        if piece.finish_reason:
-                            events += self._ending(blocks, splitter, pieces)
-                    if not events and time.monotonic() - said >= PING_INTERVAL_S:
-                        events = [{"type": "ping"}]
-                    for event in events:
-                        yield sse(event)
-                    said = time.monotonic() if events else said
+            events = kept_alive(choice, PING_INTERVAL_S, events_of, lambda: {"type": "ping"})
+            async with aclosing(events):
+                async for event in events:
+                    yield sse(event)
         except ShuttingDown as error:
             yield _error_event(api_error(error).status, str(error))
         except Exception as error:  # this request's own failure: an error event ends the stream

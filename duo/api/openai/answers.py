@@ -13,7 +13,7 @@ from typing import Any
 
 from duo import __version__
 from duo.api.openai.errors import api_error, generation_error
-from duo.api.output.beats import beating
+from duo.api.output.beats import kept_alive
 from duo.api.output.deltas import (CallArguments, CallClosed, CallOpened, Delta, Reasoning, ReasoningDelta, TextDelta,
                                    answer_splitter, whole_answer)
 from duo.api.output.logprobs import chat_logprobs, completion_logprobs
@@ -78,16 +78,11 @@ class OpenAIFormat(ABC):
         try:
             for chunk in self.opening_chunks():
                 yield sse(self._chunk(chunk, include_usage))
-            said = time.monotonic()  # when the stream last sent something
-            async with aclosing(beating(choice, KEEP_ALIVE_S)) as beats:
-                async for piece in beats:
-                    events = [] if piece is None else self._piece_events(piece, include_usage)
-                    if not events and time.monotonic() - said >= KEEP_ALIVE_S:
-                        events = [KEEP_ALIVE]
-                    for event in events:
-                        yield event
-                    if events:
-                        said = time.monotonic()
+            events = kept_alive(choice, KEEP_ALIVE_S, lambda piece: self._piece_events(piece, include_usage),
+                                lambda: KEEP_ALIVE)
+            async with aclosing(events):
+                async for event in events:
+                    yield event
         except ShuttingDown as error:
             yield sse(api_error(error).body())
         except Exception as error:  # this request's own failure: an error event, then [DONE] as always

@@ -5,9 +5,14 @@ core takes minutes, past the clients' idle timeouts: Claude Code's and Codex's a
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterable, AsyncIterator
+import time
+from collections.abc import AsyncIterable, AsyncIterator, Callable
+from contextlib import aclosing
+from typing import TypeVar
 
 from duo.api.serving.generate import Piece
+
+T = TypeVar("T")
 
 
 async def beating(pieces: AsyncIterable[Piece], interval: float) -> AsyncIterator[Piece | None]:
@@ -34,3 +39,19 @@ async def beating(pieces: AsyncIterable[Piece], interval: float) -> AsyncIterato
         if waiting is not None:
             waiting.cancel()
             await asyncio.gather(waiting, return_exceptions=True)
+
+
+async def kept_alive(pieces: AsyncIterable[Piece], interval: float, events_of: Callable[[Piece], list[T]],
+                     beat: Callable[[], T]) -> AsyncIterator[T]:
+    """Each piece's events (`events_of`) as they come, and `beat()` each time `interval` seconds passed with none sent:
+    while the prompt is read, and while a piece makes no event (a call held until whole)."""
+    said = time.monotonic()  # when the last event was sent
+    async with aclosing(beating(pieces, interval)) as beats:
+        async for piece in beats:
+            events = [] if piece is None else events_of(piece)
+            if not events and time.monotonic() - said >= interval:
+                events = [beat()]
+            for event in events:
+                yield event
+            if events:
+                said = time.monotonic()

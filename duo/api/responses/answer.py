@@ -9,7 +9,7 @@ from contextlib import aclosing
 from typing import Any
 
 from duo.api.openai.errors import ApiError, api_error, generation_error
-from duo.api.output.beats import beating
+from duo.api.output.beats import kept_alive
 from duo.api.output.deltas import AnswerSplitter, answer_splitter, whole_answer
 from duo.api.output.progress import progress_event
 from duo.api.output.timings import timings
@@ -62,16 +62,12 @@ class ResponsesFormat:
         KEEPALIVE_S. `include_usage` does not apply: the last event carries the usage."""
         for kind in ("response.created", "response.in_progress"):
             yield self._sse({"type": kind, "response": self._response("in_progress", [])})
-        said = time.monotonic()  # when the last event was sent
         try:
-            async with aclosing(beating(choice, KEEPALIVE_S)) as beats:
-                async for piece in beats:
-                    events = [] if piece is None else self._events_of(piece)
-                    if not events and time.monotonic() - said >= KEEPALIVE_S:
-                        events = [{"type": "response.in_progress", "response": self._response("in_progress", [])}]
-                    for event in events:
-                        yield self._sse(event)
-                    said = time.monotonic() if events else said
+            events = kept_alive(choice, KEEPALIVE_S, self._events_of,
+                                lambda: {"type": "response.in_progress", "response": self._response("in_progress", [])})
+            async with aclosing(events):
+                async for event in events:
+                    yield self._sse(event)
         except ShuttingDown as error:
             for event in self._failed(api_error(error)):
                 yield event
