@@ -84,9 +84,12 @@ def claude_code(agent: Agent, home: Path, proxy_url: str) -> tuple[list[str], di
     # (Statsig telemetry, the auto-updater, Sentry error reports, and the "nonessential" rest at once).
     # Its stream watchdog is reset by every event but ping, so a prompt read over its 5-minute default is abandoned and
     # sent again: the README's setting for a slow target (the F16 1.5B on one core read its 18.8k-token prompt in
-    # over 30 minutes beside another session's cached prefix).
+    # over 30 minutes beside another session's cached prefix). And its requests time out after API_TIMEOUT_MS
+    # (600,000 by default; streamed or not): its sub-agents' first requests (11.4k tokens, two read at once) were cut
+    # at exactly 600 s, and their task with them.
     return [str(agent.executable()), "-p", TASK], {
         "ANTHROPIC_BASE_URL": proxy_url, "ANTHROPIC_API_KEY": API_KEY, "CLAUDE_STREAM_IDLE_TIMEOUT_MS": str(SLOW_TARGET_MS),
+        "API_TIMEOUT_MS": str(SLOW_TARGET_MS),
         "DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1", "DISABLE_ERROR_REPORTING": "1",
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
     }
