@@ -29,6 +29,7 @@ from duo.sampling.distributions import NoTokenAllowed, SparseDist, chain_log_pro
 from duo.sampling.ops.penalties import OutputCounts, Penalties
 from duo.sampling.params import SamplingParams
 from duo.sampling.verification import Verdict, verify
+from duo.target.following import Readers
 from duo.target.policy import AdaptivePolicy, choose_together
 
 log = logging.getLogger("duo.target")
@@ -152,6 +153,7 @@ class StepBatcher:
         # next request that takes one. Of those, the ones a private request holds now.
         self._private: set[int] = set()
         self._held_privately: set[int] = set()
+        self.readers = Readers(context)  # the prompts being read: a later read of the same prefix follows the first
 
     @property
     def running(self) -> int:
@@ -210,6 +212,7 @@ class StepBatcher:
             # request's adopt, which would start from these cells; the context's close).
             self._private.add(seq)
         self._held_privately.discard(seq)
+        self.readers.stop(seq)
         self.away(seq)
         self._queue = [(work, future) for work, future in self._queue if work.seq != seq]
         self._free.append(seq)
@@ -264,6 +267,8 @@ class StepBatcher:
                 result = VerifyResult(result, len(item.drafts), batch, seconds, with_prefill, tokens, decode_seconds)
             self._thinking.add(item.work.seq)
             item.future.set_result(result)
+        if with_prefill:
+            self.readers.progressed()
 
     async def _gather(self) -> None:
         """Wait, at most GATHER_S, for the requests the last call served to come back."""

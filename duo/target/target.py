@@ -193,13 +193,31 @@ class Target:
 
         The prefix found is counted before the read: a request cancelled during it says what it found. Cancelled,
         the read stops after the chunk in flight, and every chunk decoded stays in the sequence's cells (leave keeps
-        them): the same prompt sent again (an agent's retry after its idle timeout) starts from them."""
+        them): the same prompt sent again (an agent's retry after its idle timeout) starts from them.
+
+        Where an earlier request is reading the same prefix, at least a chunk of it past what this one holds, this
+        one waits for its cells instead of reading them too, and counts them as cached (duo.target.following)."""
         stats.cached_prompt_tokens = pos = await batcher.adopt(seq, tokens if shared else [])
         yield pos
         end = len(tokens) - batcher.prompt_tail(len(tokens) - pos)
-        while pos < end:
-            pos += await batcher.run(PrefillWork(seq, pos, tokens[pos:end]))
-            yield pos
+        if shared:
+            batcher.readers.start(seq, tokens)
+        following = shared
+        try:
+            while pos < end:
+                lead = batcher.readers.leader(seq, tokens, pos) if following else None
+                if lead is None:
+                    pos += await batcher.run(PrefillWork(seq, pos, tokens[pos:end]))
+                else:  # an earlier request reads the same prefix: its cells, once read, are this one's too
+                    batcher.away(seq)  # no call waits for this request meanwhile
+                    await batcher.readers.follow(*lead)
+                    adopted = await batcher.adopt(seq, tokens)
+                    following = adopted > pos  # nothing gained (the leader's cells went): the rest read alone
+                    stats.cached_prompt_tokens += adopted - pos
+                    pos = adopted
+                yield pos
+        finally:
+            batcher.readers.stop(seq)
 
     async def _await_drafts(self, generation: Generation, want: int) -> None:
         """Synchronous mode: wait until `want` drafts are pending, the draft stopped, or it is gone."""
