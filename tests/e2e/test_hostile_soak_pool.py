@@ -55,9 +55,15 @@ def issue_49_bad_bodies() -> list[tuple[str, str]]:
     ]
 
 
-def heavy_bodies() -> list[tuple[str, str]]:
-    """(path, raw body) of issue 49's items 5-7 and 9 that are a client's right: each gets an answer, not a 5xx."""
-    unknown = {f"{i}{'n' * 1_000_000}": 1 for i in range(4)}  # 7: four 1 MB field names, ignored
+def unknown_fields_body() -> str:
+    """Issue 49's item 7: four 1 MB field names, ignored (4 MB to build: made before the clock runs, as the bad
+    bodies are; building it in the watch's process held its GIL, and /health's time with it)."""
+    return json.dumps({"prompt": "hi", "n_predict": 1, **{f"{i}{'n' * 1_000_000}": 1 for i in range(4)}})
+
+
+def heavy_bodies(unknown: str) -> list[tuple[str, str]]:
+    """(path, raw body) of issue 49's items 5-7 and 9 that are a client's right: each gets an answer, not a 5xx.
+    `unknown`: unknown_fields_body()."""
     # Qwen's <tool_call> named as its token (as duo's own tool grammars do), then a long argument in many pieces.
     forced_call = 'start: <[151657]> "\\n{\\"name\\": \\"f\\", \\"arguments\\": {\\"a\\": \\"" /x{2000}/'
     return [
@@ -67,7 +73,7 @@ def heavy_bodies() -> list[tuple[str, str]]:
         ("/completion", json.dumps({"prompt": "hi", "n_predict": 8, "mirostat": 2, "mirostat_tau": -1e6,  # 6
                                     "mirostat_eta": 1e6})),
         ("/v1/chat/completions", chat(mirostat=1, mirostat_tau=1e6, mirostat_eta=1e6)),  # 6
-        ("/completion", json.dumps({"prompt": "hi", "n_predict": 1, **unknown})),  # 7
+        ("/completion", unknown),  # 7
         ("/v1/chat/completions", chat(max_tokens=400, stream=True, grammar=forced_call,  # 9: a call streamed in pieces
                                       tools=[{"type": "function", "function": {"name": "f", "parameters": {
                                           "type": "object", "properties": {"a": {"type": "string"}}}}}])),
@@ -134,6 +140,7 @@ def test_a_hostile_pool_and_client_beside_an_honest_joined_draft_stall_and_chang
                 time.sleep(0.02)
 
         bad = first_soak_bodies() + issue_49_bad_bodies()  # made before the clock runs (they hold this GIL)
+        unknown = unknown_fields_body()
         # Its own process: building and sending a 64 MB Hello would hold this one's GIL, and the watch with it.
         joiner = subprocess.Popen([sys.executable, hostile_joiner.__file__,
                                    f"127.0.0.1:{pool_port}", str(tiny_target)],
@@ -145,7 +152,7 @@ def test_a_hostile_pool_and_client_beside_an_honest_joined_draft_stall_and_chang
                 for path, raw in bad:
                     posting[0] = f"{path} {raw[:60]}"
                     answers.append((path, raw[:60], *post(url, path, raw)))
-                for path, raw in heavy_bodies():
+                for path, raw in heavy_bodies(unknown):
                     posting[0] = f"{path} {raw[:60]}"
                     heavy.append((path, raw[:60], *post(url, path, raw)))
                 rounds += 1
