@@ -16,6 +16,7 @@ Per server, over /completion with token ids:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -23,6 +24,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,24 +72,56 @@ def complete(url: str, tokens: list[int], n_predict: int) -> dict:
         return json.load(answer)["timings"]
 
 
-def measure(server: str, model: Path, first: list[int], second: list[int], follow_up: list[int], decode: int,
-            core: int, logs: Path, settle: float) -> dict:
+@contextlib.contextmanager
+def serving(server: str, model: Path, context: int, core: int, logs: Path, settle: float) -> Iterator[str]:
+    """`server` (SERVERS) serving `model` on `core`, its log in `logs`: its URL, once it answers and `settle` seconds
+    have passed; stopped on exit."""
     port = free_port()
-    context = len(first) + len(second) + len(follow_up) + decode + 64
-    log = logs / f"{server}.log"
-    with open(log, "wb") as out:
+    with open(logs / f"{server}.log", "wb") as out:
         process = subprocess.Popen(command(server, model, context, port), stdout=out, stderr=subprocess.STDOUT,
                                    cwd=ROOT, preexec_fn=lambda: os.sched_setaffinity(0, {core}))
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, process)
         time.sleep(settle)  # duo-target builds its grammar tokenizer after /health answers: not on the reads' time
-        a = complete(url, first, 1)
-        b = complete(url, second, decode)
-        again = complete(url, follow_up, 1)
+        yield url
     finally:
         process.terminate()
         process.wait(60)
+
+
+def add_server_arguments(parser: argparse.ArgumentParser, servers: tuple[str, ...], logs: str) -> None:
+    """The arguments every measure of one server at a time takes: the model, the core, the servers, the settling
+    time, where the logs and the JSON go."""
+    parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--core", type=int, default=1, help="the core every server runs on, one at a time")
+    parser.add_argument("--servers", nargs="+", choices=servers, default=list(servers))
+    parser.add_argument("--settle", type=float, default=30, help="seconds between a server's /health and its reads")
+    parser.add_argument("--logs", type=Path, default=Path(logs))
+    parser.add_argument("--json", type=Path, default=None)
+
+
+def parsed(parser: argparse.ArgumentParser) -> tuple[argparse.Namespace, Model]:
+    """The arguments, with the logs' folder made, and the model loaded for its tokenizer."""
+    args = parser.parse_args()
+    args.logs.mkdir(parents=True, exist_ok=True)
+    return args, Model(args.model, threads=1)
+
+
+def write_result(args: argparse.Namespace, result: dict) -> None:
+    """`result` with the machine and the commit, to --json where given."""
+    machine = machine_info(argparse.Namespace(target_cores=[args.core], draft_cores=[]))
+    if args.json:
+        args.json.write_text(json.dumps({"machine": machine, "commit": this_commit(), **result}, indent=2) + "\n")
+
+
+def measure(server: str, model: Path, first: list[int], second: list[int], follow_up: list[int], decode: int,
+            core: int, logs: Path, settle: float) -> dict:
+    context = len(first) + len(second) + len(follow_up) + decode + 64
+    with serving(server, model, context, core, logs, settle) as url:
+        a = complete(url, first, 1)
+        b = complete(url, second, decode)
+        again = complete(url, follow_up, 1)
     row = {"server": server, "a_read_s": a["prompt_ms"] / 1000, "b_read_s": b["prompt_ms"] / 1000,
            "b_read_tok_s": b["prompt_per_second"], "b_decode_tok_s": b["predicted_per_second"],
            "a_next_cached": again.get("cache_n"), "a_next_read_s": again["prompt_ms"] / 1000}
@@ -97,28 +131,18 @@ def measure(server: str, model: Path, first: list[int], second: list[int], follo
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=Path, required=True)
+    add_server_arguments(parser, SERVERS, "/tmp/duo-idle-prefixes")
     parser.add_argument("--first", type=int, default=8192, help="conversation A's prompt tokens")
     parser.add_argument("--second", type=int, default=2048, help="conversation B's prompt tokens")
     parser.add_argument("--decode", type=int, default=32, help="B's output tokens")
-    parser.add_argument("--core", type=int, default=1, help="the core every server runs on, one at a time")
-    parser.add_argument("--servers", nargs="+", choices=SERVERS, default=list(SERVERS))
-    parser.add_argument("--settle", type=float, default=30, help="seconds between a server's /health and its reads")
-    parser.add_argument("--logs", type=Path, default=Path("/tmp/duo-idle-prefixes"))
-    parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args()
-    args.logs.mkdir(parents=True, exist_ok=True)
-    tokenizer = Model(args.model, threads=1)
+    args, tokenizer = parsed(parser)
     first = code_tokens(tokenizer, args.first)
     second = code_tokens(tokenizer, args.second, start=args.first + 10_000)
     follow_up = first + code_tokens(tokenizer, 16, start=5_000)
     rows = [measure(server, args.model, first, second, follow_up, args.decode, args.core, args.logs, args.settle)
             for server in args.servers]
-    machine = machine_info(argparse.Namespace(target_cores=[args.core], draft_cores=[]))
-    result = {"machine": machine, "model": args.model.name, "first": args.first, "second": args.second,
-              "decode": args.decode, "commit": this_commit(), "rows": rows}
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args, {"model": args.model.name, "first": args.first, "second": args.second, "decode": args.decode,
+                        "rows": rows})
 
 
 if __name__ == "__main__":

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -24,11 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from duo.bench.machine import machine_info, this_commit  # noqa: E402
-from duo.llama.model import Model  # noqa: E402
-from duo.net.listening import free_port  # noqa: E402
 from measure_context import code_tokens  # noqa: E402  (scripts beside this one)
-from measure_idle_prefixes import command, complete, wait_ready  # noqa: E402
+from measure_idle_prefixes import add_server_arguments, complete, parsed, serving, write_result  # noqa: E402
 
 SERVERS = ("duo", "llama-server")
 
@@ -43,21 +38,11 @@ def timed(url: str, tokens: list[int], delay: float, began: float) -> dict:
 
 def measure(server: str, model: Path, prompts: tuple[list[int], list[int]], stagger: float, core: int, logs: Path,
             settle: float) -> dict:
-    port = free_port()
     context = sum(map(len, prompts)) + 64  # llama-server's slots share one cache of --ctx-size cells
-    with open(logs / f"{server}.log", "wb") as out:
-        process = subprocess.Popen(command(server, model, context, port), stdout=out, stderr=subprocess.STDOUT,
-                                   cwd=ROOT, preexec_fn=lambda: os.sched_setaffinity(0, {core}))
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(url, process)
-        time.sleep(settle)  # duo-target builds its grammar tokenizer after /health answers: not on the reads' time
+    with serving(server, model, context, core, logs, settle) as url:
         began = time.monotonic()
         with ThreadPoolExecutor(2) as pool:
             first, second = pool.map(lambda i: timed(url, prompts[i], i * stagger, began), (0, 1))
-    finally:
-        process.terminate()
-        process.wait(60)
     row = {"server": server, "first_s": first["seconds"], "second_s": second["seconds"],
            "first_cached": first["cached"], "second_cached": second["cached"],
            "both_s": max(first["done_at"], second["done_at"])}
@@ -67,28 +52,18 @@ def measure(server: str, model: Path, prompts: tuple[list[int], list[int]], stag
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=Path, required=True)
+    add_server_arguments(parser, SERVERS, "/tmp/duo-shared-reads")
     parser.add_argument("--shared", type=int, default=2048, help="the prompts' shared prefix, in tokens")
     parser.add_argument("--own", type=int, default=256, help="each prompt's own tokens after it")
     parser.add_argument("--stagger", type=float, default=2.0, help="seconds between the two requests")
-    parser.add_argument("--core", type=int, default=1, help="the core every server runs on, one at a time")
-    parser.add_argument("--servers", nargs="+", choices=SERVERS, default=list(SERVERS))
-    parser.add_argument("--settle", type=float, default=30, help="seconds between a server's /health and its reads")
-    parser.add_argument("--logs", type=Path, default=Path("/tmp/duo-shared-reads"))
-    parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args()
-    args.logs.mkdir(parents=True, exist_ok=True)
-    tokenizer = Model(args.model, threads=1)
+    args, tokenizer = parsed(parser)
     shared = code_tokens(tokenizer, args.shared)
     prompts = (shared + code_tokens(tokenizer, args.own, start=args.shared + 10_000),
                shared + code_tokens(tokenizer, args.own, start=args.shared + 20_000))
     rows = [measure(server, args.model, prompts, args.stagger, args.core, args.logs, args.settle)
             for server in args.servers]
-    machine = machine_info(argparse.Namespace(target_cores=[args.core], draft_cores=[]))
-    result = {"machine": machine, "model": args.model.name, "shared": args.shared, "own": args.own,
-              "stagger_s": args.stagger, "commit": this_commit(), "rows": rows}
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args, {"model": args.model.name, "shared": args.shared, "own": args.own, "stagger_s": args.stagger,
+                        "rows": rows})
 
 
 if __name__ == "__main__":
