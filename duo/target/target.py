@@ -201,7 +201,7 @@ class Target:
         yield pos
         end = len(tokens) - batcher.prompt_tail(len(tokens) - pos)
         if shared:
-            batcher.readers.start(seq, tokens)
+            batcher.readers.start(seq, tokens[:end])  # what its read holds when it ends (its first step reads on)
         following = shared
         try:
             while pos < end:
