@@ -130,7 +130,8 @@ class Parking:
             return
         self.entries = [old for old in self.entries
                         if common_prefix_length(old.tokens, entry.tokens) < len(old.tokens)]
+        size = self.size  # summed once, not again for each one dropped
         while self.entries and (len(self.entries) >= MAX_PARKED or self.limit_bytes is not None
-                                and self.size + entry.size > self.limit_bytes):
-            self.entries.pop(0)
+                                and size + entry.size > self.limit_bytes):
+            size -= self.entries.pop(0).size
         self.entries.append(entry)
