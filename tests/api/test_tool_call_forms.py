@@ -162,6 +162,20 @@ def test_after_a_malformed_fenced_call_the_rest_of_the_answer_is_content_however
         assert streamed(pieces) == (text, []), pieces
 
 
+def test_a_fenced_call_whose_json_breaks_early_goes_out_as_content_where_it_breaks():
+    """Claude Code's second live run: the model's ```json call of its Agent tool broke at character 1,278 (a quote
+    left unescaped in a string), and the client saw the answer only at its end, 113 s after its first token. A held
+    call is known to be text at the first character that cannot continue its JSON: what was held goes out then, and
+    the rest of the answer streams as content, as the whole answer reads."""
+    head = '```json\n{"name": "write_file", "arguments": {"path": "hello.py", "content": "print("'
+    rest = 'hello")"}}\n```\nThat writes it.'
+    assert read(whole_answer(head + rest, FUNCTIONS, HERMES)) == (head + rest, [])
+    splitter = answer_splitter(FUNCTIONS, HERMES)
+    assert read(splitter.feed(head)) == ("", [])  # "print(" is a whole string: a call may still follow
+    assert read(splitter.feed(rest[:1])) == (head + rest[:1], [])  # no JSON goes on with h after a string
+    assert read(splitter.feed(rest[1:]) + splitter.finish()) == (rest[1:], [])
+
+
 def test_a_bare_call_with_arguments_that_are_no_json_object_is_content():
     for text in ('{"name": "write_file", "arguments": {"path": "hello.py" "content": 1}}',
                  '{"name": "write_file", "arguments": "path: hello.py"}'):

@@ -8,6 +8,7 @@ import json
 import random
 import time
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -16,6 +17,7 @@ from duo.api.tools import (COMMAND_R7B, DEEPSEEK_R1, DEEPSEEK_V3_1, FIREFUNCTION
                            FUNCTIONARY_V3_2, GENERIC, GPT_OSS, GRANITE, HERMES, KIMI_K2, LLAMA3, MISTRAL, QWEN3_CODER,
                            CallFormat, FunctionBody)
 from duo.api.output.calls.splitter import CallSplitter
+from duo.api.output.json_check import JsonCheck
 
 FUNCTIONS = [FunctionBody(name="get_weather", parameters={"type": "object", "properties": {
     "city": {"type": "string"}, "days": {"type": "integer"}, "where": {"type": "object"}}}),
@@ -180,3 +182,69 @@ def test_a_long_call_head_or_tail_in_8000_pieces_is_read_in_well_under_a_second(
 def test_a_long_qwen3_coder_value_read_whole_is_searched_for_its_end_once():
     text = "<tool_call>\n<function=get_weather>\n<parameter=where>\n[" + "1, " * (LONG // 3) + "1]\n</parameter>\n"
     assert seconds_to_stream(QWEN3_CODER, text, size=1) < 0.5
+
+
+def json_value(rng: random.Random, depth: int = 0) -> Any:
+    if depth > 3 or rng.random() < 0.3:
+        return rng.choice([0, -2.5, 1e-7, 12345678901234567890, True, False, None, 'a "quoted"\\ \n é 😀', ""])
+    if rng.random() < 0.5:
+        return [json_value(rng, depth + 1) for _ in range(rng.randint(0, 3))]
+    return {f"k{i}": json_value(rng, depth + 1) for i in range(rng.randint(0, 3))}
+
+
+def scanned(text: str, rng: random.Random) -> tuple[int, bool] | None:
+    """What JsonCheck says of `text` fed in random pieces: how much of it is the value and whether the value ended
+    there (None: broken, no JSON value goes on so)."""
+    scan, at = JsonCheck(), 0
+    while at < len(text):
+        used, done = scan.feed(text[at:at + rng.randint(1, 6)])
+        at += used
+        if scan.broken:
+            return None
+        if done:
+            return at, True
+    return at, False
+
+
+def is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+def test_json_values_in_any_pieces_end_where_their_json_ends():
+    rng = random.Random(7)
+    for _ in range(2000):
+        value = json_value(rng)
+        if not isinstance(value, (dict, list, str)):
+            continue  # a number or literal ends only where something follows it
+        text = json.dumps(value, ensure_ascii=rng.random() < 0.5, indent=rng.choice([None, 1]))
+        assert scanned(text + ' , "next"', rng) == (len(text), True), text
+
+
+def test_json_that_cannot_go_on_is_no_call_at_the_character_that_breaks_it():
+    """One character put anywhere into a JSON object or array: where json.loads reads the result, JsonCheck ends the
+    value where it ends; where it does not, JsonCheck says it broke, or it is still unfinished, or what it took before
+    the character is a whole value json.loads reads: never a value json.loads would refuse."""
+    rng = random.Random(11)
+    refused = 0
+    for _ in range(4000):
+        value = json_value(rng)
+        if not isinstance(value, (dict, list)):
+            continue
+        text = json.dumps(value)
+        at = rng.randrange(len(text) + 1)
+        broken = text[:at] + rng.choice('",:{}[] a1\\e-.') + text[at:]
+        if not is_json(broken):
+            seen = scanned(broken, rng)
+            refused += seen is None
+            if seen is not None and seen[1]:  # what it took is a whole value (a character after it is not its)
+                assert is_json(broken[:seen[0]]), broken
+        else:
+            assert scanned(broken, rng) == (len(broken.rstrip()), True), broken
+    assert refused > 1000
+    for text in ('{"a": 1 "b": 2}', '{"a": "x"y"}', '[1, 2,]', '{"a": 01}', '{"a": tru}', '{"a": "\\q"}',
+                 '{"a": "line\nbreak"}', '{"a": NaN}', '{,}'):
+        assert scanned(text, rng) is None, text

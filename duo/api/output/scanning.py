@@ -127,7 +127,11 @@ class Text:
 
 
 class JsonEnd:
-    """Where a JSON value ends, as its text arrives: strings, their escapes and the depth of brackets followed."""
+    """Where a JSON value ends, as its text arrives: strings, their escapes and the depth of brackets followed, the
+    rest unchecked (json.loads reads the value after; a call's arguments in a format's own opening are the model's text
+    whatever it is, as llama-server's parsers take them: JsonCheck checks a held call's)."""
+
+    broken = False  # (a bracket count never breaks)
 
     def __init__(self) -> None:
         self.depth = 0

@@ -7,6 +7,7 @@ import re
 from typing import Callable, Protocol
 
 from duo.api.output.events import CallArguments, CallClosed, CallOpened, Delta
+from duo.api.output.json_check import JsonCheck
 from duo.api.output.scanning import JsonEnd, JsonString, NotCall, Text, Wait, XmlArguments
 from duo.api.tools.formats import BARE_CALL, FENCE, FUNCTION_HEADERS, JSON_TAGS, CallFormat
 from duo.api.tools.messages import FunctionBody, ToolCall
@@ -260,8 +261,8 @@ class CallReader:
                 return
         if self.format.naming == "xml":
             xml = XmlArguments(self.splitter.functions[self.call.name])
-        else:
-            scan = JsonEnd()
+        else:  # a held call's JSON is checked as it comes: it is text at the first character that breaks it
+            scan = JsonCheck() if self.holding else JsonEnd()
         while True:
             rest = text.rest()
             if xml is not None:
@@ -277,6 +278,8 @@ class CallReader:
             self._commit()
             if done:
                 return
+            if scan is not None and scan.broken:  # no JSON goes on so: the arguments up to here were said
+                raise NotCall
             yield from text.wait()
 
     def _argued(self, piece: str) -> None:
