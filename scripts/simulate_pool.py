@@ -28,7 +28,7 @@ import statistics
 import time
 from pathlib import Path
 
-from duo.bench.acceptance import cpu_model
+from duo.bench.machine import cpu_model
 from duo.bench.pace_bound import batch_cost
 from duo.bench.pool_sim import KS, DraftSpec, Outcome, alone, best_k
 from duo.bench.run import this_commit

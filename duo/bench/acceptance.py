@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -35,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from duo.bench.cluster import ROOT
+from duo.bench.machine import cpu_model
 from duo.llama.model import Model
 from duo.models import hub
 from duo.sampling.coupled import coupled_sample
@@ -141,13 +141,6 @@ def summarise(rows: list[dict[str, float]], draws: int) -> dict[str, float]:
     out["ratio_coupled_residual"] = out["coupled"] / out["residual"]
     out["ratio_coupled_residual_uncapped"] = out["coupled"] / out["residual_uncapped"]
     return out
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
 
 
 def main() -> None:

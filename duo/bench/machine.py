@@ -25,14 +25,19 @@ def check_modes(modes: list[str]) -> None:
                          "(it builds with CMAKE_ARGS=-DGGML_RPC=on), or leave alone-rpc out of --modes")
 
 
+def cpu_model() -> str:
+    """The CPU's name as /proc/cpuinfo gives it ("AMD EPYC", "Intel(R) Xeon(R) Processor")."""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
 def machine_info(args: argparse.Namespace) -> dict:
     from duo.llama.backends import available_backends
-
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
     import llama_cpp
 
-    return {"cpu": cpu, "cores": os.cpu_count(), "target_cores": args.target_cores, "draft_cores": args.draft_cores,
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), "target_cores": args.target_cores, "draft_cores": args.draft_cores,
             "backends": available_backends(), "llama_cpp_python": llama_cpp.__version__, "rpc": rpc_supported(),
             "python": platform.python_version()}
 

@@ -14,6 +14,7 @@ from duo.bench.agents import AGENT_CONTEXT
 from duo.bench.live import kit
 from duo.bench.live.clients import Agent
 from duo.bench.live.runs import AgentRun
+from duo.bench.machine import cpu_model, this_commit
 from duo.cli.main import build_parser, main
 
 VERSION = "version: 9.9.9 (build 7, commit abc1234)"
@@ -86,6 +87,7 @@ def test_the_report_names_llama_server_and_its_build_and_says_no_draft_ran(llama
     report = llama_server_run.report
     assert llama_server_run.status == 1  # the task is not done: the stand-in agent wrote nothing
     assert report["server"] == "llama-server" and report["draft"] is None
+    assert report["commit"].startswith(this_commit().removesuffix("+dirty")) and report["cpu"] == cpu_model()
     assert report["cores"] == {"target": [1], "draft": []}
     assert report["llama_server"] == {"binary": str(llama_server_run.binary), "version": VERSION, "mode": "llama-server-fa-off",
                                       "slots": kit.LLAMA_SERVER_SLOTS, "context_per_slot": AGENT_CONTEXT}

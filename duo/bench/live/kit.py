@@ -34,6 +34,7 @@ from duo.bench.live.outcome import Drafts, Record, record, table
 from duo.bench.live.proxy import Rewrite
 from duo.bench.live.runs import run_agent
 from duo.bench.llama_server import FLASH_OFF, llama_server_binary, start_peer, wait_peer_ready
+from duo.bench.machine import cpu_model, this_commit
 from duo.bench.report import Variant
 from duo.models import hub
 from duo.net.listening import free_port
@@ -145,7 +146,8 @@ def run_live_agents(names: Sequence[str], target: Path, draft: Path, cores: tupl
                             rewrite_for(agent) if rewrite_for else None, timeout, may_edit=True)
             records.append(record(run, drafts_since(serving, before), folder / agent.name / "work"))
             print(run.report(), file=sys.stderr)
-    report = {"task": TASK, "target": str(target), **server_fields(serving, draft, cores), "started": started,
+    report = {"commit": this_commit(), "cpu": cpu_model(), "task": TASK, "target": str(target),
+              **server_fields(serving, draft, cores), "started": started,
               "timeout_s": timeout, "edit_flags": {agent.name: list(agent.edit_flags) for agent in agents},
               "agents": records}
     results.mkdir(parents=True, exist_ok=True)
