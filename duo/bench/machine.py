@@ -26,8 +26,10 @@ def check_modes(modes: list[str]) -> None:
 
 
 def cpu_model() -> str:
-    """The CPU's name as /proc/cpuinfo gives it ("AMD EPYC", "Intel(R) Xeon(R) Processor")."""
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
+    """The CPU's name as /proc/cpuinfo gives it ("AMD EPYC", "Intel(R) Xeon(R) Processor"; elsewhere, as macOS,
+    what the platform says)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    for line in cpuinfo.read_text().splitlines() if cpuinfo.exists() else []:
         if line.startswith("model name"):
             return line.split(":", 1)[1].strip()
     return platform.processor() or "unknown"
@@ -37,9 +39,9 @@ def machine_info(args: argparse.Namespace) -> dict:
     from duo.llama.backends import available_backends
     import llama_cpp
 
-    return {"cpu": cpu_model(), "cores": os.cpu_count(), "target_cores": args.target_cores, "draft_cores": args.draft_cores,
-            "backends": available_backends(), "llama_cpp_python": llama_cpp.__version__, "rpc": rpc_supported(),
-            "python": platform.python_version()}
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), "target_cores": args.target_cores,
+            "draft_cores": args.draft_cores, "backends": available_backends(),
+            "llama_cpp_python": llama_cpp.__version__, "rpc": rpc_supported(), "python": platform.python_version()}
 
 
 def this_commit() -> str:
