@@ -246,5 +246,5 @@ def test_json_that_cannot_go_on_is_no_call_at_the_character_that_breaks_it():
             assert scanned(broken, rng) == (len(broken.rstrip()), True), broken
     assert refused > 1000
     for text in ('{"a": 1 "b": 2}', '{"a": "x"y"}', '[1, 2,]', '{"a": 01}', '{"a": tru}', '{"a": "\\q"}',
-                 '{"a": "line\nbreak"}', '{"a": NaN}', '{,}'):
+                 '{"a": "line\nbreak"}', '{"a": NaN}', '{,}', '{"a":\u00a01}'):
         assert scanned(text, rng) is None, text

@@ -17,6 +17,7 @@ NUMBER_CHARS = frozenset("0123456789+-.eE")
 ESCAPES = frozenset('"\\/bfnrtu')
 HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
 CLOSERS = {"{": "}", "[": "]"}
+JSON_SPACE = frozenset(" \t\n\r")  # RFC 8259's whitespace: no other space may stand between tokens
 
 
 class JsonCheck:
@@ -35,7 +36,7 @@ class JsonCheck:
         self.string = self.key = self.escaped = False
         self.hex = 0       # the \u escape's hex digits still to come
         self.token = ""    # the literal or number being read
-        self.started = self.scalar = False  # scalar: the value itself is a literal or a number
+        self.started = False  # the value's first character came (read by the caller: the space before it is not its)
         self.ended_before = self.broken = False
 
     def feed(self, text: str) -> tuple[int, bool]:
@@ -66,10 +67,9 @@ class JsonCheck:
             if not self.stack:
                 self.ended_before = True
                 return False
-        if char.isspace():
+        if char in JSON_SPACE:
             return False
-        if not self.started:
-            self.started, self.scalar = True, char not in '{["'
+        self.started = True
         return self._outside(char)
 
     def _in_string(self, char: str) -> bool:
@@ -142,8 +142,7 @@ class JsonCheck:
         elif char == '"':
             self.string = True
         elif char == "-" or "0" <= char <= "9" or char in "tfn":
-            self.token = char
-            self._grow_token("")
+            self._grow_token(char)
         else:
             raise Broken
         return False
