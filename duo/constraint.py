@@ -118,9 +118,10 @@ def tokenizer_for(model: VocabModel) -> LLTokenizer:
 
 def build_tokenizer_in_background(model: VocabModel) -> None:
     """Start building the model's vocabulary for grammars (tokenizer_for) on a thread of its own, as the process
-    starts: the build holds the GIL for ~0.3 s, which the process then pays once before it has much to do, not in the
-    middle of serving the first grammar; and it starts serving without waiting for it (a draft restarted after a crash
-    drafts at once; a grammar that comes meanwhile waits for the build in tokenizer_for)."""
+    starts: its last step holds the GIL for ~0.6 s (llguidance's, 152k tokens), which the process then pays once
+    before it has much to do, not in the middle of serving the first grammar. duo-target waits for it before it
+    serves; duo-draft drafts at once (a draft restarted after a crash), a grammar that comes meanwhile waiting for the
+    build in tokenizer_for."""
     threading.Thread(target=tokenizer_for, args=(model,), name="duo-grammar-vocabulary", daemon=True).start()
 
 

@@ -24,7 +24,8 @@ from duo.llama.model import MAX_SEQUENCES, Model, ModelError
 from duo.llama.parking import DEFAULT_LIMIT_MIB
 from duo.models.hub import (CATALOG, CPU_DRAFT, DEFAULT_DRAFT, HubError, default_draft, is_present, pull,
                             resolve_model)
-from duo.cli.process import add_process_arguments, check_can_listen, flash_attention, host_port, is_loopback, metrics_server, model_options, run_async, run_server, setup_logging
+from duo.cli.process import (add_process_arguments, check_can_listen, flash_attention, freeze_startup_heap, host_port,
+                             is_loopback, metrics_server, model_options, run_async, run_server, setup_logging)
 from duo.llama.worker import ModelWorker
 from duo.net.listening import HttpServer
 from duo.net.options import grpc_server_options
@@ -241,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     build_tokenizer_in_background(model)
     model.warm_up()
+    freeze_startup_heap()
     return run_async(serve(args, model, metrics, http, join))
 
 

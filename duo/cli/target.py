@@ -20,11 +20,12 @@ from duo.api.grpc import client_server, set_serving
 from duo.api.http import create_app, http_server
 from duo.api.serving.metrics import Metrics
 from duo.llama.backends import on_native_abort
-from duo.constraint import build_tokenizer_in_background
+from duo.constraint import build_tokenizer_in_background, tokenizer_for
 from duo.llama.model import MAX_SEQUENCES, N_BATCH, Model, ModelError
 from duo.llama.parking import DEFAULT_LIMIT_MIB
 from duo.models.hub import DEFAULT_TARGET, HubError, resolve_model
-from duo.cli.process import add_process_arguments, check_can_listen, flash_attention, metrics_server, model_options, run_async, run_server, setup_logging
+from duo.cli.process import (add_process_arguments, check_can_listen, flash_attention, freeze_startup_heap, metrics_server,
+                             model_options, run_async, run_server, setup_logging)
 from duo.llama.worker import ModelWorker
 from duo.net.listening import listen_socket
 from duo.net.timeouts import WRITE_TIMEOUT_S
@@ -253,7 +254,11 @@ async def serve(args: argparse.Namespace, path: Path, settings: SpecSettings, op
         target.observers.append(metrics)
         target.call_observers.append(metrics)
         await target.batcher()  # the shared context: a size that does not fit fails here, not at a request
+        # The grammar vocabulary's last step (llguidance's, ~0.6 s for 152k tokens) holds the GIL throughout: paid
+        # before serving, not as a pause of every request in the first seconds of serving.
+        await asyncio.to_thread(tokenizer_for, model)
         completions.ready(target, n_ctx)
+        freeze_startup_heap()  # before serving, while a pause costs nobody a wait
         admission = completions.admission
         metrics.watch(draft_state=lambda: completions.draft_state,
                       draft_len=lambda: target.control.draft_len,
