@@ -4,6 +4,7 @@ had no draft. The servers and the agents are stand-ins here; tests/e2e/test_live
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -99,3 +100,63 @@ def test_the_table_says_no_draft_where_llama_server_ran_alone(llama_server_run):
     header, row = llama_server_run.table.splitlines()[:2]
     assert "drafts acc/ver" in header
     assert row.split()[0] == "codex" and "no draft" in row and "0/0" not in row
+
+
+@pytest.fixture
+def attempts_run(monkeypatch, tmp_path, capsys):
+    """`duo bench --live-agents codex --live-attempts N` against a stand-in duo whose stand-in Codex writes a working
+    hello.py on its `succeeds_at`-th run (0: never): run(N, succeeds_at) gives the exit status, the report, the folders
+    the runs were given and the table."""
+
+    @contextlib.contextmanager
+    def duo(target, draft, cores, logs):
+        yield kit.Served("duo", "http://127.0.0.1:9", drafting=False)
+
+    def run(attempts: int, succeeds_at: int) -> SimpleNamespace:
+        places: list[Path] = []
+
+        def run_agent(agent, upstream, tmp, rewrite, timeout, may_edit):
+            places.append(tmp)
+            (tmp / "work").mkdir()
+            if len(places) == succeeds_at:
+                (tmp / "work" / "hello.py").write_text("print('hello')\n")
+            return AgentRun(agent, 0, "Done.\n", [], [], 1.0)
+
+        monkeypatch.setitem(kit.SERVERS, "duo", duo)
+        monkeypatch.setattr(kit, "run_agent", run_agent)
+        results = tmp_path / f"results-{attempts}-{succeeds_at}"
+        monkeypatch.setattr(kit, "RESULTS", results)
+        monkeypatch.setattr(kit.hub, "resolve_model", lambda name: Path(f"/m/{name}.gguf"))
+        monkeypatch.setattr(Agent, "executable", lambda self: Path(f"/bin/{self.binary}"))
+        status = main(["bench", "--live-agents", "codex", "--live-attempts", str(attempts), "--target", "t",
+                       "--draft", "d", "--target-cores", "1", "--draft-cores", "0"])
+        [path] = results.glob("live-agents-*.json")
+        return SimpleNamespace(status=status, report=json.loads(path.read_text()), places=places,
+                               table=capsys.readouterr().out)
+
+    return run
+
+
+def test_an_agent_runs_again_until_an_attempt_gets_the_task_done_each_in_a_folder_of_its_own(attempts_run):
+    ran = attempts_run(attempts=4, succeeds_at=2)
+    assert ran.status == 0 and ran.report["attempts"] == 4
+    assert [(entry["attempt"], entry["task"]["done"]) for entry in ran.report["agents"]] == [(1, False), (2, True)]
+    assert len(ran.places) == 2 and ran.places[0] != ran.places[1]  # the second began in an empty folder
+    assert [entry["folder"] for entry in ran.report["agents"]] == [str(place / "work") for place in ran.places]
+    rows = [line for line in ran.table.splitlines() if line.startswith("codex")]
+    assert [row.split()[1] for row in rows] == ["1", "2"]  # the try column
+    assert rows[0].endswith("NOT done") and rows[1].endswith(" done") and not rows[1].endswith("NOT done")
+
+
+def test_every_attempt_is_recorded_and_the_bench_fails_when_none_got_it_done(attempts_run):
+    ran = attempts_run(attempts=3, succeeds_at=0)
+    assert ran.status == 1
+    assert [entry["attempt"] for entry in ran.report["agents"]] == [1, 2, 3]
+    assert all(entry["task"] == {"done": False, "why": "no hello.py in the folder"} for entry in ran.report["agents"])
+
+
+def test_attempts_are_whole_numbers_of_at_least_one():
+    assert parsed().live_attempts == 1 and parsed("--live-attempts", "3").live_attempts == 3
+    for wrong in ("0", "-2", "two"):
+        with pytest.raises(SystemExit):
+            parsed("--live-attempts", wrong)

@@ -76,7 +76,7 @@ def test_the_task_is_not_done_unless_hello_py_prints_hello(tmp_path, script, why
 def test_the_table_has_a_row_per_agent_with_why_and_the_clients_last_line(tmp_path):
     entry = record(codex_run("thinking\nI could not write the file.\n\n"), Drafts(10, 4), folder_with(tmp_path, None))
     lines = table([entry]).splitlines()
-    assert lines[0].split()[:2] == ["agent", "requests"]
+    assert lines[0].split()[:3] == ["agent", "try", "requests"]
     cells = lines[1].split()
     assert cells[0] == "codex" and "200x3" in cells and "404x1" in cells and "4/10" in cells and "41.5s" in cells
     assert lines[1].rstrip().endswith("NOT done")

@@ -129,9 +129,12 @@ def drafts_since(served: Served, before: Drafts | None) -> Drafts | None:
 def run_live_agents(names: Sequence[str], target: Path, draft: Path, cores: tuple[set[int], set[int]],
                     timeout: float = LIVE_TIMEOUT, results: Path = RESULTS,
                     rewrite_for: Callable[[Agent], Rewrite] | None = None,
-                    server: str = "duo") -> tuple[Path, list[Record]]:
+                    server: str = "duo", attempts: int = 1) -> tuple[Path, list[Record]]:
     """Run the agents `names` (in AGENTS' order) one after the other against `server` (SERVERS: the pair, or
-    llama-server serving the target alone); the JSON's path and records."""
+    llama-server serving the target alone), each up to `attempts` times, until one attempt gets the task done; the
+    JSON's path and records (one per attempt made)."""
+    if attempts < 1:
+        raise ValueError(f"attempts must be at least 1, got {attempts}")
     agents = [agent for agent in AGENTS if agent.name in names]
     for agent in agents:
         agent.executable()  # installed (minutes, once) before the servers start
@@ -140,20 +143,36 @@ def run_live_agents(names: Sequence[str], target: Path, draft: Path, cores: tupl
     records = []
     with SERVERS[server](target, draft, cores, folder) as serving:
         for agent in agents:
-            print(f"live agents: {agent.name} on {TASK!r} (logs and folders in {folder})", file=sys.stderr)
-            before = drafts_so_far(serving)
-            run = run_agent(agent, serving.url, mkdir(folder / agent.name),
-                            rewrite_for(agent) if rewrite_for else None, timeout, may_edit=True)
-            records.append(record(run, drafts_since(serving, before), folder / agent.name / "work"))
-            print(run.report(), file=sys.stderr)
+            records += attempt_task(agent, serving, folder, rewrite_for(agent) if rewrite_for else None, timeout,
+                                    attempts)
     report = {"commit": this_commit(), "cpu": cpu_model(), "task": TASK, "target": str(target),
               **server_fields(serving, draft, cores), "started": started,
-              "timeout_s": timeout, "edit_flags": {agent.name: list(agent.edit_flags) for agent in agents},
-              "agents": records}
+              "timeout_s": timeout, "attempts": attempts,
+              "edit_flags": {agent.name: list(agent.edit_flags) for agent in agents}, "agents": records}
     results.mkdir(parents=True, exist_ok=True)
     path = results / f"live-agents-{started}.json"
     path.write_text(json.dumps(report, indent=1) + "\n")
     return path, records
+
+
+def attempt_task(agent: Agent, serving: Served, folder: Path, rewrite: Rewrite | None, timeout: float,
+                 attempts: int) -> list[Record]:
+    """`agent`'s runs on TASK, each in a folder of its own, until one gets it done or `attempts` were made: the model
+    samples (the agents send no temperature: the server's default, 0.8 on both), so a small model's choice of a tool
+    call or made-up text differs from run to run, and a user would ask again. A later attempt's prompt is the same as
+    the first's and finds it cached: it costs the answer, not the prompt's reading."""
+    records: list[Record] = []
+    for attempt in range(1, attempts + 1):
+        place = folder / agent.name / str(attempt) if attempts > 1 else folder / agent.name
+        print(f"live agents: {agent.name} on {TASK!r}, attempt {attempt} of {attempts} (logs and folders in "
+              f"{folder})", file=sys.stderr)
+        before = drafts_so_far(serving)
+        run = run_agent(agent, serving.url, mkdir(place), rewrite, timeout, may_edit=True)
+        records.append({**record(run, drafts_since(serving, before), place / "work"), "attempt": attempt})
+        print(run.report(), file=sys.stderr)
+        if records[-1]["task"]["done"]:
+            break
+    return records
 
 
 def server_fields(serving: Served, draft: Path, cores: tuple[set[int], set[int]]) -> dict[str, Any]:
@@ -165,12 +184,20 @@ def server_fields(serving: Served, draft: Path, cores: tuple[set[int], set[int]]
 
 
 def mkdir(path: Path) -> Path:
-    path.mkdir()
+    path.mkdir(parents=True)
     return path
 
 
+def positive(value: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
+    return number
+
+
 def add_live_agents_arguments(parser: argparse.ArgumentParser) -> None:
-    """`duo bench`'s --live-agents, --live-server and --live-timeout."""
+    """`duo bench`'s --live-agents, --live-server, --live-timeout and --live-attempts."""
     parser.add_argument("--live-agents", nargs="*", choices=AGENT_NAMES, default=None, metavar="AGENT",
                         help=f"instead of the bench: run the coding agents ({', '.join(AGENT_NAMES)}; none named: "
                              "all) as they ship, with their default settings and tools, on 'create hello.py that "
@@ -182,16 +209,22 @@ def add_live_agents_arguments(parser: argparse.ArgumentParser) -> None:
                              "draft), to tell what the model cannot do from what duo gets wrong (default: %(default)s)")
     parser.add_argument("--live-timeout", type=float, default=LIVE_TIMEOUT, metavar="SECONDS",
                         help="--live-agents: the longest one agent's run may take (default: %(default)g)")
+    parser.add_argument("--live-attempts", type=positive, default=1, metavar="N",
+                        help="--live-agents: run each agent up to N times against the same server (the model samples: "
+                             "each run's answer differs) until one gets the task done; every attempt is recorded "
+                             "(default: %(default)s)")
 
 
 def live_agents_command(args: argparse.Namespace) -> int:
-    """`duo bench --live-agents [AGENT ...]`: 0 when every agent got the task done, 1 otherwise."""
+    """`duo bench --live-agents [AGENT ...]`: 0 when every agent got the task done (in one of its attempts), 1
+    otherwise."""
     if len(args.target) != 1:
         raise SystemExit("bench: --live-agents runs against one --target")
     target, draft = hub.resolve_model(args.target[0]), hub.resolve_model(args.draft)
     path, records = run_live_agents(args.live_agents or AGENT_NAMES, target, draft,
                                     (set(args.target_cores), set(args.draft_cores)), args.live_timeout, RESULTS,
-                                    server=args.live_server)
+                                    server=args.live_server, attempts=args.live_attempts)
     print(table(records))
     print(f"\nwritten to {path}")
-    return 0 if all(entry["task"]["done"] for entry in records) else 1
+    done = {entry["agent"] for entry in records if entry["task"]["done"]}
+    return 0 if done == {entry["agent"] for entry in records} else 1

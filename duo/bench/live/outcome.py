@@ -92,7 +92,7 @@ def last_line(output: str) -> str:
     return lines[-1][:160] if lines else "(no output)"
 
 
-COLUMNS = ("agent", "requests", "statuses", "tool calls", "drafts acc/ver", "1st token", "wall", "task")
+COLUMNS = ("agent", "try", "requests", "statuses", "tool calls", "drafts acc/ver", "1st token", "wall", "task")
 
 
 def row(entry: Record) -> tuple[str, ...]:
@@ -102,8 +102,8 @@ def row(entry: Record) -> tuple[str, ...]:
     drafts = entry["drafts"]
     accepted = "no draft" if drafts is None else f"{drafts['accepted']:g}/{drafts['verified']:g}"
     first = "-" if entry["first_token_s"] is None else f"{entry['first_token_s']:.1f}s"
-    return (entry["agent"], f"{len(entry['requests'])} ({entry['model_calls']} model)", statuses or "-", tools,
-            accepted, first, f"{entry['wall_s']:.0f}s",
+    return (entry["agent"], str(entry.get("attempt", 1)), f"{len(entry['requests'])} ({entry['model_calls']} model)",
+            statuses or "-", tools, accepted, first, f"{entry['wall_s']:.0f}s",
             "done" if entry["task"]["done"] else "NOT done")
 
 
