@@ -60,6 +60,12 @@ def test_a_request_without_a_temperature_samples_at_the_servers_and_one_with_it_
     assert any(text != greedy for text in own)
 
 
+def test_the_launch_lines_flags_replace_llama_servers_sampling_defaults_one_by_one(launched):
+    params = httpx.get(f"{launched.http_url}/props").json()["default_generation_settings"]["params"]
+    assert params["temperature"] == 0 and params["seed"] == 42  # --temp 0 --seed 42
+    assert (params["top_k"], params["top_p"], params["min_p"]) == pytest.approx((40, 0.95, 0.05))  # llama-server's
+
+
 def test_the_server_defaults_reach_every_protocol(launched):
     messages = [{"role": "user", "content": "hi"}]
     greedy = post(launched, "/v1/chat/completions", {"messages": messages, "max_tokens": 16,

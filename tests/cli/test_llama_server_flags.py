@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from duo.api.serving.defaults import LLAMA_SERVER_SAMPLING
 from duo.cli.llama_flags import LLAMA_FLAGS, IGNORED, REFUSED, ignored_lines, refusal
 from duo.cli.llama_launch import (chat_template, context_per_request, cors_origins, http_addresses, launch_settings,
                                   served_names, server_defaults)
@@ -48,8 +49,12 @@ def test_sampling_flags_are_server_defaults_under_the_fields_a_request_sends():
         "temperature": 0.8, "top_k": 40, "top_p": 0.9, "min_p": 0.1, "seed": 42, "n_predict": 64,
         "repeat_penalty": 1.1, "presence_penalty": 0.5, "typical_p": 0.95, "mirostat_tau": 4.0,
         "samplers": ["top_k", "temperature"], "ignore_eos": True, "reasoning_format": "none"}
-    assert dict(server_defaults(target_flags("--temperature 0.5 --predict 8")).fields) == {"temperature": 0.5,
-                                                                                   "n_predict": 8}
+    assert dict(server_defaults(target_flags("--temperature 0.5 --predict 8")).fields) == {
+        **LLAMA_SERVER_SAMPLING, "temperature": 0.5, "n_predict": 8}  # llama-server's own under the line's
+
+
+def test_with_no_sampling_flag_the_defaults_are_llama_servers_own():
+    assert dict(server_defaults(target_flags("")).fields) == LLAMA_SERVER_SAMPLING
 
 
 def test_seed_minus_one_leaves_each_request_its_random_seed_as_llama_server():

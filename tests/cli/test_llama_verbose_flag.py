@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from duo.api.serving.defaults import LLAMA_SERVER_SAMPLING
 from duo.cli.llama_launch import server_defaults
 from duo.cli.target import build_parser
 from helpers.http import post
@@ -19,7 +20,7 @@ def defaults(line: str) -> dict:
 
 @pytest.mark.parametrize("line", ["-v", "--verbose", "--log-verbose", "-lv 10", "--verbosity 99"])
 def test_a_verbose_launch_line_makes_verbose_the_servers_default(line):
-    assert defaults(line) == {"verbose": True}
+    assert defaults(line) == {**LLAMA_SERVER_SAMPLING, "verbose": True}
 
 
 def test_a_verbosity_of_nine_or_less_is_not_verbose():

@@ -260,7 +260,8 @@ def test_the_openai_clients_seed_check_passes_with_a_draft_attached(served_alone
     chat = pb.TokenizeRequest(messages=[pb.ChatMessage(role="user", content="hello")])
     with grpc.insecure_channel(served_alone.address) as channel:
         chat_prompt = list(pb_grpc.TargetStub(channel).Tokenize(chat).token_ids)
-    params = SamplingParams(temperature=0.9)
+    # The fields the requests leave out take llama-server's defaults (top_k 40, top_p 0.95, min_p 0.05).
+    params = SamplingParams(temperature=0.9, top_k=40, top_p=0.95, min_p=0.05)
     for prompt, is_chat in ((PROMPTS[1], False), (chat_prompt, True)):
         texts = [text(served_duo, chat=is_chat), text(served_duo, chat=is_chat),
                  text(served_duo, stream=True, chat=is_chat), text(served_alone, chat=is_chat)]

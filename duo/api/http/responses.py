@@ -42,7 +42,9 @@ class ResponsesApi:
         def keep(response_id: str, output: list[dict[str, Any]]) -> None:  # the answer's few messages counted here
             self.store.keep(response_id, (*conversation, *output), size + characters(output))
 
-        output = ResponsesFormat(self.answering.model_name(body.model), body.echo(), functions,
+        # The response repeats the settings it ran with: the server's where the body left them out.
+        echo = {**body.echo(), "temperature": chat.temperature, "top_p": chat.top_p}
+        output = ResponsesFormat(self.answering.model_name(body.model), echo, functions,
                                  completions.call_format(),
                                  keep if body.store is not False else None, tools, body.timings_per_token)
         return await self.answering.answer(chat, chat.to_request, request, output)

@@ -20,7 +20,8 @@ class CompletionBody(GenerationBody):
     """POST /v1/completions."""
 
     prompt: str | list[str] | list[int]
-    max_tokens: int | None = Field(default=16, ge=-1, le=INT32_MAX)  # OpenAI's default for completions
+    # Left out: until the end of generation or of the context, as llama-server (OpenAI's own API stops at 16).
+    max_tokens: int | None = Field(default=None, ge=-1, le=INT32_MAX)
     echo: bool | None = False
     suffix: str | None = None
     best_of: Int32 | None = None

@@ -119,7 +119,7 @@ class GenerationBody(LlamaServerFields, SamplerFields):
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=-1, le=INT32_MAX)  # -1: until the end of generation or the context
     n_predict: int | None = Field(default=None, ge=-1, le=INT32_MAX)   # llama-server's name for it
-    temperature: float | None = None  # OpenAI's default: 1
+    temperature: float | None = None  # left out: the server's default (ServerDefaults: llama-server's 0.8)
     top_p: float | None = None
     top_k: Int32 | None = None        # not OpenAI's, but vLLM's and llama.cpp's
     min_p: float | None = None        # likewise

@@ -11,6 +11,13 @@ from duo.api.serving.bodies import GenerationBody
 # The body field that llama-server's -n/--n-predict sets: the token limit of a body that names none of its limits.
 TOKEN_LIMIT = "n_predict"
 
+# llama-server's own sampling defaults (common_params_sampling in llama.cpp's common.h: temp 0.80, top_k 40, top_p
+# 0.95, min_p 0.05), which its /props reports and every body that leaves these fields out samples with, on each of its
+# APIs (an OpenAI, Anthropic or Responses body read as its chat). OpenAI's own API would sample at temperature 1,
+# untruncated; a drop-in for llama-server samples as llama-server does. The launch line's --temp, --top-k, --top-p
+# and --min-p replace them.
+LLAMA_SERVER_SAMPLING: Mapping[str, Any] = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
+
 
 @dataclass(frozen=True)
 class ServerDefaults:
@@ -18,7 +25,7 @@ class ServerDefaults:
     leaves out or sends as null takes the server's, as llama-server reads its fields (json_value: absent or null is
     the default)."""
 
-    fields: Mapping[str, Any] = field(default_factory=dict)
+    fields: Mapping[str, Any] = field(default_factory=lambda: dict(LLAMA_SERVER_SAMPLING))
 
     def fill(self, body: GenerationBody) -> None:
         """Give `body` the server's value of every field it left out (fields its kind does not have are skipped:
