@@ -159,8 +159,8 @@ def attempt_task(agent: Agent, serving: Served, folder: Path, rewrite: Rewrite |
                  attempts: int) -> list[Record]:
     """`agent`'s runs on TASK, each in a folder of its own, until one gets it done or `attempts` were made: the model
     samples (the agents send no temperature: the server's default, 0.8 on both), so a small model's choice of a tool
-    call or made-up text differs from run to run, and a user would ask again. A later attempt's prompt is the same as
-    the first's and finds it cached: it costs the answer, not the prompt's reading."""
+    call or made-up text differs from run to run, and a user would ask again. A later attempt's prompt is found in
+    the cache only up to where the agent names its folder (Codex: most of it; Claude Code: an eighth)."""
     records: list[Record] = []
     for attempt in range(1, attempts + 1):
         place = folder / agent.name / str(attempt) if attempts > 1 else folder / agent.name
