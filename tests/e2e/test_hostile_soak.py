@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from helpers.hostile import HEALTH_BUDGET_S, RSS_GROWTH_MB, bad_bodies, rss_mb
+from helpers.hostile import HEALTH_BUDGET_S, RSS_GROWTH_MB, HealthWatch, bad_bodies, rss_mb, worst_health
 from helpers.processes import start, wait_for_draft
 
 # /health is timed against HEALTH_BUDGET_S under this test's own load: run alone (scripts/test.sh).
@@ -36,19 +36,13 @@ def test_a_hostile_client_beside_four_streams_gets_4xx_and_stalls_nothing(tiny_t
     target = start("duo.cli.target", ["--model", str(tiny_target), "--peer", draft.address, "--draft-max", "4",
                                       "--parallel", "6", "--queue-size", "16"], process_logs, http=True)
     url = target.http_url
+    watch: HealthWatch | None = None
     try:
         wait_for_draft(target.address)
         stream(url, "warm up")
         before = httpx.get(f"{url}/health").json()
-        worst, answers, done, rss = [0.0], [], threading.Event(), []
-
-        def watch_health() -> None:
-            while not done.is_set():
-                began = time.perf_counter()
-                httpx.get(f"{url}/health", timeout=10)
-                worst[0] = max(worst[0], time.perf_counter() - began)
-                time.sleep(0.02)
-
+        answers, done, rss = [], threading.Event(), []
+        watch = HealthWatch(url)
         bodies = bad_bodies()  # made before the clock runs: building megabytes of JSON here holds this process's GIL
 
         def hostile() -> None:
@@ -62,25 +56,29 @@ def test_a_hostile_client_beside_four_streams_gets_4xx_and_stalls_nothing(tiny_t
                 rounds += 1
                 rss.append(rss_mb(target.popen.pid))
 
+        time.sleep(0.5)  # the watch is under way before the attack
         with ThreadPoolExecutor(6) as pool:
-            watcher, attacker = pool.submit(watch_health), pool.submit(hostile)
+            began, attacker = time.time(), pool.submit(hostile)
             time.sleep(0.5)  # the attack is under way before the streams start
             streams = [pool.submit(stream, url, f"def f{i}(x):\n    return") for i in range(4)]
             finals = [future.result() for future in streams]
             done.set()
             attacker.result()
-            watcher.result()
+            ended = time.time()
+        worst = worst_health(watch.stop(), began, ended)
         after = httpx.get(f"{url}/health").json()
         rss.append(rss_mb(target.popen.pid))
     finally:
+        if watch is not None:
+            watch.kill()
         target.stop()
         draft.stop()
     wrong = [answer for answer in answers if not (400 <= answer[2] < 500 and answer[3])]
     assert not wrong, wrong
     assert all(final["choices"][0]["finish_reason"] == "length" for final in finals), finals
     assert sum(final["duo_stats"]["draft_tokens_accepted"] for final in finals) > 0
-    assert worst[0] < HEALTH_BUDGET_S, f"/health took {worst[0]:.3f} s at worst"
+    assert worst < HEALTH_BUDGET_S, f"/health took {worst:.3f} s at worst"
     assert (after["requests_running"], after["requests_waiting"], after["draft_sessions"]) == \
         (before["requests_running"], before["requests_waiting"], before["draft_sessions"]) == (0, 0, 0)
     assert rss[-1] - rss[0] < RSS_GROWTH_MB, rss
-    print(f"worst /health {worst[0] * 1000:.0f} ms over {len(answers)} bad bodies; RSS after each round {rss} MB")
+    print(f"worst /health {worst * 1000:.0f} ms over {len(answers)} bad bodies; RSS after each round {rss} MB")
