@@ -114,9 +114,11 @@ def attempts_run(monkeypatch, tmp_path, capsys):
 
     def run(attempts: int, succeeds_at: int) -> SimpleNamespace:
         places: list[Path] = []
+        began_empty: list[bool] = []
 
         def run_agent(agent, upstream, tmp, rewrite, timeout, may_edit):
             places.append(tmp)
+            began_empty.append(not any(tmp.iterdir()))
             (tmp / "work").mkdir()
             if len(places) == succeeds_at:
                 (tmp / "work" / "hello.py").write_text("print('hello')\n")
@@ -132,17 +134,22 @@ def attempts_run(monkeypatch, tmp_path, capsys):
                        "--draft", "d", "--target-cores", "1", "--draft-cores", "0"])
         [path] = results.glob("live-agents-*.json")
         return SimpleNamespace(status=status, report=json.loads(path.read_text()), places=places,
-                               table=capsys.readouterr().out)
+                               began_empty=began_empty, table=capsys.readouterr().out)
 
     return run
 
 
-def test_an_agent_runs_again_until_an_attempt_gets_the_task_done_each_in_a_folder_of_its_own(attempts_run):
+def test_an_agent_runs_again_until_an_attempt_gets_the_task_done_each_in_an_empty_folder_at_the_same_path(attempts_run):
     ran = attempts_run(attempts=4, succeeds_at=2)
     assert ran.status == 0 and ran.report["attempts"] == 4
     assert [(entry["attempt"], entry["task"]["done"]) for entry in ran.report["agents"]] == [(1, False), (2, True)]
-    assert len(ran.places) == 2 and ran.places[0] != ran.places[1]  # the second began in an empty folder
-    assert [entry["folder"] for entry in ran.report["agents"]] == [str(place / "work") for place in ran.places]
+    # The same path each time (the agents write it into their prompts: a retry finds them cached), empty at the start.
+    assert [place.name for place in ran.places] == ["run", "run"] and ran.places[0] == ran.places[1]
+    assert ran.began_empty == [True, True]
+    # Each attempt's folder is kept under its number, and its record names where.
+    kept = [ran.places[0].parent / str(attempt) / "work" for attempt in (1, 2)]
+    assert [entry["folder"] for entry in ran.report["agents"]] == [str(path) for path in kept]
+    assert not (kept[0] / "hello.py").exists() and (kept[1] / "hello.py").exists()
     rows = [line for line in ran.table.splitlines() if line.startswith("codex")]
     assert [row.split()[1] for row in rows] == ["1", "2"]  # the try column
     assert rows[0].endswith("NOT done") and rows[1].endswith(" done") and not rows[1].endswith("NOT done")

@@ -157,18 +157,21 @@ def run_live_agents(names: Sequence[str], target: Path, draft: Path, cores: tupl
 
 def attempt_task(agent: Agent, serving: Served, folder: Path, rewrite: Rewrite | None, timeout: float,
                  attempts: int) -> list[Record]:
-    """`agent`'s runs on TASK, each in a folder of its own, until one gets it done or `attempts` were made: the model
-    samples (the agents send no temperature: the server's default, 0.8 on both), so a small model's choice of a tool
-    call or made-up text differs from run to run, and a user would ask again. A later attempt's prompt is found in
-    the cache only up to where the agent names its folder (Codex: most of it; Claude Code: an eighth)."""
+    """`agent`'s runs on TASK until one gets it done or `attempts` were made: the model samples (the agents send no
+    temperature: the server's default, 0.8 on both), so a small model's choice of a tool call or made-up text differs
+    from run to run, and a user would ask again. Each attempt begins with an empty home and working folder at the
+    same path (the one before kept beside it, under its number): the agents write their folder into the prompt
+    (Claude Code an eighth of the way in), so a new path each time would leave a retry only that much of its prompt
+    in the server's cache, where a user asking again in the same folder finds all of it."""
     records: list[Record] = []
     for attempt in range(1, attempts + 1):
-        place = folder / agent.name / str(attempt) if attempts > 1 else folder / agent.name
+        place, kept = folder / agent.name / "run", folder / agent.name / str(attempt)
         print(f"live agents: {agent.name} on {TASK!r}, attempt {attempt} of {attempts} (logs and folders in "
               f"{folder})", file=sys.stderr)
         before = drafts_so_far(serving)
         run = run_agent(agent, serving.url, mkdir(place), rewrite, timeout, may_edit=True)
-        records.append({**record(run, drafts_since(serving, before), place / "work"), "attempt": attempt})
+        place.rename(kept)
+        records.append({**record(run, drafts_since(serving, before), kept / "work"), "attempt": attempt})
         print(run.report(), file=sys.stderr)
         if records[-1]["task"]["done"]:
             break
