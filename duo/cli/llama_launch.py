@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from duo.api.http.launch import LaunchSettings
 from duo.api.openai.bodies import ChatBody
-from duo.api.serving.defaults import LLAMA_SERVER_SAMPLING, ServerDefaults
+from duo.api.serving.defaults import ServerDefaults
 from duo.cli.llama_flags import DEFAULT, LLAMA_FLAGS
 from duo.llama.templates import BUILTIN_SOURCES, LLAMA_CPP_NAMES, ChatTemplate, reserved_names
 from duo.models.hub import CATALOG
@@ -117,8 +117,8 @@ def served_names(path: Path, name_or_path: str, aliases: Sequence[str] = ()) -> 
 
 
 def server_defaults(args: argparse.Namespace) -> ServerDefaults:
-    """The sampling defaults: llama-server's own (LLAMA_SERVER_SAMPLING) under those the launch line set, checked as a
-    request's fields are; ValueError naming the flag."""
+    """The sampling defaults the launch line set (over llama-server's own: ServerDefaults), checked as a request's
+    fields are; ValueError naming the flag."""
     fields = dict(args.server_defaults)
     try:
         body = ChatBody.model_validate({"messages": [], **fields})
@@ -128,7 +128,7 @@ def server_defaults(args: argparse.Namespace) -> ServerDefaults:
         raise ValueError(f"{_flag_of(field)} {fields.get(field)!r}: {first['msg']}") from None
     checked = {name: getattr(body, name) for name in fields}
     given = {name: value for name, value in checked.items() if value is not None}
-    return ServerDefaults({**LLAMA_SERVER_SAMPLING, **given})
+    return ServerDefaults(given)
 
 
 def _flag_of(field: str) -> str:

@@ -21,11 +21,14 @@ LLAMA_SERVER_SAMPLING: Mapping[str, Any] = {"temperature": 0.8, "top_k": 40, "to
 
 @dataclass(frozen=True)
 class ServerDefaults:
-    """Body fields (GenerationBody's names) and the values the launch line gave them. A body's own field wins; one it
-    leaves out or sends as null takes the server's, as llama-server reads its fields (json_value: absent or null is
-    the default)."""
+    """Body fields (GenerationBody's names) and the server's values for them: the launch line's over llama-server's
+    own sampling defaults (LLAMA_SERVER_SAMPLING). A body's own field wins; one it leaves out or sends as null takes
+    the server's, as llama-server reads its fields (json_value: absent or null is the default)."""
 
-    fields: Mapping[str, Any] = field(default_factory=lambda: dict(LLAMA_SERVER_SAMPLING))
+    fields: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fields", {**LLAMA_SERVER_SAMPLING, **self.fields})
 
     def fill(self, body: GenerationBody) -> None:
         """Give `body` the server's value of every field it left out (fields its kind does not have are skipped:
