@@ -34,7 +34,9 @@ def test_a_lists_integers_are_ids_and_its_strings_texts_digits_too():
 
 def test_a_token_named_twice_gets_both_biases_a_ban_stays_one():
     assert request_of([[5, -1], [5, -2.5], [6, False], [6, 3]]).penalties.bias == ((5, -3.5), (6, -math.inf))
-    assert summed_biases([(1, -80), (1, -80), (2, 90), (2, 90)]) == ((1, -100.0), (2, 100.0))
+    # No bound on the sum, as llama.cpp adds every entry: ids summed first and the texts' tokens after give one sum.
+    assert summed_biases([(1, -80), (1, -80), (2, 90), (2, 90)]) == ((1, -160.0), (2, 180.0))
+    assert summed_biases([*summed_biases([(1, 80), (1, 80)]), (1, -50)]) == ((1, 110.0),)
 
 
 @pytest.mark.parametrize("pair", [[1.5, 1], [True, 1], [None, 1], ["x", True], ["x", 101]])

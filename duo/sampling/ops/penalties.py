@@ -22,13 +22,12 @@ MAX_REPEAT_LAST_N = 2**31 - 1  # the wire's int32 (proto/duo.proto: SamplingPara
 
 def summed_biases(entries: Iterable[tuple[int, float]]) -> tuple[tuple[int, float], ...]:
     """Logit biases by token id, sorted, as llama.cpp applies a list of them: every entry adds its bias, so a token
-    named twice gets the sum. A sum beyond MAX_BIAS is held at it (either way the token is all but banned or all but
-    forced); a ban (-inf) stays one."""
+    named twice gets the sum, held at no bound (as there: each entry is bounded by MAX_BIAS where the body is read,
+    and sums of sums, ids first and then the texts' tokens, stay the one sum); a ban (-inf) stays one."""
     totals: dict[int, float] = {}
     for token, bias in entries:
         totals[token] = totals.get(token, 0.0) + bias
-    return tuple((token, total if math.isinf(total) else min(max(total, -MAX_BIAS), MAX_BIAS))
-                 for token, total in sorted(totals.items()))
+    return tuple(sorted(totals.items()))
 
 
 class OutputCounts:
