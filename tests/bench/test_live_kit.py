@@ -115,10 +115,14 @@ def attempts_run(monkeypatch, tmp_path, capsys):
     def run(attempts: int, succeeds_at: int) -> SimpleNamespace:
         places: list[Path] = []
         began_empty: list[bool] = []
+        on_disk: list[int] = []  # the attempts the report on disk held as each attempt began
+        results = tmp_path / f"results-{attempts}-{succeeds_at}"
 
         def run_agent(agent, upstream, tmp, rewrite, timeout, may_edit):
             places.append(tmp)
             began_empty.append(not any(tmp.iterdir()))
+            written = list(results.glob("live-agents-*.json"))
+            on_disk.append(len(json.loads(written[0].read_text())["agents"]) if written else 0)
             (tmp / "work").mkdir()
             if len(places) == succeeds_at:
                 (tmp / "work" / "hello.py").write_text("print('hello')\n")
@@ -126,7 +130,6 @@ def attempts_run(monkeypatch, tmp_path, capsys):
 
         monkeypatch.setitem(kit.SERVERS, "duo", duo)
         monkeypatch.setattr(kit, "run_agent", run_agent)
-        results = tmp_path / f"results-{attempts}-{succeeds_at}"
         monkeypatch.setattr(kit, "RESULTS", results)
         monkeypatch.setattr(kit.hub, "resolve_model", lambda name: Path(f"/m/{name}.gguf"))
         monkeypatch.setattr(Agent, "executable", lambda self: Path(f"/bin/{self.binary}"))
@@ -134,7 +137,7 @@ def attempts_run(monkeypatch, tmp_path, capsys):
                        "--draft", "d", "--target-cores", "1", "--draft-cores", "0"])
         [path] = results.glob("live-agents-*.json")
         return SimpleNamespace(status=status, report=json.loads(path.read_text()), places=places,
-                               began_empty=began_empty, table=capsys.readouterr().out)
+                               began_empty=began_empty, on_disk=on_disk, table=capsys.readouterr().out)
 
     return run
 
@@ -159,6 +162,7 @@ def test_every_attempt_is_recorded_and_the_bench_fails_when_none_got_it_done(att
     ran = attempts_run(attempts=3, succeeds_at=0)
     assert ran.status == 1
     assert [entry["attempt"] for entry in ran.report["agents"]] == [1, 2, 3]
+    assert ran.on_disk == [0, 1, 2]  # the report is written as each attempt ends: a run stopped for time keeps them
     assert all(entry["task"] == {"done": False, "why": "no hello.py in the folder"} for entry in ran.report["agents"])
 
 

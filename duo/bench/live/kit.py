@@ -140,30 +140,35 @@ def run_live_agents(names: Sequence[str], target: Path, draft: Path, cores: tupl
         agent.executable()  # installed (minutes, once) before the servers start
     folder = Path(tempfile.mkdtemp(prefix="duo-live-agents-"))
     started = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    records = []
-    with SERVERS[server](target, draft, cores, folder) as serving:
-        for agent in agents:
-            records += attempt_task(agent, serving, folder, rewrite_for(agent) if rewrite_for else None, timeout,
-                                    attempts)
-    report = {"commit": this_commit(), "cpu": cpu_model(), "task": TASK, "target": str(target),
-              **server_fields(serving, draft, cores), "started": started,
-              "timeout_s": timeout, "attempts": attempts,
-              "edit_flags": {agent.name: list(agent.edit_flags) for agent in agents}, "agents": records}
     results.mkdir(parents=True, exist_ok=True)
     path = results / f"live-agents-{started}.json"
-    path.write_text(json.dumps(report, indent=1) + "\n")
+    records: list[Record] = []
+    with SERVERS[server](target, draft, cores, folder) as serving:
+        def keep(entry: Record) -> None:
+            """Add an attempt's record and write the report as it stands: a run stopped for time (hours, on one
+            core) keeps the attempts it made."""
+            records.append(entry)
+            report = {"commit": this_commit(), "cpu": cpu_model(), "task": TASK, "target": str(target),
+                      **server_fields(serving, draft, cores), "started": started,
+                      "timeout_s": timeout, "attempts": attempts,
+                      "edit_flags": {agent.name: list(agent.edit_flags) for agent in agents}, "agents": records}
+            path.write_text(json.dumps(report, indent=1) + "\n")
+
+        for agent in agents:
+            attempt_task(agent, serving, folder, rewrite_for(agent) if rewrite_for else None, timeout, attempts,
+                         keep)
     return path, records
 
 
 def attempt_task(agent: Agent, serving: Served, folder: Path, rewrite: Rewrite | None, timeout: float,
-                 attempts: int) -> list[Record]:
+                 attempts: int, keep: Callable[[Record], None]) -> None:
     """`agent`'s runs on TASK until one gets it done or `attempts` were made: the model samples (the agents send no
     temperature: the server's default, 0.8 on both), so a small model's choice of a tool call or made-up text differs
     from run to run, and a user would ask again. Each attempt begins with an empty home and working folder at the
     same path (the one before kept beside it, under its number): the agents write their folder into the prompt
     (Claude Code an eighth of the way in), so a new path each time would leave a retry only that much of its prompt
-    in the server's cache, where a user asking again in the same folder finds all of it."""
-    records: list[Record] = []
+    in the server's cache, where a user asking again in the same folder finds all of it. Each attempt's record goes
+    to `keep` as it ends."""
     for attempt in range(1, attempts + 1):
         place, kept = folder / agent.name / "run", folder / agent.name / str(attempt)
         print(f"live agents: {agent.name} on {TASK!r}, attempt {attempt} of {attempts} (logs and folders in "
@@ -171,11 +176,11 @@ def attempt_task(agent: Agent, serving: Served, folder: Path, rewrite: Rewrite |
         before = drafts_so_far(serving)
         run = run_agent(agent, serving.url, mkdir(place), rewrite, timeout, may_edit=True)
         place.rename(kept)
-        records.append({**record(run, drafts_since(serving, before), kept / "work"), "attempt": attempt})
+        entry = {**record(run, drafts_since(serving, before), kept / "work"), "attempt": attempt}
+        keep(entry)
         print(run.report(), file=sys.stderr)
-        if records[-1]["task"]["done"]:
+        if entry["task"]["done"]:
             break
-    return records
 
 
 def server_fields(serving: Served, draft: Path, cores: tuple[set[int], set[int]]) -> dict[str, Any]:
