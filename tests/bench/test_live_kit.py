@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -19,6 +20,12 @@ from duo.bench.machine import cpu_model, this_commit
 from duo.cli.main import build_parser, main
 
 VERSION = "version: 9.9.9 (build 7, commit abc1234)"
+
+
+@pytest.fixture(autouse=True)
+def folders_in_tmp_path(monkeypatch, tmp_path):
+    """The kit's folder for logs and runs (tempfile.mkdtemp) in the test's own, not left in /tmp."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
 
 
 def parsed(*flags: str):
