@@ -14,7 +14,8 @@ from duo.api.output.deltas import Reasoning
 from duo.api.serving.infill import NoFim, fim_tokens
 from duo.api.serving.limits import INT32_MAX, INT32_MIN
 from duo.api.serving.request import BadRequest, CompletionRequest, check_stops, rendered_chat, too_long
-from duo.api.tools import GENERIC, ToolError, call_format, call_grammar, thinking_opened, with_tools_described
+from duo.api.tools import (GENERIC, ToolError, call_format, call_grammar, lazy_call_grammar, thinking_opened,
+                            with_tools_described)
 from duo.constraint import GrammarError, GrammarSpec, grammar_of
 from duo.llama.model import Model, ModelError
 from duo.llama.templates import reserved_names
@@ -179,10 +180,17 @@ class Preparer:
 
     def _tool_grammar(self, request: CompletionRequest) -> GrammarSpec | None:
         """The request's grammar where it has tools: the call's, when one is due (tool_choice required or a named
-        function); BadRequest for a template that cannot take them."""
+        function); under `auto`, free text until the model opens a call and the call's from there on, as llama-server
+        samples it (lazy_call_grammar); BadRequest for a template that cannot take them."""
         use, format_ = request.tool_use, self._format(request)
         if not use.required and format_ is not GENERIC:
-            return request.grammar
+            if request.grammar or not use.callable:
+                return request.grammar
+            try:
+                lazy = lazy_call_grammar(use.callable, use.parallel, format_, self._token_of)
+            except ToolError:  # a custom tool's grammar this format cannot enforce: its calls are parsed, as before
+                return None
+            return GrammarSpec("lark", lazy, "tools") if lazy else None
         if request.grammar:  # the generic format's every answer is written by its grammar
             raise BadRequest("a required tool call (or tools on a template with no tool syntax) and a response format "
                              "cannot both hold: send one", param="tool_choice")

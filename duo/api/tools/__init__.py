@@ -9,18 +9,19 @@ syntax the generic JSON answer. Hermes-style templates' calls are read in every 
 parser reads (formats.HERMES_WRAPPINGS): Qwen2.5-Coder, given a tool and `tool_choice: auto`, writes its calls as a
 ```json block, not in its template's tags. Text that is not a well-formed call of a tool the request offered stays
 content; `tool_choice: required` or a named function makes a grammar write the template's own format, so the call
-always parses.
+always parses, and under `auto` a lazy grammar does the same from the moment the model opens a call with its
+template's opening token, as llama-server's lazy grammar does.
 """
 
 from duo.api.tools.formats import (COMMAND_R7B, DEEPSEEK_R1, DEEPSEEK_V3_1, FIREFUNCTION_V2, FORMATS,
                                    FUNCTIONARY_V3_1, FUNCTIONARY_V3_2, GENERIC, GPT_OSS, GRANITE, HERMES, KIMI_K2,
                                    LLAMA3, MISTRAL, QWEN3_CODER, CallFormat, call_format, thinking_opened)
-from duo.api.tools.grammars import call_grammar
+from duo.api.tools.grammars import call_grammar, lazy_call_grammar
 from duo.api.tools.messages import (FunctionBody, NamedToolChoice, ToolBody, ToolCall, ToolChoice, ToolError,
                                     ToolUse, template_message, tool_use, with_tools_described)
 
 __all__ = ["COMMAND_R7B", "DEEPSEEK_R1", "DEEPSEEK_V3_1", "FIREFUNCTION_V2", "FORMATS", "FUNCTIONARY_V3_1",
            "FUNCTIONARY_V3_2", "GENERIC", "GPT_OSS", "GRANITE", "HERMES", "KIMI_K2", "LLAMA3", "MISTRAL", "QWEN3_CODER",
            "CallFormat", "FunctionBody", "NamedToolChoice", "ToolBody", "ToolCall", "ToolChoice", "ToolError",
-           "ToolUse", "call_format", "call_grammar", "template_message", "thinking_opened", "tool_use",
-           "with_tools_described"]
+           "ToolUse", "call_format", "call_grammar", "lazy_call_grammar", "template_message", "thinking_opened",
+           "tool_use", "with_tools_described"]

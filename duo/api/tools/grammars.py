@@ -12,6 +12,10 @@ from duo.api.tools.lark_json import InputGrammar
 from duo.api.tools.messages import FunctionBody, ToolError
 from duo.constraint import JSON_OPTIONS
 
+# Tool schemas as llama.cpp reads them: its json-schema-to-grammar skips keys it does not know (Claude Code's tools
+# use `propertyNames`), where llguidance refuses them outside its lenient mode.
+TOOL_JSON_OPTIONS = {**JSON_OPTIONS, "lenient": True}
+
 # The markup that may be one token of the model's (its control tokens): written by id where it is.
 MARKUP = re.compile(r"(<\|[^|<>]*\|>|<｜[^｜<>]*｜>|\[TOOL_CALLS\]|</?tool_call>)")
 ANY_OBJECT = {"type": "object"}
@@ -37,13 +41,28 @@ def call_grammar(functions: Sequence[FunctionBody], parallel: bool, format_: Cal
         if format_.at_start:
             return f"start: {_call_object(functions, format_)}\n" if freeform else f"start: %json {json.dumps(call)}\n"
         calls = {"type": "array", "items": call, "minItems": 1, **({} if parallel else {"maxItems": 1}),
-                 "x-guidance": JSON_OPTIONS}
+                 "x-guidance": TOOL_JSON_OPTIONS}
         listed = _listed(_call_object(functions, format_), parallel) if freeform else f"%json {json.dumps(calls)}"
         return f'start: {text(format_.section)} " "? {listed} {text(format_.section_end)}\n'
     return (f'start: {text(format_.section)} call{"+" if parallel else ""} {text(format_.section_end)}\n'
             f"call: {' | '.join(f'call_{i}' for i in range(len(functions)))}\n"
             + "".join(f"call_{i}: {text(format_.call_open)} {_called(function, format_, text, freeform)} "
                       f"{text(format_.call_close)} \"\\n\"?\n" for i, function in enumerate(functions)))
+
+
+def lazy_call_grammar(functions: Sequence[FunctionBody], parallel: bool, format_: CallFormat,
+                      token_of: Callable[[str], int | None]) -> str | None:
+    """tool_choice `auto` as llama-server samples it (the lazy grammar of its chat layer, common/chat-auto-parser-
+    generator.cpp): free text until the model writes the format's opener (its section's, else its call's), which is
+    the trigger where it is one token of the model's; from that token on, calls of `functions` whose arguments match
+    their parameters (call_grammar's), then the end. None where the opener is not one token: the answer is then
+    free and its calls parsed afterwards, as before."""
+    opener = next((piece for piece in MARKUP.split(format_.section or format_.call_open) if piece), "")
+    trigger = token_of(opener) if MARKUP.fullmatch(opener) else None
+    if trigger is None:
+        return None
+    calls = call_grammar(functions, parallel, format_, token_of).replace("start:", "calls:", 1)
+    return f"start: <[^{trigger}]>* calls?\n{calls}"
 
 
 def _piece(piece: str, token_of: Callable[[str], int | None]) -> str:
@@ -60,7 +79,7 @@ def _called(function: FunctionBody, format_: CallFormat, text: Callable[[str], s
         return f'"\\n" {call} "\\n"'
     if format_.naming == "header":
         arguments = _freeform_arguments(function.input_grammar) if function.input_grammar else \
-            f"%json {json.dumps({**parameters, 'x-guidance': JSON_OPTIONS})}"
+            f"%json {json.dumps({**parameters, 'x-guidance': TOOL_JSON_OPTIONS})}"
         return f"{text(format_.header_prefix + function.name + format_.header_end)} {arguments} \"\\n\"?"
     if function.input_grammar:  # the value is the raw text, read up to the first </parameter>: no grammar of it can
         # be held to stop short of that without intersecting the two
@@ -80,7 +99,7 @@ def _xml_parameters(parameters: dict[str, Any]) -> str:
         if schema.get("type") == "string":  # as it is, one line, within its maxLength
             value = f"/[^<\\n]{{1,{schema['maxLength']}}}/" if "maxLength" in schema else "/[^<\\n]+/"
         else:
-            value = f"%json {json.dumps({**schema, 'x-guidance': JSON_OPTIONS})}"
+            value = f"%json {json.dumps({**schema, 'x-guidance': TOOL_JSON_OPTIONS})}"
         parts.append(f'"<parameter={key}>\\n" {value} "\\n</parameter>\\n"')
     return " ".join(parts) or '""'
 
@@ -94,7 +113,7 @@ def _call_object(functions: Sequence[FunctionBody], format_: CallFormat) -> str:
     for function in functions:
         named = f"{{{json.dumps(format_.name_key)}: {json.dumps(function.name)}, {json.dumps(format_.arguments)}: "
         arguments = _freeform_arguments(function.input_grammar) if function.input_grammar else \
-            f"%json {json.dumps({**(function.parameters or ANY_OBJECT), 'x-guidance': JSON_OPTIONS})}"
+            f"%json {json.dumps({**(function.parameters or ANY_OBJECT), 'x-guidance': TOOL_JSON_OPTIONS})}"
         options.append(f"{json.dumps(named)} {arguments} {json.dumps('}')}")
     return options[0] if len(options) == 1 else f"({' | '.join(options)})"
 
@@ -127,7 +146,7 @@ def _envelopes(functions: Sequence[FunctionBody], format_: CallFormat) -> dict[s
     return {"anyOf": [{"type": "object", "properties": {format_.name_key: {"const": f.name},
                                                         format_.arguments: f.parameters or ANY_OBJECT},
                        "required": [format_.name_key, format_.arguments], "additionalProperties": False}
-                      for f in functions], "x-guidance": JSON_OPTIONS}
+                      for f in functions], "x-guidance": TOOL_JSON_OPTIONS}
 
 
 def _generic_schema(functions: Sequence[FunctionBody], parallel: bool, required: bool) -> dict[str, Any]:
@@ -139,7 +158,7 @@ def _generic_schema(functions: Sequence[FunctionBody], parallel: bool, required:
              {"type": "object", "properties": {"tool_call": call}, "required": ["tool_call"],
               "additionalProperties": False})
     if required:
-        return {**calls, "x-guidance": JSON_OPTIONS}
+        return {**calls, "x-guidance": TOOL_JSON_OPTIONS}
     reply = {"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"],
              "additionalProperties": False}
-    return {"anyOf": [calls, reply], "x-guidance": JSON_OPTIONS}
+    return {"anyOf": [calls, reply], "x-guidance": TOOL_JSON_OPTIONS}
