@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from duo.net._proto import duo_pb2 as pb
+from duo.net._proto import duo_pb2_grpc as pb_grpc
 from duo.sampling.ops.dry import MAX_BREAKER_BYTES, MAX_BREAKERS, MAX_TAIL, Dry, restart_sequences
-from test_grpc_api import stub
 from helpers.http import post
 
 # --- References: the quadratic algorithms DRY used, straightforward -------------------------------------------------
@@ -183,7 +183,8 @@ def test_more_breakers_than_the_bound_answer_400_naming_dry_sequence_breakers(se
 
 def test_more_breakers_than_the_bound_are_invalid_argument_over_grpc(served_alone):
     sampling = pb.SamplingParams(dry_multiplier=0.8, dry_sequence_breakers=[f"b{i}" for i in range(MAX_BREAKERS + 1)])
-    channel, target = stub(served_alone.address)
+    channel = grpc.insecure_channel(served_alone.address)
+    target = pb_grpc.TargetStub(channel)
     with channel, pytest.raises(grpc.RpcError) as error:
         list(target.Generate(pb.GenerateRequest(prompt="hi", max_tokens=4, sampling=sampling), timeout=30))
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
