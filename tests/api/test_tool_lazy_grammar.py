@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from duo.api.tools import HERMES, LLAMA3, MISTRAL, FunctionBody, lazy_call_grammar
+from duo.api.tools import HERMES, LLAMA3, MISTRAL, QWEN3_CODER, FunctionBody, lazy_call_grammar
 from duo.constraint import checked_cursor, grammar_of
 from helpers.http import client, model_name
 from helpers.tools import WEATHER
@@ -31,6 +31,7 @@ def test_the_grammar_waits_for_the_formats_opening_token_and_none_is_made_where_
     assert lazy_call_grammar(FUNCTIONS, False, HERMES, token_of).startswith(f"start: <[^{opener}]>* calls?\n")
     assert lazy_call_grammar(FUNCTIONS, False, LLAMA3, token_of) is None  # a bare JSON call has no opener
     assert lazy_call_grammar(FUNCTIONS, False, MISTRAL, lambda text: None) is None  # [TOOL_CALLS] not one token
+    assert lazy_call_grammar(FUNCTIONS, False, QWEN3_CODER, token_of) is None  # its XML grammar drops optional ones
 
 
 def test_text_is_free_until_the_opener_and_then_only_a_whole_valid_call_of_an_offered_function(target_model):

@@ -55,8 +55,11 @@ def lazy_call_grammar(functions: Sequence[FunctionBody], parallel: bool, format_
     """tool_choice `auto` as llama-server samples it (the lazy grammar of its chat layer, common/chat-auto-parser-
     generator.cpp): free text until the model writes the format's opener (its section's, else its call's), which is
     the trigger where it is one token of the model's; from that token on, calls of `functions` whose arguments match
-    their parameters (call_grammar's), then the end. None where the opener is not one token: the answer is then
-    free and its calls parsed afterwards, as before."""
+    their parameters (call_grammar's), then the end. None where the opener is not one token, or where the format
+    writes arguments as XML (call_grammar writes only the required ones there, which would forbid the optional ones
+    a model may write): the answer is then free and its calls parsed afterwards, as before."""
+    if format_.naming == "xml":
+        return None
     opener = next((piece for piece in MARKUP.split(format_.section or format_.call_open) if piece), "")
     trigger = token_of(opener) if MARKUP.fullmatch(opener) else None
     if trigger is None:
