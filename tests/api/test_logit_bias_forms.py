@@ -79,3 +79,14 @@ def test_ignore_eos_shows_its_bans_in_generation_settings(served_alone, target_m
     assert banned and {entry["token"] for entry in banned} == set(target_model.end_of_generation_ids())
     assert all(entry["bias"] is None for entry in banned)  # -inf, null in JSON as llama-server writes it
     assert completion(served_alone, ignore_eos=False, n_predict=4)["generation_settings"]["logit_bias"] == []
+
+
+def test_a_token_named_in_several_texts_and_by_id_sums_past_100_and_is_served_with_a_draft_attached(
+        served_sync, target_model):
+    """llama-server's own test_logit_bias names words in many texts at -100 each: a token met twice sums to -200,
+    which both processes take (the draft checks what it is sent). Here " the" is met four times: once as a text,
+    twice in " the the" (each of a text's tokens is biased), once by id."""
+    [token] = target_model.tokenize(" the", add_special=False)
+    answer = completion(served_sync, logit_bias=[[" the", -100], [" the the", -100], [token, -100]])
+    assert {entry["token"]: entry["bias"] for entry in answer["generation_settings"]["logit_bias"]}[token] == -400
+    assert token not in answer["tokens"] and answer["timings"]["draft_n_accepted"] > 0

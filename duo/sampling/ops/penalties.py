@@ -101,10 +101,13 @@ class Penalties:
             raise ValueError(f"logit_bias names token {outside}, outside the vocabulary of {n_vocab}")
         ids, values = self._bias_arrays
         banned = values == -math.inf
-        wrong = ~(banned | (np.abs(values) <= MAX_BIAS))  # NaN is wrong too
+        # A body's every entry is within ±MAX_BIAS (checked where it is read) and a token's entries add up
+        # (summed_biases), so a sum may reach MAX_BIAS times the entries a body may hold, the vocabulary's size: still
+        # far inside float32. NaN and +inf are wrong.
+        wrong = ~(banned | (np.abs(values) <= MAX_BIAS * n_vocab))
         if wrong.any():
-            raise ValueError(f"logit_bias values must be between -100 and 100 (or false: never), "
-                             f"got {values[wrong][0]!r}")
+            raise ValueError(f"logit_bias values must be between -100 and 100 (or false: never), a token's entries "
+                             f"summed; got {values[wrong][0]!r}")
         if np.unique(ids[banned]).size == n_vocab:
             raise ValueError("logit_bias bans every token of the vocabulary (false or -inf on all of them): "
                              "nothing could be generated")
