@@ -144,15 +144,15 @@ def run_live_agents(names: Sequence[str], target: Path, draft: Path, cores: tupl
     path = results / f"live-agents-{started}.json"
     records: list[Record] = []
     with SERVERS[server](target, draft, cores, folder) as serving:
+        about = {"commit": this_commit(), "cpu": cpu_model(), "task": TASK, "target": str(target),
+                 **server_fields(serving, draft, cores), "started": started, "timeout_s": timeout,
+                 "attempts": attempts, "edit_flags": {agent.name: list(agent.edit_flags) for agent in agents}}
+
         def keep(entry: Record) -> None:
             """Add an attempt's record and write the report as it stands: a run stopped for time (hours, on one
             core) keeps the attempts it made."""
             records.append(entry)
-            report = {"commit": this_commit(), "cpu": cpu_model(), "task": TASK, "target": str(target),
-                      **server_fields(serving, draft, cores), "started": started,
-                      "timeout_s": timeout, "attempts": attempts,
-                      "edit_flags": {agent.name: list(agent.edit_flags) for agent in agents}, "agents": records}
-            path.write_text(json.dumps(report, indent=1) + "\n")
+            path.write_text(json.dumps({**about, "agents": records}, indent=1) + "\n")
 
         for agent in agents:
             attempt_task(agent, serving, folder, rewrite_for(agent) if rewrite_for else None, timeout, attempts,
