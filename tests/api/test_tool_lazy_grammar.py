@@ -9,20 +9,13 @@ import json
 from duo.api.tools import HERMES, LLAMA3, MISTRAL, QWEN3_CODER, FunctionBody, lazy_call_grammar
 from duo.constraint import checked_cursor, grammar_of
 from helpers.http import client, model_name
-from helpers.tools import WEATHER
+from helpers.tools import WEATHER, token_of_in
 
 TIME = {"type": "function", "function": {
     "name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 8}},
                                        "required": ["zone"], "additionalProperties": False}}}
 FUNCTIONS = [FunctionBody(**WEATHER["function"]), FunctionBody(**TIME["function"])]
 ASK = [{"role": "user", "content": "What is the weather in Paris for the next 3 days?"}]
-
-
-def token_of_in(model):
-    def token_of(text: str) -> int | None:
-        tokens = model.tokenize(text, add_special=False)
-        return tokens[0] if len(tokens) == 1 else None
-    return token_of
 
 
 def test_the_grammar_waits_for_the_formats_opening_token_and_none_is_made_where_it_is_not_one(target_model):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from duo.api.tools import call_grammar
 from duo.constraint import Cursor, grammar_of
@@ -19,13 +20,17 @@ WEATHER = {"type": "function", "function": {
                    "required": ["city", "days"], "additionalProperties": False}}}
 
 
-def required_text(model, format_, functions, parallel=False) -> str:
-    """What the tiny `model` writes under the grammar of a call required in `format_`."""
+def token_of_in(model) -> Callable[[str], int | None]:
+    """`model`'s id of its one token for a text (a call format's marker), or None where it takes several."""
     def token_of(text: str) -> int | None:
         tokens = model.tokenize(text, add_special=False)
         return tokens[0] if len(tokens) == 1 else None
+    return token_of
 
-    grammar = grammar_of("lark", call_grammar(functions, parallel, format_, token_of))
+
+def required_text(model, format_, functions, parallel=False) -> str:
+    """What the tiny `model` writes under the grammar of a call required in `format_`."""
+    grammar = grammar_of("lark", call_grammar(functions, parallel, format_, token_of_in(model)))
 
     async def run() -> list[int]:
         target = Target(model, ModelWorker(), None, n_ctx=256, settings=SpecSettings())
